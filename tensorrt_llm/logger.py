@@ -1,0 +1,77 @@
+"""The package logger: ``from tensorrt_llm.logger import logger``.
+
+Library code logs through this object, never ``print``. The level comes from ``TRTLLM_LOG_LEVEL``
+(see :mod:`tensorrt_llm.envs`) and can be changed with :meth:`Logger.set_level`.
+``info_once`` / ``warning_once`` emit a message once per key, which is how one-time startup facts
+(for example the ``[unified-kv]`` lines) are reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from tensorrt_llm import envs
+
+_LEVELS = {
+    "trace": logging.DEBUG,
+    "debug": logging.DEBUG,
+    "verbose": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
+
+
+class Logger:
+    """A thin wrapper over :mod:`logging` with TensorRT-LLM's level names and once-only helpers."""
+
+    def __init__(self, name: str = "tensorrt_llm") -> None:
+        self._logger = logging.getLogger(name)
+        self._logger.propagate = True
+        if not self._logger.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("[TRT-LLM] [%(levelname)s] %(message)s"))
+            self._logger.addHandler(handler)
+        self._seen: set[str] = set()
+        self.set_level(envs.TRTLLM_LOG_LEVEL.get())
+
+    def set_level(self, level: str) -> None:
+        key = level.lower()
+        if key not in _LEVELS:
+            raise ValueError(f"unknown log level {level!r}; expected one of {sorted(_LEVELS)}")
+        self._logger.setLevel(_LEVELS[key])
+
+    @property
+    def level(self) -> int:
+        return self._logger.level
+
+    def debug(self, msg: str, *args: object) -> None:
+        self._logger.debug(msg, *args)
+
+    def info(self, msg: str, *args: object) -> None:
+        self._logger.info(msg, *args)
+
+    def warning(self, msg: str, *args: object) -> None:
+        self._logger.warning(msg, *args)
+
+    def error(self, msg: str, *args: object) -> None:
+        self._logger.error(msg, *args)
+
+    def info_once(self, msg: str, *args: object, key: str | None = None) -> None:
+        if self._first_time(key or msg):
+            self._logger.info(msg, *args)
+
+    def warning_once(self, msg: str, *args: object, key: str | None = None) -> None:
+        if self._first_time(key or msg):
+            self._logger.warning(msg, *args)
+
+    def _first_time(self, key: str) -> bool:
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+
+logger = Logger()

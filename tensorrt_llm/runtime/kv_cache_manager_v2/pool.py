@@ -1,0 +1,52 @@
+"""Pool tensors and zero-copy buffer views. The only module of the engine that imports torch.
+
+A pool is one byte tensor ``[num_slots, slot_bytes]`` (CPU or CUDA). Every view below is a strided
+alias of it (``torch.as_strided``): writing through a view writes the pool, and no view copies.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tensorrt_llm.runtime.kv_cache_manager_v2.config import DataRole
+from tensorrt_llm.runtime.kv_cache_manager_v2.layout import BufferPlacement, SlotLayout, StorageLayout
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype={name!r} is not a torch dtype")
+    return dtype
+
+
+def allocate_pools(layout: StorageLayout, num_slots: int, device: torch.device | str) -> list[torch.Tensor]:
+    """One zero-filled ``[num_slots, slot_bytes]`` uint8 tensor per life cycle, in pool order."""
+    return [
+        torch.zeros(num_slots, pool.slot_bytes, dtype=torch.uint8, device=device) for pool in layout.pools
+    ]
+
+
+def _typed(pool: torch.Tensor, buf: BufferPlacement) -> tuple[torch.Tensor, int, int]:
+    """The pool as ``buf``'s dtype, the slot stride and the buffer offset, both in elements."""
+    typed = pool.view(torch_dtype(buf.dtype))  # [num_slots, slot_bytes // itemsize]
+    return typed, typed.stride(0), buf.offset // buf.itemsize
+
+
+def buffer_view(pool: torch.Tensor, slot: SlotLayout, buf: BufferPlacement) -> torch.Tensor:
+    """``[num_slots, tokens_per_block, num_heads, head_dim]`` view of one buffer in every slot."""
+    typed, slot_stride, offset = _typed(pool, buf)
+    tpb = buf.size // (buf.num_heads * buf.head_dim * buf.itemsize)
+    h, d = buf.num_heads, buf.head_dim
+    return typed.as_strided((pool.shape[0], tpb, h, d), (slot_stride, h * d, d, 1), offset)
+
+
+def kv_view(pool: torch.Tensor, slot: SlotLayout, key: BufferPlacement) -> torch.Tensor:
+    """``[num_slots, 2, tokens_per_block, num_kv_heads, head_dim]`` view of a layer's K (lane 0) and V
+    (lane 1). Relies on V starting right where K ends (layout rule 2)."""
+    value = next(b for b in slot.buffers if b.layer_id == key.layer_id and b.role is DataRole.VALUE)
+    if value.offset != key.end:
+        raise AssertionError(f"layer {key.layer_id}: value at {value.offset} does not follow key at {key.end}")
+    typed, slot_stride, offset = _typed(pool, key)
+    h, d = key.num_heads, key.head_dim
+    tpb = key.size // (h * d * key.itemsize)
+    return typed.as_strided((pool.shape[0], 2, tpb, h, d), (slot_stride, tpb * h * d, h * d, d, 1), offset)
