@@ -1,0 +1,51 @@
+"""A request as the executor and the resource managers see it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class LlmRequestState(enum.Enum):
+    CONTEXT_INIT = "context_init"  # prompt (or part of it) still to prefill
+    GENERATION_IN_PROGRESS = "generation_in_progress"
+    GENERATION_COMPLETE = "generation_complete"
+
+
+@dataclass(eq=False)
+class LlmRequest:
+    """Token state of one request.
+
+    ``context_current_position`` counts prompt tokens whose KV is written (reused ones included);
+    ``context_chunk_size`` is how many more the current step prefills. ``py_draft_tokens`` are the
+    drafts a generation step verifies.
+    """
+
+    request_id: int
+    prompt_token_ids: list[int]
+    max_new_tokens: int
+    output_token_ids: list[int] = field(default_factory=list)
+    state: LlmRequestState = LlmRequestState.CONTEXT_INIT
+    context_current_position: int = 0
+    context_chunk_size: int = 0
+    py_draft_tokens: list[int] = field(default_factory=list)
+    cache_salt: str | None = None
+    num_reused_tokens: int = 0
+
+    @property
+    def py_request_id(self) -> int:
+        return self.request_id
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_context_init_state(self) -> bool:
+        return self.state is LlmRequestState.CONTEXT_INIT
+
+    def get_tokens(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def get_num_tokens(self) -> int:
+        return self.prompt_len + len(self.output_token_ids)

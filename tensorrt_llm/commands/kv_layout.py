@@ -1,0 +1,132 @@
+"""``trtllm-kv-layout LAYOUT.yaml``: print the slot layout of a KV cache described in YAML.
+
+The YAML file describes the engine's layers directly::
+
+    tokens_per_block: 128          # optional, default 128
+    num_slots: 64                  # or max_tokens: 8192
+    alignment_bytes: 256           # optional
+    kernel_page_tokens: 32         # optional
+    defaults: {num_kv_heads: 2, head_dim: 64, dtype: bfloat16}
+    layers:
+      - {layer_id: 0}
+      - {layer_id: 1, index_key: {num_heads: 1, head_dim: 64}}
+      - {layer_id: 2, num_kv_heads: 4, draft: true}   # an Eagle3 draft layer
+
+With ``--simulate``, two requests that share a prefix run through the cache and their block tables,
+the reuse and the slot states are printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import yaml
+
+from tensorrt_llm.runtime.kv_cache_manager_v2 import (
+    DEFAULT_LIFE_CYCLE,
+    AttentionLayerConfig,
+    KVCacheManager,
+    KVCacheManagerConfig,
+)
+
+_TOP_KEYS = {"tokens_per_block", "num_slots", "max_tokens", "alignment_bytes", "kernel_page_tokens", "defaults", "layers", "enable_block_reuse"}
+_LAYER_KEYS = {"layer_id", "num_kv_heads", "head_dim", "dtype", "index_key", "draft", "life_cycle"}
+_INDEX_KEYS = {"num_heads", "head_dim", "dtype"}
+
+
+def _check_keys(where: str, mapping: dict, allowed: set[str]) -> None:
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{where} must be a mapping, got {mapping!r}")
+    unknown = sorted(set(mapping) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+def config_from_yaml(data: dict) -> KVCacheManagerConfig:
+    """Build and validate an engine config from the YAML mapping described in the module docstring."""
+    _check_keys("layout", data, _TOP_KEYS)
+    _check_keys("defaults", data.get("defaults", {}), _LAYER_KEYS - {"layer_id"})
+    defaults = {"dtype": "bfloat16", **data.get("defaults", {})}
+    tpb = data.get("tokens_per_block", 128)
+    if "layers" not in data or not data["layers"]:
+        raise ValueError("layout: 'layers' is missing or empty")
+    layers = []
+    for i, raw in enumerate(data["layers"]):
+        _check_keys(f"layers[{i}]", raw, _LAYER_KEYS)
+        entry = {**defaults, **raw}
+        for key in ("layer_id", "num_kv_heads", "head_dim"):
+            if key not in entry:
+                raise ValueError(f"layers[{i}]: missing {key!r} (and no default)")
+        index_key = None
+        if entry.get("index_key") is not None:
+            _check_keys(f"layers[{i}].index_key", entry["index_key"], _INDEX_KEYS)
+            ik = {"num_heads": 1, "head_dim": entry["head_dim"], "dtype": entry["dtype"], **entry["index_key"]}
+            index_key = (ik["num_heads"], ik["head_dim"], ik["dtype"])
+        layers.append(
+            AttentionLayerConfig.kv(
+                entry["layer_id"],
+                entry["num_kv_heads"],
+                entry["head_dim"],
+                entry["dtype"],
+                index_key=index_key,
+                life_cycle=entry.get("life_cycle", DEFAULT_LIFE_CYCLE),
+                depends_on_next_token=bool(entry.get("draft", False)),
+            )
+        )
+    if ("num_slots" in data) == ("max_tokens" in data):
+        raise ValueError("layout: give exactly one of 'num_slots' or 'max_tokens'")
+    num_slots = data["num_slots"] if "num_slots" in data else math.ceil(data["max_tokens"] / tpb)
+    options = {k: data[k] for k in ("alignment_bytes", "kernel_page_tokens", "enable_block_reuse") if k in data}
+    return KVCacheManagerConfig(tokens_per_block=tpb, layers=tuple(layers), num_slots=num_slots, **options)
+
+
+def simulate(manager: KVCacheManager) -> str:
+    """Two requests sharing a prefix: the second reuses the first's committed blocks."""
+    tpb = manager.tokens_per_block
+    shared = list(range(1, 2 * tpb + 1))
+    lines = []
+    first = manager.create_kv_cache(shared + [7] * (tpb // 2))
+    lines.append(f"request A: prompt {first.num_reused_tokens} reused, resize -> {first.resize(len(shared) + tpb // 2).status.value}")
+    first.commit(shared + [7] * (tpb // 2))
+    lines.append(f"request A: block table {list(first.block_table)}, committed blocks {first.num_committed_blocks}")
+    first.close()
+    second = manager.create_kv_cache(shared + [9] * tpb)
+    lines.append(f"request B: {second.num_reused_tokens} tokens reused, block table {list(second.block_table)}")
+    if manager.config.successor_aware:
+        lines.append(
+            "  (block 1 is not reused: B's token after it differs from A's, and a draft layer's KV at a "
+            "block's last position depends on that token)"
+        )
+    lines.append(f"request B: resize -> {second.resize(len(shared) + tpb).status.value}, block table {list(second.block_table)}")
+    manager.check_integrity()
+    second.close()
+    stats = manager.stats()
+    lines.append(
+        f"slots: free={stats.num_free_slots} used={stats.num_used_slots} cached={stats.num_cached_slots} "
+        f"reuse hits={stats.num_reused_blocks}/{stats.num_lookup_blocks} blocks"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trtllm-kv-layout", description=__doc__.splitlines()[0])
+    parser.add_argument("layout", type=Path, help="YAML file describing the cache's layers")
+    parser.add_argument("--simulate", action="store_true", help="also run two requests through the cache")
+    args = parser.parse_args(argv)
+    try:
+        data = yaml.safe_load(args.layout.read_text())
+        manager = KVCacheManager(config_from_yaml(data or {}))
+    except (OSError, ValueError, TypeError, yaml.YAMLError) as exc:
+        print(f"trtllm-kv-layout: {args.layout}: {exc}", file=sys.stderr)
+        return 2
+    print(manager.describe())
+    if args.simulate:
+        print(simulate(manager))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

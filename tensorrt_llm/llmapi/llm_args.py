@@ -1,0 +1,49 @@
+"""User-facing configuration (pydantic), with upstream TensorRT-LLM's key names.
+
+Every model forbids unknown keys, so a typo in Python or in a YAML options file is an error that
+names the key. Values are validated where they are declared.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class StrictBaseModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class KvCacheConfig(StrictBaseModel):
+    """How the KV cache is sized and reused.
+
+    The pool holds ``max_tokens`` tokens when given; otherwise, on a GPU,
+    ``free_gpu_memory_fraction`` of the free device memory; on a CPU, enough for
+    ``max_batch_size`` sequences of ``max_seq_len`` tokens.
+    """
+
+    enable_block_reuse: bool = True
+    tokens_per_block: int = 128
+    max_tokens: int | None = Field(default=None, gt=0)
+    free_gpu_memory_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
+    dtype: Literal["auto", "float32", "float16", "bfloat16", "fp8"] = "auto"
+
+    @field_validator("tokens_per_block")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value <= 0 or value & (value - 1):
+            raise ValueError(f"tokens_per_block={value} must be a power of two")
+        return value
+
+
+class Eagle3DecodingConfig(StrictBaseModel):
+    """Eagle3 speculative decoding. One-model: the drafter runs inside the target's forward and, in
+    this fork, keeps its KV in the target's KV cache manager (see DESIGN.md section 4)."""
+
+    decoding_type: Literal["Eagle3"] = "Eagle3"
+    max_draft_len: int = Field(default=3, ge=1)
+    speculative_model: str | None = None
+    eagle3_one_model: bool = True
+    num_eagle_layers: int = Field(default=1, ge=1)
+    eagle3_layers_to_capture: tuple[int, ...] | None = None
