@@ -1,0 +1,38 @@
+import pytest
+
+from tensorrt_llm.runtime.kv_cache_manager_v2 import AttentionLayerConfig, KVCacheManager, KVCacheManagerConfig
+
+
+def make_manager(
+    num_slots: int = 8,
+    tokens_per_block: int = 4,
+    *,
+    draft: bool = False,
+    enable_block_reuse: bool = True,
+    max_blocks_per_seq: int | None = None,
+) -> KVCacheManager:
+    layers = [AttentionLayerConfig.kv(0, 1, 4, "float32")]
+    if draft:
+        layers.append(AttentionLayerConfig.kv(1, 2, 4, "float32", depends_on_next_token=True))
+    return KVCacheManager(
+        KVCacheManagerConfig(
+            tokens_per_block=tokens_per_block,
+            layers=tuple(layers),
+            num_slots=num_slots,
+            enable_block_reuse=enable_block_reuse,
+            alignment_bytes=16,
+            kernel_page_tokens=1,
+            max_blocks_per_seq=max_blocks_per_seq,
+        )
+    )
+
+
+@pytest.fixture
+def manager() -> KVCacheManager:
+    return make_manager()
+
+
+@pytest.fixture
+def new_manager():
+    """The ``make_manager`` factory, for tests that need a non-default manager."""
+    return make_manager
