@@ -1,5 +1,20 @@
+import os
+
 import pytest
 import torch
+from hypothesis import HealthCheck, Phase, settings
+
+# CI runs the property tests derandomized (the same examples every run) and reports a failure
+# without shrinking it (shrinking a 40-step machine can take minutes); locally they explore and shrink.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 def pytest_collection_modifyitems(config, items):

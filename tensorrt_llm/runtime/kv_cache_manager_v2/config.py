@@ -137,7 +137,8 @@ class KVCacheManagerConfig:
     - ``enable_block_reuse``: commit full blocks to the radix tree and reuse them across sequences.
     - ``alignment_bytes``: every layer's K and every index-K starts at a multiple of this in the slot.
     - ``kernel_page_tokens``: the slot size is padded so that every buffer splits into kernel pages of
-      this many tokens at a whole number of pages per slot (the draft sub-page view needs it).
+      this many tokens at a whole number of pages per slot (the draft sub-page view needs it);
+      default ``min(32, tokens_per_block)``.
     """
 
     tokens_per_block: int
@@ -145,7 +146,7 @@ class KVCacheManagerConfig:
     num_slots: int
     enable_block_reuse: bool = True
     alignment_bytes: int = 256
-    kernel_page_tokens: int = 32
+    kernel_page_tokens: int | None = None  # None: min(32, tokens_per_block)
     max_blocks_per_seq: int | None = None
 
     def __post_init__(self) -> None:
@@ -164,6 +165,8 @@ class KVCacheManagerConfig:
         max_item = max(DTYPE_SIZES[b.dtype] for layer in self.layers for b in layer.buffers)
         if self.alignment_bytes < max_item:
             raise ValueError(f"alignment_bytes={self.alignment_bytes} is smaller than an element ({max_item} bytes)")
+        if self.kernel_page_tokens is None:
+            object.__setattr__(self, "kernel_page_tokens", min(32, self.tokens_per_block))
         if not is_power_of_two(self.kernel_page_tokens) or self.tokens_per_block % self.kernel_page_tokens:
             raise ValueError(
                 f"kernel_page_tokens={self.kernel_page_tokens!r} must be a power of two dividing "
