@@ -32,7 +32,16 @@ from tensorrt_llm.runtime.kv_cache_manager_v2 import (
     KVCacheManagerConfig,
 )
 
-_TOP_KEYS = {"tokens_per_block", "num_slots", "max_tokens", "alignment_bytes", "kernel_page_tokens", "defaults", "layers", "enable_block_reuse"}
+_TOP_KEYS = {
+    "tokens_per_block",
+    "num_slots",
+    "max_tokens",
+    "alignment_bytes",
+    "kernel_page_tokens",
+    "defaults",
+    "layers",
+    "enable_block_reuse",
+}
 _LAYER_KEYS = {"layer_id", "num_kv_heads", "head_dim", "dtype", "index_key", "draft", "life_cycle"}
 _INDEX_KEYS = {"num_heads", "head_dim", "dtype"}
 
@@ -63,7 +72,12 @@ def config_from_yaml(data: dict) -> KVCacheManagerConfig:
         index_key = None
         if entry.get("index_key") is not None:
             _check_keys(f"layers[{i}].index_key", entry["index_key"], _INDEX_KEYS)
-            ik = {"num_heads": 1, "head_dim": entry["head_dim"], "dtype": entry["dtype"], **entry["index_key"]}
+            ik = {
+                "num_heads": 1,
+                "head_dim": entry["head_dim"],
+                "dtype": entry["dtype"],
+                **entry["index_key"],
+            }
             index_key = (ik["num_heads"], ik["head_dim"], ik["dtype"])
         layers.append(
             AttentionLayerConfig.kv(
@@ -79,8 +93,14 @@ def config_from_yaml(data: dict) -> KVCacheManagerConfig:
     if ("num_slots" in data) == ("max_tokens" in data):
         raise ValueError("layout: give exactly one of 'num_slots' or 'max_tokens'")
     num_slots = data["num_slots"] if "num_slots" in data else math.ceil(data["max_tokens"] / tpb)
-    options = {k: data[k] for k in ("alignment_bytes", "kernel_page_tokens", "enable_block_reuse") if k in data}
-    return KVCacheManagerConfig(tokens_per_block=tpb, layers=tuple(layers), num_slots=num_slots, **options)
+    options = {
+        k: data[k]
+        for k in ("alignment_bytes", "kernel_page_tokens", "enable_block_reuse")
+        if k in data
+    }
+    return KVCacheManagerConfig(
+        tokens_per_block=tpb, layers=tuple(layers), num_slots=num_slots, **options
+    )
 
 
 def simulate(manager: KVCacheManager) -> str:
@@ -89,18 +109,26 @@ def simulate(manager: KVCacheManager) -> str:
     shared = list(range(1, 2 * tpb + 1))
     lines = []
     first = manager.create_kv_cache(shared + [7] * (tpb // 2))
-    lines.append(f"request A: prompt {first.num_reused_tokens} reused, resize -> {first.resize(len(shared) + tpb // 2).status.value}")
+    lines.append(
+        f"request A: prompt {first.num_reused_tokens} reused, resize -> {first.resize(len(shared) + tpb // 2).status.value}"
+    )
     first.commit(shared + [7] * (tpb // 2))
-    lines.append(f"request A: block table {list(first.block_table)}, committed blocks {first.num_committed_blocks}")
+    lines.append(
+        f"request A: block table {list(first.block_table)}, committed blocks {first.num_committed_blocks}"
+    )
     first.close()
     second = manager.create_kv_cache(shared + [9] * tpb)
-    lines.append(f"request B: {second.num_reused_tokens} tokens reused, block table {list(second.block_table)}")
+    lines.append(
+        f"request B: {second.num_reused_tokens} tokens reused, block table {list(second.block_table)}"
+    )
     if manager.config.successor_aware:
         lines.append(
             "  (block 1 is not reused: B's token after it differs from A's, and a draft layer's KV at a "
             "block's last position depends on that token)"
         )
-    lines.append(f"request B: resize -> {second.resize(len(shared) + tpb).status.value}, block table {list(second.block_table)}")
+    lines.append(
+        f"request B: resize -> {second.resize(len(shared) + tpb).status.value}, block table {list(second.block_table)}"
+    )
     manager.check_integrity()
     second.close()
     stats = manager.stats()
@@ -114,7 +142,9 @@ def simulate(manager: KVCacheManager) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trtllm-kv-layout", description=__doc__.splitlines()[0])
     parser.add_argument("layout", type=Path, help="YAML file describing the cache's layers")
-    parser.add_argument("--simulate", action="store_true", help="also run two requests through the cache")
+    parser.add_argument(
+        "--simulate", action="store_true", help="also run two requests through the cache"
+    )
     args = parser.parse_args(argv)
     try:
         data = yaml.safe_load(args.layout.read_text())

@@ -93,7 +93,9 @@ class KVCacheManagerV2(BaseResourceManager):
         device: torch.device | str = "cpu",
     ) -> None:
         if max_seq_len <= 0 or max_batch_size <= 0:
-            raise ValueError(f"max_seq_len={max_seq_len} and max_batch_size={max_batch_size} must be positive")
+            raise ValueError(
+                f"max_seq_len={max_seq_len} and max_batch_size={max_batch_size} must be positive"
+            )
         self.kv_cache_config = kv_cache_config
         self.is_draft = is_draft
         self.spec_config = spec_config
@@ -103,10 +105,14 @@ class KVCacheManagerV2(BaseResourceManager):
         self.dtype = _dtype_name(dtype)
         self.device = torch.device(device)
         self.num_target_layers = num_layers
-        self.pp_layers, self.num_layers = get_pp_layers(num_layers, mapping, spec_config, layer_mask)
+        self.pp_layers, self.num_layers = get_pp_layers(
+            num_layers, mapping, spec_config, layer_mask
+        )
         self.num_kv_heads_per_layer = _per_layer("num_kv_heads", num_kv_heads, self.num_layers)
         self.head_dim_per_layer = _per_layer("head_dim", head_dim, self.num_layers)
-        self.max_blocks_per_seq = math.ceil((max_seq_len + get_num_extra_kv_tokens(spec_config)) / tokens_per_block)
+        self.max_blocks_per_seq = math.ceil(
+            (max_seq_len + get_num_extra_kv_tokens(spec_config)) / tokens_per_block
+        )
 
         layers = tuple(self._layer_config(layer_id) for layer_id in self.pp_layers)
         config = KVCacheManagerConfig(
@@ -125,7 +131,11 @@ class KVCacheManagerV2(BaseResourceManager):
 
         # [num_pools, max_batch_size, 2, max_blocks_per_seq]: slot ids per request row (see module doc).
         self.host_kv_cache_block_offsets = torch.zeros(
-            len(self.pools), max_batch_size, 2, self.max_blocks_per_seq, dtype=torch.int32,
+            len(self.pools),
+            max_batch_size,
+            2,
+            self.max_blocks_per_seq,
+            dtype=torch.int32,
             pin_memory=self.device.type == "cuda",
         )
         self._caches: dict[int, KVCache] = {}
@@ -170,7 +180,9 @@ class KVCacheManagerV2(BaseResourceManager):
         """Zero-copy ``[num_slots, 2, tokens_per_block, num_kv_heads, head_dim]`` view of a layer's K
         and V; the slot stride is the slot size."""
         if kv_layout != "NHD":
-            raise ValueError(f"kv_layout={kv_layout!r}: this cache stores blocks token-major ('NHD') only")
+            raise ValueError(
+                f"kv_layout={kv_layout!r}: this cache stores blocks token-major ('NHD') only"
+            )
         pool, key = self.layout.placement(layer_idx, DataRole.KEY)
         return kv_view(self.pools[pool.pool_index], pool, key)
 
@@ -203,14 +215,20 @@ class KVCacheManagerV2(BaseResourceManager):
         return self.layout.pools[pool_index].slot_bytes
 
     # ---- sequences --------------------------------------------------------------------------------
-    def add_sequence(self, request_id: int, prompt_tokens: Sequence[int], reuse_scope: str | None = None) -> int:
+    def add_sequence(
+        self, request_id: int, prompt_tokens: Sequence[int], reuse_scope: str | None = None
+    ) -> int:
         """Track a new request, holding its longest reusable prefix; returns the reused token count."""
         if request_id in self._caches:
             raise ValueError(f"request {request_id} already has a KV cache")
         if not self._free_rows:
-            raise RuntimeError(f"more than max_batch_size={self.max_batch_size} live requests in the KV cache")
+            raise RuntimeError(
+                f"more than max_batch_size={self.max_batch_size} live requests in the KV cache"
+            )
         if len(prompt_tokens) > self.max_seq_len:
-            raise ValueError(f"request {request_id}: prompt of {len(prompt_tokens)} tokens exceeds max_seq_len={self.max_seq_len}")
+            raise ValueError(
+                f"request {request_id}: prompt of {len(prompt_tokens)} tokens exceeds max_seq_len={self.max_seq_len}"
+            )
         cache = self.impl.create_kv_cache(prompt_tokens, reuse_scope)
         self._caches[request_id] = cache
         self._rows[request_id] = self._free_rows.pop()
@@ -224,7 +242,9 @@ class KVCacheManagerV2(BaseResourceManager):
             self._sync_row(request_id)
         return result
 
-    def commit_sequence(self, request_id: int, num_final_tokens: int, tokens: Sequence[int]) -> None:
+    def commit_sequence(
+        self, request_id: int, num_final_tokens: int, tokens: Sequence[int]
+    ) -> None:
         """Commit ``tokens[num_committed : num_final_tokens]`` and rewind capacity to ``num_final_tokens``."""
         cache = self._caches[request_id]
         new = tokens[cache.num_committed_tokens : num_final_tokens]
@@ -283,8 +303,12 @@ class KVCacheManagerV2(BaseResourceManager):
                 paused.append(req)
         if paused:
             ids = {id(r) for r in paused}
-            scheduled_batch.context_requests = [r for r in scheduled_batch.context_requests if id(r) not in ids]
-            scheduled_batch.generation_requests = [r for r in scheduled_batch.generation_requests if id(r) not in ids]
+            scheduled_batch.context_requests = [
+                r for r in scheduled_batch.context_requests if id(r) not in ids
+            ]
+            scheduled_batch.generation_requests = [
+                r for r in scheduled_batch.generation_requests if id(r) not in ids
+            ]
             scheduled_batch.paused_requests.extend(paused)
 
     def _reserve(self, request_id: int, capacity: int) -> bool:
@@ -310,11 +334,15 @@ class KVCacheManagerV2(BaseResourceManager):
 
     def get_needed_resource_to_completion(self, request: LlmRequest) -> int:
         total = min(self.max_seq_len, request.prompt_len + request.max_new_tokens)
-        held = self._caches[request.request_id].num_blocks if request.request_id in self._caches else 0
+        held = (
+            self._caches[request.request_id].num_blocks if request.request_id in self._caches else 0
+        )
         return max(0, math.ceil(total / self.tokens_per_block) - held)
 
     # ---- batch tables -------------------------------------------------------------------------------
-    def get_batch_cache_indices(self, request_ids: Sequence[int], layer_idx: int | None = None) -> list[list[int]]:
+    def get_batch_cache_indices(
+        self, request_ids: Sequence[int], layer_idx: int | None = None
+    ) -> list[list[int]]:
         """Slot id per logical block, per request (the same for every layer of a life cycle)."""
         del layer_idx
         return [list(self._caches[r].block_table) for r in request_ids]
@@ -354,7 +382,14 @@ class KVCacheManagerV2(BaseResourceManager):
             row = self.host_kv_cache_block_offsets[:, self._rows[request_id]]
             n = cache.num_blocks
             expect = torch.tensor(cache.block_table, dtype=torch.int32)
-            if not (torch.equal(row[:, 0, :n], expect.expand(row.shape[0], n)) and torch.equal(row[:, 1, :n], row[:, 0, :n])):
-                raise AssertionError(f"request {request_id}: host block row differs from its block table")
+            if not (
+                torch.equal(row[:, 0, :n], expect.expand(row.shape[0], n))
+                and torch.equal(row[:, 1, :n], row[:, 0, :n])
+            ):
+                raise AssertionError(
+                    f"request {request_id}: host block row differs from its block table"
+                )
             if bool(row[:, :, n:].any()):
-                raise AssertionError(f"request {request_id}: host block row has entries past its blocks")
+                raise AssertionError(
+                    f"request {request_id}: host block row has entries past its blocks"
+                )

@@ -54,13 +54,19 @@ class BaseResourceManager(ABC):
 class ResourceManager:
     """The registry of a model's resource managers, keyed by ``ResourceManagerType``."""
 
-    def __init__(self, resource_managers: dict[ResourceManagerType, BaseResourceManager] | None = None):
-        self.resource_managers: dict[ResourceManagerType, BaseResourceManager] = dict(resource_managers or {})
+    def __init__(
+        self, resource_managers: dict[ResourceManagerType, BaseResourceManager] | None = None
+    ):
+        self.resource_managers: dict[ResourceManagerType, BaseResourceManager] = dict(
+            resource_managers or {}
+        )
 
     def get_resource_manager(self, kind: ResourceManagerType) -> BaseResourceManager | None:
         return self.resource_managers.get(kind)
 
-    def register_resource_manager(self, kind: ResourceManagerType, manager: BaseResourceManager) -> None:
+    def register_resource_manager(
+        self, kind: ResourceManagerType, manager: BaseResourceManager
+    ) -> None:
         self.resource_managers[kind] = manager
 
     def prepare_resources(self, scheduled_batch: ScheduledRequests) -> None:

@@ -12,7 +12,11 @@ from tensorrt_llm.runtime.kv_cache_manager_v2.config import (
     DataRole,
     KVCacheManagerConfig,
 )
-from tensorrt_llm.runtime.kv_cache_manager_v2.kv_cache import AllocationResult, AllocationStatus, KVCache
+from tensorrt_llm.runtime.kv_cache_manager_v2.kv_cache import (
+    AllocationResult,
+    AllocationStatus,
+    KVCache,
+)
 from tensorrt_llm.runtime.kv_cache_manager_v2.layout import (
     BufferPlacement,
     SlotLayout,

@@ -34,7 +34,7 @@ def is_power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
 
-class DataRole(str, enum.Enum):
+class DataRole(enum.StrEnum):
     KEY = "key"
     VALUE = "value"
     INDEX_KEY = "index_key"
@@ -52,11 +52,15 @@ class BufferConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", DataRole(self.role))
         if self.dtype not in DTYPE_SIZES:
-            raise ValueError(f"buffer dtype={self.dtype!r} is not supported; use one of {sorted(DTYPE_SIZES)}")
+            raise ValueError(
+                f"buffer dtype={self.dtype!r} is not supported; use one of {sorted(DTYPE_SIZES)}"
+            )
         for name in ("num_heads", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"buffer {self.role.value}: {name}={value!r} must be a positive int")
+                raise ValueError(
+                    f"buffer {self.role.value}: {name}={value!r} must be a positive int"
+                )
 
     @property
     def itemsize(self) -> int:
@@ -91,7 +95,11 @@ class AttentionLayerConfig:
         if DataRole.KEY not in roles or DataRole.VALUE not in roles:
             raise ValueError(f"layer {self.layer_id}: needs both a 'key' and a 'value' buffer")
         key, value = self.buffer(DataRole.KEY), self.buffer(DataRole.VALUE)
-        if (key.num_heads, key.head_dim, key.dtype) != (value.num_heads, value.head_dim, value.dtype):
+        if (key.num_heads, key.head_dim, key.dtype) != (
+            value.num_heads,
+            value.head_dim,
+            value.dtype,
+        ):
             raise ValueError(
                 f"layer {self.layer_id}: key {key} and value {value} must have the same heads, head_dim and dtype"
             )
@@ -150,7 +158,9 @@ class KVCacheManagerConfig:
     max_blocks_per_seq: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "layers", tuple(sorted(self.layers, key=lambda layer: layer.layer_id)))
+        object.__setattr__(
+            self, "layers", tuple(sorted(self.layers, key=lambda layer: layer.layer_id))
+        )
         if not isinstance(self.tokens_per_block, int) or not is_power_of_two(self.tokens_per_block):
             raise ValueError(f"tokens_per_block={self.tokens_per_block!r} must be a power of two")
         if not isinstance(self.num_slots, int) or self.num_slots <= 0:
@@ -164,10 +174,15 @@ class KVCacheManagerConfig:
             raise ValueError(f"alignment_bytes={self.alignment_bytes!r} must be a power of two")
         max_item = max(DTYPE_SIZES[b.dtype] for layer in self.layers for b in layer.buffers)
         if self.alignment_bytes < max_item:
-            raise ValueError(f"alignment_bytes={self.alignment_bytes} is smaller than an element ({max_item} bytes)")
+            raise ValueError(
+                f"alignment_bytes={self.alignment_bytes} is smaller than an element ({max_item} bytes)"
+            )
         if self.kernel_page_tokens is None:
             object.__setattr__(self, "kernel_page_tokens", min(32, self.tokens_per_block))
-        if not is_power_of_two(self.kernel_page_tokens) or self.tokens_per_block % self.kernel_page_tokens:
+        if (
+            not is_power_of_two(self.kernel_page_tokens)
+            or self.tokens_per_block % self.kernel_page_tokens
+        ):
             raise ValueError(
                 f"kernel_page_tokens={self.kernel_page_tokens!r} must be a power of two dividing "
                 f"tokens_per_block={self.tokens_per_block}"

@@ -35,23 +35,39 @@ def check_manager(manager: KVCacheManager) -> None:
         num_cached += node.ref_count == 0
         _require(node.ref_count >= 0, f"negative ref_count on {node}")
         if node.parent is not None:
-            _require(pool.tree.get(node.parent.key) is node.parent, f"parent of {node} left the tree")
-            _require(node.parent.children.get(node.key) is node, f"{node} missing from its parent's children")
+            _require(
+                pool.tree.get(node.parent.key) is node.parent, f"parent of {node} left the tree"
+            )
+            _require(
+                node.parent.children.get(node.key) is node,
+                f"{node} missing from its parent's children",
+            )
             if node.ref_count > 0:
-                _require(node.parent.ref_count > 0, f"held {node} has an unheld parent {node.parent}")
+                _require(
+                    node.parent.ref_count > 0, f"held {node} has an unheld parent {node.parent}"
+                )
         for child in node.children.values():
             _require(child.parent is node, f"child {child} of {node} points elsewhere")
-    _require(num_cached == pool.num_cached_slots, f"cached count {pool.num_cached_slots} != {num_cached} nodes")
+    _require(
+        num_cached == pool.num_cached_slots,
+        f"cached count {pool.num_cached_slots} != {num_cached} nodes",
+    )
 
     refs: Counter[int] = Counter()
     for cache in manager.live_caches:
         _require(not cache.is_closed, f"closed cache {cache.id} still registered")
         _require(
-            cache.num_committed_tokens <= cache.history_length <= cache.capacity <= cache.num_blocks * tpb,
+            cache.num_committed_tokens
+            <= cache.history_length
+            <= cache.capacity
+            <= cache.num_blocks * tpb,
             f"cache {cache.id}: committed={cache.num_committed_tokens} history={cache.history_length} "
             f"capacity={cache.capacity} blocks={cache.num_blocks}",
         )
-        _require(cache.num_blocks == -(-cache.capacity // tpb), f"cache {cache.id}: blocks do not match capacity")
+        _require(
+            cache.num_blocks == -(-cache.capacity // tpb),
+            f"cache {cache.id}: blocks do not match capacity",
+        )
         _require(
             cache.num_committed_blocks * tpb <= cache.num_committed_tokens,
             f"cache {cache.id}: a committed block holds uncommitted tokens",
@@ -59,18 +75,26 @@ def check_manager(manager: KVCacheManager) -> None:
         nodes = cache.held_nodes()
         for b, node in enumerate(nodes):
             refs[id(node)] += 1
-            _require(pool.tree.get(node.key) is node, f"cache {cache.id} holds block {b} that left the tree")
+            _require(
+                pool.tree.get(node.key) is node,
+                f"cache {cache.id} holds block {b} that left the tree",
+            )
             _require(
                 node.parent is (nodes[b - 1] if b else None),
                 f"cache {cache.id}: block {b}'s node is not the child of block {b - 1}'s",
             )
             if node.slot != cache.block_table[b]:
-                _require(b in cache._duplicate, f"cache {cache.id}: block {b} slot differs from its node")
+                _require(
+                    b in cache._duplicate, f"cache {cache.id}: block {b} slot differs from its node"
+                )
         for slot in cache.private_slots():
             claim(slot, f"private to cache {cache.id}")
         for b in range(cache.num_committed_blocks):
             if b not in cache._duplicate:
-                _require(cache.block_table[b] == nodes[b].slot, f"cache {cache.id}: block {b} slot mismatch")
+                _require(
+                    cache.block_table[b] == nodes[b].slot,
+                    f"cache {cache.id}: block {b} slot mismatch",
+                )
 
     for node in pool.tree:
         _require(

@@ -131,7 +131,9 @@ class KVCache:
 
     def private_slots(self) -> list[int]:
         """Slots this sequence owns outright (returned to the free queue on close)."""
-        return [s for b, s in enumerate(self._slots) if b >= len(self._nodes) or b in self._duplicate]
+        return [
+            s for b, s in enumerate(self._slots) if b >= len(self._nodes) or b in self._duplicate
+        ]
 
     def held_nodes(self) -> list[BlockNode]:
         return list(self._nodes)
@@ -148,9 +150,13 @@ class KVCache:
         if history < self._history:
             raise ValueError(f"history_length={history} would decrease it (now {self._history})")
         if history < len(self._tokens):
-            raise ValueError(f"history_length={history} is below the {len(self._tokens)} committed tokens")
+            raise ValueError(
+                f"history_length={history} is below the {len(self._tokens)} committed tokens"
+            )
         if capacity < history:
-            raise ValueError(f"capacity={capacity} is below history_length={history}: cannot rewind past history")
+            raise ValueError(
+                f"capacity={capacity} is below history_length={history}: cannot rewind past history"
+            )
         num_blocks = -(-capacity // self.tokens_per_block)
         max_blocks = self._manager.max_blocks_per_seq
         if max_blocks is not None and num_blocks > max_blocks:

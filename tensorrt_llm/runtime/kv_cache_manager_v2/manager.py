@@ -150,7 +150,10 @@ class KVCacheManager:
         )
 
     def describe(self) -> str:
-        return self.layout.describe() + f"\nnum_slots={self.num_slots} tokens_capacity={self.num_slots * self.tokens_per_block}"
+        return (
+            self.layout.describe()
+            + f"\nnum_slots={self.num_slots} tokens_capacity={self.num_slots * self.tokens_per_block}"
+        )
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant; usable from tests after any step."""

@@ -9,7 +9,11 @@ from __future__ import annotations
 import torch
 
 from tensorrt_llm.runtime.kv_cache_manager_v2.config import DataRole
-from tensorrt_llm.runtime.kv_cache_manager_v2.layout import BufferPlacement, SlotLayout, StorageLayout
+from tensorrt_llm.runtime.kv_cache_manager_v2.layout import (
+    BufferPlacement,
+    SlotLayout,
+    StorageLayout,
+)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -19,10 +23,13 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def allocate_pools(layout: StorageLayout, num_slots: int, device: torch.device | str) -> list[torch.Tensor]:
+def allocate_pools(
+    layout: StorageLayout, num_slots: int, device: torch.device | str
+) -> list[torch.Tensor]:
     """One zero-filled ``[num_slots, slot_bytes]`` uint8 tensor per life cycle, in pool order."""
     return [
-        torch.zeros(num_slots, pool.slot_bytes, dtype=torch.uint8, device=device) for pool in layout.pools
+        torch.zeros(num_slots, pool.slot_bytes, dtype=torch.uint8, device=device)
+        for pool in layout.pools
     ]
 
 
@@ -45,8 +52,12 @@ def kv_view(pool: torch.Tensor, slot: SlotLayout, key: BufferPlacement) -> torch
     (lane 1). Relies on V starting right where K ends (layout rule 2)."""
     value = next(b for b in slot.buffers if b.layer_id == key.layer_id and b.role is DataRole.VALUE)
     if value.offset != key.end:
-        raise AssertionError(f"layer {key.layer_id}: value at {value.offset} does not follow key at {key.end}")
+        raise AssertionError(
+            f"layer {key.layer_id}: value at {value.offset} does not follow key at {key.end}"
+        )
     typed, slot_stride, offset = _typed(pool, key)
     h, d = key.num_heads, key.head_dim
     tpb = key.size // (h * d * key.itemsize)
-    return typed.as_strided((pool.shape[0], 2, tpb, h, d), (slot_stride, tpb * h * d, h * d, d, 1), offset)
+    return typed.as_strided(
+        (pool.shape[0], 2, tpb, h, d), (slot_stride, tpb * h * d, h * d, d, 1), offset
+    )

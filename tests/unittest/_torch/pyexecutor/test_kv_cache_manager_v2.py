@@ -5,7 +5,11 @@ import torch
 
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
-from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType, get_pp_layers
+from tensorrt_llm._torch.pyexecutor.resource_manager import (
+    ResourceManager,
+    ResourceManagerType,
+    get_pp_layers,
+)
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig
 
@@ -28,7 +32,9 @@ def make(max_tokens=64, spec_config=None, heads=2, reuse=True, max_batch_size=4,
 
 
 def context_request(request_id, prompt, chunk=None):
-    return LlmRequest(request_id, list(prompt), max_new_tokens=8, context_chunk_size=chunk or len(prompt))
+    return LlmRequest(
+        request_id, list(prompt), max_new_tokens=8, context_chunk_size=chunk or len(prompt)
+    )
 
 
 def run_context(mgr, *requests):
@@ -50,7 +56,10 @@ def test_get_pp_layers_appends_one_model_draft_layers():
     assert get_pp_layers(3, spec_config=EAGLE) == ([0, 1, 2, 3], 4)
     two_model = Eagle3DecodingConfig(max_draft_len=3, eagle3_one_model=False)
     assert get_pp_layers(3, spec_config=two_model) == ([0, 1, 2], 3)
-    assert get_pp_layers(3, spec_config=EAGLE, layer_mask=[True, False, True, True]) == ([0, 2, 3], 4)
+    assert get_pp_layers(3, spec_config=EAGLE, layer_mask=[True, False, True, True]) == (
+        [0, 2, 3],
+        4,
+    )
 
 
 def test_draft_layer_with_its_own_geometry_is_a_zero_copy_view_at_the_documented_offset():
@@ -79,7 +88,9 @@ def test_sizes_and_limits():
     assert mgr.max_blocks_per_seq == 8  # ceil(32 / 4)
     assert make(spec_config=EAGLE).max_blocks_per_seq == 9  # + max_draft_len positions
     assert mgr.get_max_resource_count() == 8
-    with pytest.raises(ValueError, match="num_kv_heads has 2 entries but the KV cache has 3 layers"):
+    with pytest.raises(
+        ValueError, match="num_kv_heads has 2 entries but the KV cache has 3 layers"
+    ):
         make(spec_config=EAGLE, heads=[2, 2])
     with pytest.raises(ValueError, match="exceeds max_seq_len=32"):
         mgr.add_sequence(0, list(range(33)))
@@ -102,7 +113,10 @@ def test_context_then_generation_with_drafts_commits_only_final_tokens_and_rewin
     req.py_draft_tokens = []
     mgr.update_resources(batch)
     mgr.check_integrity()
-    assert (cache.num_committed_tokens, cache.capacity) == (12, 12)  # the newest token's KV comes next step
+    assert (cache.num_committed_tokens, cache.capacity) == (
+        12,
+        12,
+    )  # the newest token's KV comes next step
     assert mgr.get_batch_cache_indices([7]) == [[0, 1, 2]]
     assert cache.committed_tokens == tuple(range(10)) + (1007, 5)
     mgr.free_resources(req)

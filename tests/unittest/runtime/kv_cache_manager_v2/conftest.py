@@ -1,6 +1,10 @@
 import pytest
 
-from tensorrt_llm.runtime.kv_cache_manager_v2 import AttentionLayerConfig, KVCacheManager, KVCacheManagerConfig
+from tensorrt_llm.runtime.kv_cache_manager_v2 import (
+    AttentionLayerConfig,
+    KVCacheManager,
+    KVCacheManagerConfig,
+)
 
 
 def make_manager(

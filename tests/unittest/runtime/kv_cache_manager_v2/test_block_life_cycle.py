@@ -61,7 +61,11 @@ def test_second_sequence_reuses_the_committed_prefix(manager):
     manager.check_integrity()
     assert b.block_table == (0, 1, 3)
     stats = manager.stats()
-    assert (stats.num_reused_blocks, stats.num_lookup_blocks, stats.num_cached_slots) == (2, 2 + 2, 0)
+    assert (stats.num_reused_blocks, stats.num_lookup_blocks, stats.num_cached_slots) == (
+        2,
+        2 + 2,
+        0,
+    )
 
 
 def test_reuse_leaves_at_least_one_prompt_token_to_compute(manager):
@@ -69,7 +73,9 @@ def test_reuse_leaves_at_least_one_prompt_token_to_compute(manager):
     a.resize(8)
     a.commit(T[:8])
     a.close()
-    b = manager.create_kv_cache(T[:8])  # both blocks are committed, but the last token must be recomputed
+    b = manager.create_kv_cache(
+        T[:8]
+    )  # both blocks are committed, but the last token must be recomputed
     manager.check_integrity()
     assert b.num_reused_tokens == 4
     assert b.block_table == (0,)

@@ -71,9 +71,16 @@ def test_life_cycles_get_their_own_pools():
         AttentionLayerConfig.kv(1, 1, 8, "float32", life_cycle="b"),
         AttentionLayerConfig.kv(2, 2, 8, "float16", life_cycle="a"),
     )
-    layout = plan_storage(KVCacheManagerConfig(4, layers, 4, alignment_bytes=64, kernel_page_tokens=4))
+    layout = plan_storage(
+        KVCacheManagerConfig(4, layers, 4, alignment_bytes=64, kernel_page_tokens=4)
+    )
     assert [p.life_cycle for p in layout.pools] == ["a", "b"]
-    assert [(b.layer_id, b.offset) for b in layout.pools[0].buffers] == [(0, 0), (0, 128), (2, 256), (2, 384)]
+    assert [(b.layer_id, b.offset) for b in layout.pools[0].buffers] == [
+        (0, 0),
+        (0, 128),
+        (2, 256),
+        (2, 384),
+    ]
     assert layout.pool_of_layer(1) == 1 and layout.pools[1].slot_bytes == 256
 
 
@@ -97,7 +104,11 @@ def test_describe_lists_every_buffer_with_its_class():
     ],
 )
 def test_bad_engine_config_names_the_key(kwargs, message):
-    base = {"tokens_per_block": 4, "layers": (AttentionLayerConfig.kv(0, 1, 4, "float16"),), "num_slots": 2}
+    base = {
+        "tokens_per_block": 4,
+        "layers": (AttentionLayerConfig.kv(0, 1, 4, "float16"),),
+        "num_slots": 2,
+    }
     with pytest.raises(ValueError, match=message):
         KVCacheManagerConfig(**{**base, **kwargs})
 
@@ -109,7 +120,11 @@ def test_bad_layer_configs_are_rejected_clearly():
         AttentionLayerConfig(0, (BufferConfig(DataRole.KEY, 1, 4, "float16"),))
     with pytest.raises(ValueError, match="same heads"):
         AttentionLayerConfig(
-            0, (BufferConfig(DataRole.KEY, 1, 4, "float16"), BufferConfig(DataRole.VALUE, 2, 4, "float16"))
+            0,
+            (
+                BufferConfig(DataRole.KEY, 1, 4, "float16"),
+                BufferConfig(DataRole.VALUE, 2, 4, "float16"),
+            ),
         )
     with pytest.raises(ValueError, match="layer ids repeat"):
         KVCacheManagerConfig(4, (AttentionLayerConfig.kv(0, 1, 4, "float16"),) * 2, 2)

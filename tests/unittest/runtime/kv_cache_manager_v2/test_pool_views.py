@@ -3,7 +3,11 @@ layout (layout.py), not through the layout code."""
 
 import torch
 
-from tensorrt_llm.runtime.kv_cache_manager_v2 import AttentionLayerConfig, KVCacheManagerConfig, plan_storage
+from tensorrt_llm.runtime.kv_cache_manager_v2 import (
+    AttentionLayerConfig,
+    KVCacheManagerConfig,
+    plan_storage,
+)
 from tensorrt_llm.runtime.kv_cache_manager_v2.pool import allocate_pools, buffer_view, kv_view
 
 SLOT = 1152  # see test_layout.test_offsets_follow_layer_order_with_aligned_keys_and_adjacent_values
@@ -66,7 +70,9 @@ def test_every_view_writes_exactly_where_the_documented_layout_says():
             assert view.shape == (5, 2, TPB, HAND[(layer, "key")][1], 8)
             view[slot, 0 if role == "key" else 1, token, head, dim] = value
         at = hand_byte(slot, layer, role, token, head, dim)
-        expected = value.reshape(1).view(torch.uint8)  # the two bytes of the fp16 value, little endian
+        expected = value.reshape(1).view(
+            torch.uint8
+        )  # the two bytes of the fp16 value, little endian
         assert torch.equal(flat[at : at + 2], expected.reshape(-1)), (layer, role)
         changed = (flat != before.view(-1)).nonzero().flatten().tolist()
         assert set(changed) <= {at, at + 1} and changed, (layer, role, changed)
@@ -80,4 +86,6 @@ def test_views_alias_the_pool_with_slot_stride():
     assert view.stride(0) * 2 == SLOT  # elements of fp16
     assert view.stride(1) * 2 == 256  # V follows K by K's bytes per block
     view.fill_(1.0009765625)  # 0x3C01: both bytes non-zero
-    assert int((pool != 0).sum()) == 5 * 512  # K and V of the draft layer in every slot, nothing else
+    assert (
+        int((pool != 0).sum()) == 5 * 512
+    )  # K and V of the draft layer in every slot, nothing else

@@ -15,7 +15,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from tensorrt_llm.runtime.kv_cache_manager_v2 import AttentionLayerConfig, KVCacheManager, KVCacheManagerConfig
+from tensorrt_llm.runtime.kv_cache_manager_v2 import (
+    AttentionLayerConfig,
+    KVCacheManager,
+    KVCacheManagerConfig,
+)
 from tensorrt_llm.runtime.kv_cache_manager_v2.pool import allocate_pools
 
 LAYOUTS = {
@@ -35,7 +39,9 @@ LAYOUTS = {
         layers=(
             AttentionLayerConfig.kv(0, 1, 4, "float32", life_cycle="a"),
             AttentionLayerConfig.kv(1, 2, 4, "bfloat16", life_cycle="b"),
-            AttentionLayerConfig.kv(2, 1, 4, "float32", life_cycle="a", index_key=(1, 2, "float32")),
+            AttentionLayerConfig.kv(
+                2, 1, 4, "float32", life_cycle="a", index_key=(1, 2, "float32")
+            ),
         ),
         num_slots=12,
         alignment_bytes=16,
@@ -188,7 +194,11 @@ class CacheMachine(RuleBasedStateMachine):
                 slot = cache.block_table[b]
                 tokens = self._block_tokens(script, b)
                 for i, pool in enumerate(self.pools):
-                    assert torch.equal(pool[slot], content(i, pool.shape[1], tokens)), (cache.id, b, slot)
+                    assert torch.equal(pool[slot], content(i, pool.shape[1], tokens)), (
+                        cache.id,
+                        b,
+                        slot,
+                    )
 
     def teardown(self):
         for cache in self.m.live_caches:
