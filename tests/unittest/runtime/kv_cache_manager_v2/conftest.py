@@ -40,3 +40,24 @@ def manager() -> KVCacheManager:
 def new_manager():
     """The ``make_manager`` factory, for tests that need a non-default manager."""
     return make_manager
+
+
+@pytest.fixture(autouse=True)
+def integrity_after_every_step(monkeypatch):
+    """Every engine call in these tests is followed by ``check_integrity()``."""
+    from tensorrt_llm.runtime.kv_cache_manager_v2.kv_cache import KVCache
+
+    def checked(cls, name, manager_of):
+        original = getattr(cls, name)
+
+        def wrapper(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            manager_of(self, result).check_integrity()
+            return result
+
+        monkeypatch.setattr(cls, name, wrapper)
+
+    for name in ("resize", "commit", "close"):
+        checked(KVCache, name, lambda cache, _: cache._manager)
+    for name in ("create_kv_cache", "evict"):
+        checked(KVCacheManager, name, lambda manager, _: manager)
