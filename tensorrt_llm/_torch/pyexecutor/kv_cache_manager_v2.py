@@ -142,7 +142,7 @@ class KVCacheManagerV2(BaseResourceManager):
         self._rows: dict[int, int] = {}
         self._free_rows = list(range(max_batch_size - 1, -1, -1))
         self._row_lengths: dict[int, int] = {}
-        logger.debug("KV cache layout:\n%s", self.impl.describe())
+        logger.debug("KV cache layout:\n%s", self.describe())
 
     # ---- construction hooks (the MiniMax-M3 manager overrides these) ---------------------------
     def is_draft_layer(self, layer_id: int) -> bool:
@@ -375,6 +375,10 @@ class KVCacheManagerV2(BaseResourceManager):
 
     def get_kv_cache_stats(self) -> KVCacheStats:
         return self.impl.stats()
+
+    def describe(self) -> str:
+        """The slot layout and pool size (see ``StorageLayout.describe``)."""
+        return self.impl.describe()
 
     def check_integrity(self) -> None:
         self.impl.check_integrity()

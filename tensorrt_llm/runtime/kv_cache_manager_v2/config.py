@@ -13,7 +13,6 @@ slot layout and one pool (see ``layout.py``).
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Bytes per element of every dtype a buffer may hold; names follow torch's dtype names.
@@ -204,10 +203,3 @@ class KVCacheManagerConfig:
             if layer.layer_id == layer_id:
                 return layer
         raise KeyError(f"no layer {layer_id}; layers are {list(self.layer_ids)}")
-
-
-def uniform_layers(
-    layer_ids: Sequence[int], num_kv_heads: int, head_dim: int, dtype: str
-) -> tuple[AttentionLayerConfig, ...]:
-    """Convenience for tests and tools: identical K/V layers."""
-    return tuple(AttentionLayerConfig.kv(i, num_kv_heads, head_dim, dtype) for i in layer_ids)

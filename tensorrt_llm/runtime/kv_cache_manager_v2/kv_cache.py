@@ -35,7 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tensorrt_llm.runtime.kv_cache_manager_v2.radix_tree import BlockKey, BlockNode, block_key
+from tensorrt_llm.runtime.kv_cache_manager_v2.radix_tree import (
+    BlockKey,
+    BlockNode,
+    chained_block_key,
+    num_keyable_blocks,
+)
 
 if TYPE_CHECKING:
     from tensorrt_llm.runtime.kv_cache_manager_v2.manager import KVCacheManager
@@ -199,15 +204,13 @@ class KVCache:
     def _commit_full_blocks(self) -> None:
         tpb = self.tokens_per_block
         successor_aware = self._manager.config.successor_aware
-        while True:
-            b = len(self._nodes)
-            end = (b + 1) * tpb
-            if end > len(self._tokens) or (successor_aware and end >= len(self._tokens)):
-                return
+        for b in range(
+            len(self._nodes), num_keyable_blocks(len(self._tokens), tpb, successor_aware)
+        ):
             parent = self._nodes[-1] if self._nodes else None
-            parent_key = self._keys[-1] if self._keys else self._root
-            successor = self._tokens[end] if successor_aware else None
-            key = block_key(parent_key, self._tokens[b * tpb : end], successor)
+            key = chained_block_key(
+                self._keys[-1] if self._keys else self._root, self._tokens, b, tpb, successor_aware
+            )
             node = self._pool.tree.get(key)
             if node is None:
                 node = self._pool.insert(key, self._slots[b], parent)

@@ -19,7 +19,11 @@ from tensorrt_llm.runtime.kv_cache_manager_v2.block_pool import BlockPool
 from tensorrt_llm.runtime.kv_cache_manager_v2.config import KVCacheManagerConfig
 from tensorrt_llm.runtime.kv_cache_manager_v2.kv_cache import KVCache
 from tensorrt_llm.runtime.kv_cache_manager_v2.layout import StorageLayout, plan_storage
-from tensorrt_llm.runtime.kv_cache_manager_v2.radix_tree import BlockNode, block_key, root_key
+from tensorrt_llm.runtime.kv_cache_manager_v2.radix_tree import (
+    BlockNode,
+    chained_block_key,
+    root_key,
+)
 
 
 @dataclass(frozen=True)
@@ -87,13 +91,12 @@ class KVCacheManager:
         the last reused block is a prompt token)."""
         if not self.config.enable_block_reuse or len(tokens) < 2:
             return []
-        tpb = self.tokens_per_block
-        successor_aware = self.config.successor_aware
         key = root_key(reuse_scope)
         matched: list[BlockNode] = []
-        for b in range((len(tokens) - 1) // tpb):
-            end = (b + 1) * tpb
-            key = block_key(key, tokens[b * tpb : end], tokens[end] if successor_aware else None)
+        for b in range((len(tokens) - 1) // self.tokens_per_block):
+            key = chained_block_key(
+                key, tokens, b, self.tokens_per_block, self.config.successor_aware
+            )
             node = self._pool.tree.get(key)
             if node is None:
                 break

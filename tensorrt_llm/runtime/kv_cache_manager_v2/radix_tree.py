@@ -37,6 +37,25 @@ def block_key(parent: BlockKey, tokens: Sequence[int], successor: int | None) ->
     return h.digest()
 
 
+def chained_block_key(
+    parent: BlockKey,
+    tokens: Sequence[int],
+    block_index: int,
+    tokens_per_block: int,
+    successor_aware: bool,
+) -> BlockKey:
+    """Key of block ``block_index`` of ``tokens`` given its parent's key (the successor token is
+    ``tokens[(block_index + 1) * tokens_per_block]`` and must exist when ``successor_aware``)."""
+    end = (block_index + 1) * tokens_per_block
+    successor = tokens[end] if successor_aware else None
+    return block_key(parent, tokens[block_index * tokens_per_block : end], successor)
+
+
+def num_keyable_blocks(num_tokens: int, tokens_per_block: int, successor_aware: bool) -> int:
+    """Full blocks of ``num_tokens`` tokens whose key is known (successor-aware keys need one more)."""
+    return max(0, num_tokens - int(successor_aware)) // tokens_per_block
+
+
 @dataclass(eq=False)
 class BlockNode:
     """A committed block. ``ref_count`` counts live sequences holding it; 0 means cached (evictable
