@@ -154,8 +154,13 @@ class KVCacheManagerV2(BaseResourceManager):
             self.num_kv_heads_per_layer[layer_id],
             self.head_dim_per_layer[layer_id],
             self.dtype,
+            index_key=self._index_key(layer_id),
             depends_on_next_token=self.is_draft_layer(layer_id),
         )
+
+    def _index_key(self, layer_id: int) -> tuple[int, int, str] | None:
+        """``(heads, head_dim, dtype)`` of the layer's index-K buffer, or None (none here)."""
+        return None
 
     def _storage_options(self) -> dict:
         return {}
@@ -192,6 +197,23 @@ class KVCacheManagerV2(BaseResourceManager):
             raise KeyError(f"layer {layer_idx} has no index_key buffer")
         pool, buf = self.layout.placement(layer_idx, DataRole.INDEX_KEY)
         return buffer_view(self.pools[pool.pool_index], pool, buf)
+
+    def get_kv_pages(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The paged-KV contract (``attention_backend/interface.py``): K and V page tensors
+        ``[num_slots, tokens_per_block, heads, head_dim]``; here a page is a slot, indexed by slot id."""
+        kv = self.get_buffers(layer_idx)
+        return kv[:, 0], kv[:, 1]
+
+    def get_index_k_pages(self, layer_idx: int) -> torch.Tensor:
+        """Index-K pages, addressed like K (lane 0 of the block table)."""
+        return self.get_index_k_buffers(layer_idx)
+
+    def layer_pool_index(self, layer_idx: int) -> int:
+        return self.layout.pool_of_layer(layer_idx)
+
+    @property
+    def num_pools(self) -> int:
+        return len(self.pools)
 
     @property
     def blocks_in_primary_pool(self) -> int:

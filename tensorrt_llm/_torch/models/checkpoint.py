@@ -1,0 +1,66 @@
+"""HF-style checkpoints: ``config.json`` + ``model.safetensors`` in one directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config, MiniMaxM3ForCausalLM
+
+WEIGHTS = "model.safetensors"
+
+
+def save_pretrained(model: torch.nn.Module, config, model_dir: str | Path) -> None:
+    """Write ``config.json`` and the weights (a tied LM head is stored once, as the embedding)."""
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if getattr(config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(model_dir / WEIGHTS))
+
+
+def load_state_dict_into(model: torch.nn.Module, model_dir: str | Path, tied: bool) -> None:
+    """Load weights strictly: a missing, unexpected or mis-shaped tensor is an error naming it."""
+    path = Path(model_dir) / WEIGHTS
+    if not path.is_file():
+        raise ValueError(f"model={str(model_dir)!r}: no {WEIGHTS} there")
+    state = load_file(str(path))
+    expected = model.state_dict()
+    if tied:
+        expected = {k: v for k, v in expected.items() if k != "lm_head.weight"}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{path}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise ValueError(f"{path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
+    model.load_state_dict(state, strict=not tied)
+
+
+def load_minimaxm3(
+    model_dir: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+) -> MiniMaxM3ForCausalLM:
+    config = MiniMaxM3Config.from_pretrained(model_dir)
+    model = MiniMaxM3ForCausalLM(config)
+    load_state_dict_into(model, model_dir, config.tie_word_embeddings)
+    dtype = dtype or getattr(torch, config.torch_dtype)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def random_minimaxm3(config: MiniMaxM3Config, seed: int = 0, std: float = 0.02) -> MiniMaxM3ForCausalLM:
+    """A randomly initialised model (tests, and the starting point of training)."""
+    generator = torch.Generator().manual_seed(seed)
+    model = MiniMaxM3ForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+    return model.eval()

@@ -1,0 +1,274 @@
+"""MiniMax-M3 architecture at any size: dense first layers, MSA after; GQA, partial RoPE, QK RMSNorm.
+
+Two ways in:
+- ``forward(input_ids [B, T])`` with no metadata: the plain full-sequence forward (training, oracle);
+- ``forward(input_ids [num_tokens], position_ids, attn_metadata)``: the paged path, reading and
+  writing KV only through the manager attached to ``attn_metadata``.
+
+Both return hidden states after the final norm; ``compute_logits`` applies the LM head. Hidden states
+of chosen layers can be captured (``capture_layers``) for an Eagle3 drafter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tensorrt_llm._torch.attention_backend.reference import causal_attention, paged_attention
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
+    MsaConfig,
+    msa_dense_attention,
+    msa_paged_attention,
+)
+from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+
+MODEL_TYPE = "minimax_m3"
+ARCHITECTURE = "MiniMaxM3ForCausalLM"
+
+
+@dataclass(frozen=True)
+class MiniMaxM3Config:
+    """The keys of a MiniMax-M3 ``config.json`` this implementation reads (others are ignored)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 4096
+    use_qk_norm: bool = True
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    torch_dtype: str = "float32"
+    sparse_attention_config: MsaConfig | None = None
+    architectures: tuple[str, ...] = field(default=(ARCHITECTURE,))
+    model_type: str = MODEL_TYPE
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise ValueError(f"config.json: {f.name}={value!r} must be a positive int")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"config.json: num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.rotary_dim > self.head_dim or self.rotary_dim % 2:
+            raise ValueError(f"config.json: rotary_dim={self.rotary_dim} must be even and <= head_dim={self.head_dim}")
+        if self.model_type != MODEL_TYPE:
+            raise ValueError(f"config.json: model_type={self.model_type!r}, expected {MODEL_TYPE!r}")
+        if self.sparse_attention_config and self.sparse_attention_config.num_dense_layers > self.num_hidden_layers:
+            raise ValueError("config.json: sparse_attention_config.num_dense_layers exceeds num_hidden_layers")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MiniMaxM3Config:
+        known = {f.name for f in fields(cls)}
+        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise ValueError(f"config.json: missing key(s) {missing}")
+        kwargs = {k: v for k, v in data.items() if k in known}
+        sparse = kwargs.get("sparse_attention_config")
+        if isinstance(sparse, dict):
+            unknown = sorted(set(sparse) - {f.name for f in fields(MsaConfig)})
+            if unknown:
+                raise ValueError(f"config.json: sparse_attention_config has unknown key(s) {unknown}")
+            kwargs["sparse_attention_config"] = MsaConfig(**sparse)
+        if "architectures" in kwargs:
+            kwargs["architectures"] = tuple(kwargs["architectures"])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> MiniMaxM3Config:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ValueError(f"model={str(model_dir)!r}: no config.json there")
+        return cls.from_dict(json.loads(path.read_text()))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["architectures"] = list(self.architectures)
+        return data
+
+    @property
+    def sparse_layer_ids(self) -> tuple[int, ...]:
+        """Target layers that use MSA (and so cache an index-K)."""
+        if self.sparse_attention_config is None:
+            return ()
+        return tuple(range(self.sparse_attention_config.num_dense_layers, self.num_hidden_layers))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+def apply_partial_rope(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
+    """Neox-style RoPE on the first ``rotary_dim`` dims of each head. ``x [..., T, H, D]``,
+    ``positions [..., T]``."""
+    half = rotary_dim // 2
+    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, half]
+    cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]  # [..., T, 1, half]
+    rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
+    x1, x2 = rot[..., :half], rot[..., half:]
+    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return torch.cat([rotated, rest], dim=-1)
+
+
+class Indexer(nn.Module):
+    """MSA's light indexer: ``index_n_heads`` query heads, one shared key head, per-head weights."""
+
+    def __init__(self, cfg: MiniMaxM3Config) -> None:
+        super().__init__()
+        msa = cfg.sparse_attention_config
+        self.num_heads, self.head_dim = msa.index_n_heads, msa.index_head_dim
+        self.wq = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.hidden_size, self.head_dim, bias=False)
+        self.weights_proj = nn.Linear(cfg.hidden_size, self.num_heads, bias=False)
+
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> index_q ``[..., Hi, Di]``, index_w ``[..., Hi]``, index_k ``[..., 1, Di]``."""
+        q = self.wq(hidden).unflatten(-1, (self.num_heads, self.head_dim))
+        k = self.wk(hidden).unsqueeze(-2)
+        w = self.weights_proj(hidden) / math.sqrt(self.num_heads)
+        return q, w, k
+
+
+class MiniMaxM3Attention(nn.Module):
+    def __init__(self, cfg: MiniMaxM3Config, layer_idx: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        if cfg.use_qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.is_sparse = layer_idx in cfg.sparse_layer_ids
+        if self.is_sparse:
+            self.indexer = Indexer(cfg)
+
+    def forward(
+        self, hidden: torch.Tensor, positions: torch.Tensor, metadata: TrtllmAttentionMetadata | None
+    ) -> torch.Tensor:
+        q = self.q_proj(hidden).unflatten(-1, (self.num_heads, self.head_dim))  # [..., T, H, D]
+        k = self.k_proj(hidden).unflatten(-1, (self.num_kv_heads, self.head_dim))  # [..., T, Hkv, D]
+        v = self.v_proj(hidden).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        if self.cfg.use_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_partial_rope(q, positions, self.cfg.rotary_dim, self.cfg.rope_theta)
+        k = apply_partial_rope(k, positions, self.cfg.rotary_dim, self.cfg.rope_theta)
+        if self.is_sparse:
+            iq, iw, ik = self.indexer(hidden)
+            msa = self.cfg.sparse_attention_config
+            if metadata is None:
+                out = msa_dense_attention(q, k, v, iq, iw, ik, msa, self.scale)
+            else:
+                out = msa_paged_attention(self.layer_idx, q, k, v, iq, iw, ik, metadata, msa, self.scale)
+        elif metadata is None:
+            out = torch.stack(
+                [causal_attention(q[b], k[b], v[b], positions[b], self.scale) for b in range(q.shape[0])]
+            )
+        else:
+            out = paged_attention(self.layer_idx, q, k, v, metadata, self.scale)
+        return self.o_proj(out.flatten(-2))
+
+
+class MiniMaxM3MLP(nn.Module):
+    def __init__(self, cfg: MiniMaxM3Config) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MiniMaxM3DecoderLayer(nn.Module):
+    def __init__(self, cfg: MiniMaxM3Config, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = MiniMaxM3Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MiniMaxM3MLP(cfg)
+
+    def forward(self, hidden, positions, metadata):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class MiniMaxM3Model(nn.Module):
+    def __init__(self, cfg: MiniMaxM3Config) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(MiniMaxM3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class MiniMaxM3ForCausalLM(nn.Module):
+    def __init__(self, cfg: MiniMaxM3Config) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = MiniMaxM3Model(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attn_metadata: TrtllmAttentionMetadata | None = None,
+        capture_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Hidden states after the final norm, and the outputs of ``capture_layers`` (in that order).
+
+        Without metadata: ``input_ids [B, T]``, positions default to ``0..T-1``.
+        With metadata: ``input_ids [num_tokens]``, positions default to ``attn_metadata.position_ids``.
+        """
+        if position_ids is None:
+            if attn_metadata is None:
+                position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
+            else:
+                position_ids = attn_metadata.position_ids.to(input_ids.device)
+        hidden = self.model.embed_tokens(input_ids)
+        captured: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.model.layers):
+            hidden = layer(hidden, position_ids, attn_metadata)
+            if i in capture_layers:
+                captured[i] = hidden
+        return self.model.norm(hidden), [captured[i] for i in capture_layers]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
