@@ -1,7 +1,33 @@
 """tensorrt_llm: a compact PyTorch-only TensorRT-LLM fork with a unified KV cache for MiniMax-M3 + Eagle3."""
 
 from tensorrt_llm.logger import logger
+from tensorrt_llm.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["logger", "__version__"]
+
+def __getattr__(name: str):
+    # LLM and the configs import torch-heavy modules: load them on first use.
+    if name in {
+        "LLM",
+        "KvCacheConfig",
+        "Eagle3DecodingConfig",
+        "TorchLlmArgs",
+        "RequestOutput",
+        "CompletionOutput",
+    }:
+        from tensorrt_llm import llmapi
+
+        return getattr(llmapi, name)
+    raise AttributeError(name)
+
+
+__all__ = [
+    "LLM",
+    "Eagle3DecodingConfig",
+    "KvCacheConfig",
+    "SamplingParams",
+    "TorchLlmArgs",
+    "logger",
+    "__version__",
+]

@@ -1,3 +1,20 @@
-from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig
+from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig, TorchLlmArgs
 
-__all__ = ["Eagle3DecodingConfig", "KvCacheConfig"]
+
+def __getattr__(name: str):
+    # LLM pulls in the whole runtime; load it on first use so config imports stay light.
+    if name in {"LLM", "CompletionOutput", "RequestOutput"}:
+        from tensorrt_llm.llmapi import llm
+
+        return getattr(llm, name)
+    raise AttributeError(name)
+
+
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "Eagle3DecodingConfig",
+    "KvCacheConfig",
+    "RequestOutput",
+    "TorchLlmArgs",
+]

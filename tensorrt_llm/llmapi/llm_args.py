@@ -6,8 +6,10 @@ names the key. Values are validated where they are declared.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
@@ -47,3 +49,51 @@ class Eagle3DecodingConfig(StrictBaseModel):
     eagle3_one_model: bool = True
     num_eagle_layers: int = Field(default=1, ge=1)
     eagle3_layers_to_capture: tuple[int, ...] | None = None
+
+
+class TorchLlmArgs(StrictBaseModel):
+    """Everything ``LLM(...)`` accepts; the same keys load from a YAML options file."""
+
+    model: str
+    tokenizer: str | None = None
+    backend: Literal["pytorch"] = "pytorch"
+    kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
+    max_batch_size: int = Field(default=8, gt=0)
+    max_num_tokens: int = Field(default=2048, gt=0)
+    max_seq_len: int | None = Field(default=None, gt=1)
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    enable_chunked_prefill: bool = True
+    speculative_config: Eagle3DecodingConfig | None = None
+
+    @classmethod
+    def from_kwargs(cls, extra_llm_api_options: str | Path | None = None, **kwargs) -> TorchLlmArgs:
+        """Build from keyword arguments plus, optionally, a YAML file of the same keys. A key given
+        both ways is an error (which one should win would be a guess)."""
+        if extra_llm_api_options is not None:
+            options = load_yaml_options(extra_llm_api_options)
+            both = sorted(k for k in options if kwargs.get(k) is not None)
+            if both:
+                raise ValueError(
+                    f"{extra_llm_api_options}: key(s) {both} are also given as arguments"
+                )
+            kwargs = {**{k: v for k, v in kwargs.items() if v is not None}, **options}
+        return cls(**kwargs)
+
+
+def load_yaml_options(path: str | Path) -> dict:
+    """A YAML mapping of ``TorchLlmArgs`` keys (validated when the args are built)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"options file {str(path)!r}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"options file {str(path)!r} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"options file {str(path)!r} must hold a mapping of options, not {type(data).__name__}"
+        )
+    return data

@@ -11,7 +11,9 @@ import torch
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 
 
-def token_pages(metadata: TrtllmAttentionMetadata, pool: int, lane: int) -> tuple[torch.Tensor, torch.Tensor]:
+def token_pages(
+    metadata: TrtllmAttentionMetadata, pool: int, lane: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Page index and in-page offset of every token of the step, for K (lane 0) or V (lane 1)."""
     tpb = metadata.tokens_per_block
     pos = metadata.position_ids
@@ -20,7 +22,11 @@ def token_pages(metadata: TrtllmAttentionMetadata, pool: int, lane: int) -> tupl
 
 
 def write_paged(
-    pages: torch.Tensor, metadata: TrtllmAttentionMetadata, pool: int, lane: int, values: torch.Tensor
+    pages: torch.Tensor,
+    metadata: TrtllmAttentionMetadata,
+    pool: int,
+    lane: int,
+    values: torch.Tensor,
 ) -> None:
     """Store ``values`` ``[num_tokens, heads, dim]`` at the step's positions of ``pages``."""
     page, offset = token_pages(metadata, pool, lane)
@@ -40,7 +46,11 @@ def gather_paged(
 
 
 def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    scale: float,
     key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``q [n, H, D]`` against ``k, v [L, Hkv, D]`` (key j at position j), each query seeing keys at
@@ -50,7 +60,9 @@ def causal_attention(
         k = k.repeat_interleave(num_heads // num_kv_heads, dim=1)
         v = v.repeat_interleave(num_heads // num_kv_heads, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale  # [H, n, L]
-    allowed = torch.arange(k.shape[0], device=q.device)[None, :] <= q_pos[:, None].to(q.device)  # [n, L]
+    allowed = torch.arange(k.shape[0], device=q.device)[None, :] <= q_pos[:, None].to(
+        q.device
+    )  # [n, L]
     if key_mask is not None:
         allowed = allowed & key_mask
     scores = scores.masked_fill(~allowed[None], float("-inf"))
@@ -59,8 +71,12 @@ def causal_attention(
 
 
 def paged_attention(
-    layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    metadata: TrtllmAttentionMetadata, scale: float,
+    layer_idx: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    metadata: TrtllmAttentionMetadata,
+    scale: float,
 ) -> torch.Tensor:
     """Write the step's K/V into the cache, then attend every query to its sequence's cached keys.
 

@@ -38,12 +38,16 @@ class TrtllmAttentionMetadata:
     kv_lens_cpu: torch.Tensor = field(init=False)  # [num_seqs]
     cu_seqlens: list[int] = field(init=False)  # [num_seqs + 1]
     position_ids: torch.Tensor = field(init=False)  # [num_tokens]
-    token_seq_idx: torch.Tensor = field(init=False)  # [num_tokens]: the sequence each token belongs to
+    token_seq_idx: torch.Tensor = field(
+        init=False
+    )  # [num_tokens]: the sequence each token belongs to
 
     def __post_init__(self) -> None:
         n = len(self.request_ids)
         if not (len(self.seq_lens) == len(self.num_cached_tokens_per_seq) == n):
-            raise ValueError("request_ids, seq_lens and num_cached_tokens_per_seq must have one entry per sequence")
+            raise ValueError(
+                "request_ids, seq_lens and num_cached_tokens_per_seq must have one entry per sequence"
+            )
         if not 0 <= self.num_contexts <= n:
             raise ValueError(f"num_contexts={self.num_contexts} out of range for {n} sequences")
         self.prepare()
@@ -82,7 +86,12 @@ class TrtllmAttentionMetadata:
         manager = self.kv_cache_manager
         num_pools = getattr(manager, "num_pools", 1)
         self.kv_cache_block_offsets = torch.zeros(
-            num_pools, max(self.num_seqs, 1), 2, manager.max_blocks_per_seq, dtype=torch.int32, device=self.device
+            num_pools,
+            max(self.num_seqs, 1),
+            2,
+            manager.max_blocks_per_seq,
+            dtype=torch.int32,
+            device=self.device,
         )
         if self.num_seqs:
             manager.copy_batch_block_offsets(

@@ -36,10 +36,14 @@ def load_state_dict_into(model: torch.nn.Module, model_dir: str | Path, tied: bo
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise ValueError(f"{path}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
+        raise ValueError(
+            f"{path}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}"
+        )
     for name, tensor in state.items():
         if tensor.shape != expected[name].shape:
-            raise ValueError(f"{path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
+            raise ValueError(
+                f"{path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}"
+            )
     model.load_state_dict(state, strict=not tied)
 
 
@@ -53,7 +57,9 @@ def load_minimaxm3(
     return model.to(device=device, dtype=dtype).eval()
 
 
-def random_minimaxm3(config: MiniMaxM3Config, seed: int = 0, std: float = 0.02) -> MiniMaxM3ForCausalLM:
+def random_minimaxm3(
+    config: MiniMaxM3Config, seed: int = 0, std: float = 0.02
+) -> MiniMaxM3ForCausalLM:
     """A randomly initialised model (tests, and the starting point of training)."""
     generator = torch.Generator().manual_seed(seed)
     model = MiniMaxM3ForCausalLM(config)

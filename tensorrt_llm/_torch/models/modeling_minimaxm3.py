@@ -60,7 +60,9 @@ class MiniMaxM3Config:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            if f.type == "int" and (
+                not isinstance(value, int) or isinstance(value, bool) or value <= 0
+            ):
                 raise ValueError(f"config.json: {f.name}={value!r} must be a positive int")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
@@ -68,16 +70,27 @@ class MiniMaxM3Config:
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
         if self.rotary_dim > self.head_dim or self.rotary_dim % 2:
-            raise ValueError(f"config.json: rotary_dim={self.rotary_dim} must be even and <= head_dim={self.head_dim}")
+            raise ValueError(
+                f"config.json: rotary_dim={self.rotary_dim} must be even and <= head_dim={self.head_dim}"
+            )
         if self.model_type != MODEL_TYPE:
-            raise ValueError(f"config.json: model_type={self.model_type!r}, expected {MODEL_TYPE!r}")
-        if self.sparse_attention_config and self.sparse_attention_config.num_dense_layers > self.num_hidden_layers:
-            raise ValueError("config.json: sparse_attention_config.num_dense_layers exceeds num_hidden_layers")
+            raise ValueError(
+                f"config.json: model_type={self.model_type!r}, expected {MODEL_TYPE!r}"
+            )
+        if (
+            self.sparse_attention_config
+            and self.sparse_attention_config.num_dense_layers > self.num_hidden_layers
+        ):
+            raise ValueError(
+                "config.json: sparse_attention_config.num_dense_layers exceeds num_hidden_layers"
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MiniMaxM3Config:
         known = {f.name for f in fields(cls)}
-        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+        required = [
+            f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+        ]
         missing = [name for name in required if name not in data]
         if missing:
             raise ValueError(f"config.json: missing key(s) {missing}")
@@ -86,7 +99,9 @@ class MiniMaxM3Config:
         if isinstance(sparse, dict):
             unknown = sorted(set(sparse) - {f.name for f in fields(MsaConfig)})
             if unknown:
-                raise ValueError(f"config.json: sparse_attention_config has unknown key(s) {unknown}")
+                raise ValueError(
+                    f"config.json: sparse_attention_config has unknown key(s) {unknown}"
+                )
             kwargs["sparse_attention_config"] = MsaConfig(**sparse)
         if "architectures" in kwargs:
             kwargs["architectures"] = tuple(kwargs["architectures"])
@@ -124,7 +139,9 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.float()).to(x.dtype)
 
 
-def apply_partial_rope(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
+def apply_partial_rope(
+    x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: float
+) -> torch.Tensor:
     """Neox-style RoPE on the first ``rotary_dim`` dims of each head. ``x [..., T, H, D]``,
     ``positions [..., T]``."""
     half = rotary_dim // 2
@@ -179,10 +196,15 @@ class MiniMaxM3Attention(nn.Module):
             self.indexer = Indexer(cfg)
 
     def forward(
-        self, hidden: torch.Tensor, positions: torch.Tensor, metadata: TrtllmAttentionMetadata | None
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: TrtllmAttentionMetadata | None,
     ) -> torch.Tensor:
         q = self.q_proj(hidden).unflatten(-1, (self.num_heads, self.head_dim))  # [..., T, H, D]
-        k = self.k_proj(hidden).unflatten(-1, (self.num_kv_heads, self.head_dim))  # [..., T, Hkv, D]
+        k = self.k_proj(hidden).unflatten(
+            -1, (self.num_kv_heads, self.head_dim)
+        )  # [..., T, Hkv, D]
         v = self.v_proj(hidden).unflatten(-1, (self.num_kv_heads, self.head_dim))
         if self.cfg.use_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -194,10 +216,15 @@ class MiniMaxM3Attention(nn.Module):
             if metadata is None:
                 out = msa_dense_attention(q, k, v, iq, iw, ik, msa, self.scale)
             else:
-                out = msa_paged_attention(self.layer_idx, q, k, v, iq, iw, ik, metadata, msa, self.scale)
+                out = msa_paged_attention(
+                    self.layer_idx, q, k, v, iq, iw, ik, metadata, msa, self.scale
+                )
         elif metadata is None:
             out = torch.stack(
-                [causal_attention(q[b], k[b], v[b], positions[b], self.scale) for b in range(q.shape[0])]
+                [
+                    causal_attention(q[b], k[b], v[b], positions[b], self.scale)
+                    for b in range(q.shape[0])
+                ]
             )
         else:
             out = paged_attention(self.layer_idx, q, k, v, metadata, self.scale)
@@ -232,7 +259,9 @@ class MiniMaxM3Model(nn.Module):
     def __init__(self, cfg: MiniMaxM3Config) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(MiniMaxM3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            MiniMaxM3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -259,7 +288,9 @@ class MiniMaxM3ForCausalLM(nn.Module):
         """
         if position_ids is None:
             if attn_metadata is None:
-                position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
+                position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(
+                    input_ids
+                )
             else:
                 position_ids = attn_metadata.position_ids.to(input_ids.device)
         hidden = self.model.embed_tokens(input_ids)

@@ -356,6 +356,7 @@ class KVCacheManagerV2(BaseResourceManager):
 
     def get_needed_resource_to_completion(self, request: LlmRequest) -> int:
         total = min(self.max_seq_len, request.prompt_len + request.max_new_tokens)
+        total += get_num_extra_kv_tokens(self.spec_config)
         held = (
             self._caches[request.request_id].num_blocks if request.request_id in self._caches else 0
         )

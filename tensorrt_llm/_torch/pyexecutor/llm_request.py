@@ -1,9 +1,13 @@
-"""A request as the executor and the resource managers see it."""
+"""A request as the executor, the scheduler and the resource managers see it."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+
+import torch
+
+from tensorrt_llm.sampling_params import SamplingParams
 
 
 class LlmRequestState(enum.Enum):
@@ -24,6 +28,8 @@ class LlmRequest:
     request_id: int
     prompt_token_ids: list[int]
     max_new_tokens: int
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    end_id: int | None = None
     output_token_ids: list[int] = field(default_factory=list)
     state: LlmRequestState = LlmRequestState.CONTEXT_INIT
     context_current_position: int = 0
@@ -31,6 +37,18 @@ class LlmRequest:
     py_draft_tokens: list[int] = field(default_factory=list)
     cache_salt: str | None = None
     num_reused_tokens: int = 0
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+    stop_reason: int | str | None = None
+    text_limit: int | None = (
+        None  # characters of the decoded output to keep (a stop string was hit)
+    )
+    num_decode_iterations: int = 0
+    generator: torch.Generator | None = None
+    py_generation_logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] per token
+
+    def __post_init__(self) -> None:
+        if self.sampling_params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.sampling_params.seed)
 
     @property
     def py_request_id(self) -> int:
@@ -44,8 +62,21 @@ class LlmRequest:
     def is_context_init_state(self) -> bool:
         return self.state is LlmRequestState.CONTEXT_INIT
 
+    @property
+    def is_finished(self) -> bool:
+        return self.state is LlmRequestState.GENERATION_COMPLETE
+
+    @property
+    def is_last_context_chunk(self) -> bool:
+        return self.context_current_position + self.context_chunk_size >= self.prompt_len
+
     def get_tokens(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
     def get_num_tokens(self) -> int:
         return self.prompt_len + len(self.output_token_ids)
+
+    def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
+        self.state = LlmRequestState.GENERATION_COMPLETE
+        self.finish_reason = reason
+        self.stop_reason = stop_reason

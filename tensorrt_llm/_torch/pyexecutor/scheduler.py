@@ -1,18 +1,24 @@
-"""Scheduling results handed to the resource managers and the model engine."""
+"""Which requests run this step: a token budget, a batch-size cap, chunked prefill, and KV admission.
+
+Policy (upstream's GUARANTEED_NO_EVICT): a new request is admitted only if the KV slots it needs to
+run to completion, plus those still owed to running requests, fit in the slots available (free plus
+evictable cached). Running requests therefore never stall for KV, and nothing is preempted.
+Admission is first-come first-served: a request that does not fit blocks those behind it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
+from tensorrt_llm._torch.pyexecutor.resource_manager import BaseResourceManager
 
 
 @dataclass
 class ScheduledRequests:
     context_requests: list[LlmRequest] = field(default_factory=list)
     generation_requests: list[LlmRequest] = field(default_factory=list)
-    # Requests the resource managers could not serve this step (for example, no KV slots);
-    # the scheduler puts them back in the queue.
+    # Requests the resource managers could not serve this step; the scheduler retries them.
     paused_requests: list[LlmRequest] = field(default_factory=list)
 
     @property
@@ -22,3 +28,57 @@ class ScheduledRequests:
     @property
     def batch_size(self) -> int:
         return len(self.context_requests) + len(self.generation_requests)
+
+
+class GuaranteedNoEvictScheduler:
+    def __init__(
+        self,
+        max_batch_size: int,
+        max_num_tokens: int,
+        kv_cache_manager: BaseResourceManager,
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        self.max_batch_size = max_batch_size
+        self.max_num_tokens = max_num_tokens
+        self.kv_cache_manager = kv_cache_manager
+        self.enable_chunked_prefill = enable_chunked_prefill
+
+    def schedule(self, active: list[LlmRequest], admitted: set[int]) -> ScheduledRequests:
+        """``active`` in arrival order; ``admitted`` holds ids already granted KV (updated here)."""
+        batch = ScheduledRequests()
+        budget = self.max_num_tokens
+        for req in active:
+            if (
+                req.state is LlmRequestState.GENERATION_IN_PROGRESS
+                and batch.batch_size < self.max_batch_size
+            ):
+                cost = 1 + len(req.py_draft_tokens)
+                if cost <= budget:
+                    batch.generation_requests.append(req)
+                    budget -= cost
+        owed = sum(
+            self.kv_cache_manager.get_needed_resource_to_completion(r)
+            for r in active
+            if r.request_id in admitted
+        )
+        available = self.kv_cache_manager.get_num_free_blocks()
+        for req in active:
+            if (
+                req.state is not LlmRequestState.CONTEXT_INIT
+                or batch.batch_size >= self.max_batch_size
+            ):
+                continue
+            if req.request_id not in admitted:
+                need = self.kv_cache_manager.get_needed_resource_to_completion(req)
+                if owed + need > available:
+                    break
+                owed += need
+                admitted.add(req.request_id)
+            remaining = req.prompt_len - req.context_current_position
+            chunk = min(remaining, budget)
+            if chunk <= 0 or (chunk < remaining and not self.enable_chunked_prefill):
+                break
+            req.context_chunk_size = chunk
+            batch.context_requests.append(req)
+            budget -= chunk
+        return batch

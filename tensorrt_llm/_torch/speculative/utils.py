@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig
 
 
 def get_num_spec_layers(spec_config: Eagle3DecodingConfig | None) -> int:

@@ -2,8 +2,9 @@
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import MiniMaxM3KVCacheManagerV2
-from tensorrt_llm._torch.models.checkpoint import random_minimaxm3
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
+    MiniMaxM3KVCacheManagerV2,
+)
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config
 from tensorrt_llm.llmapi.llm_args import KvCacheConfig
 
@@ -17,7 +18,12 @@ TINY = dict(
     head_dim=8,
     rotary_dim=4,
     sparse_attention_config=dict(
-        index_n_heads=2, index_head_dim=8, topk_blocks=2, block_size=8, num_local_blocks=1, num_dense_layers=1
+        index_n_heads=2,
+        index_head_dim=8,
+        topk_blocks=2,
+        block_size=8,
+        num_local_blocks=1,
+        num_dense_layers=1,
     ),
 )
 
@@ -26,7 +32,14 @@ def tiny_config(**overrides) -> MiniMaxM3Config:
     return MiniMaxM3Config.from_dict({**TINY, **overrides})
 
 
-def m3_manager(cfg: MiniMaxM3Config, tokens_per_block=4, max_tokens=512, max_seq_len=128, max_batch_size=4, **kw):
+def m3_manager(
+    cfg: MiniMaxM3Config,
+    tokens_per_block=4,
+    max_tokens=512,
+    max_seq_len=128,
+    max_batch_size=4,
+    **kw,
+):
     return MiniMaxM3KVCacheManagerV2(
         KvCacheConfig(max_tokens=max_tokens, **kw),
         num_layers=cfg.num_hidden_layers,
@@ -37,5 +50,7 @@ def m3_manager(cfg: MiniMaxM3Config, tokens_per_block=4, max_tokens=512, max_seq
         max_batch_size=max_batch_size,
         dtype=torch.float32,
         sparse_layer_ids=cfg.sparse_layer_ids,
-        index_head_dim=cfg.sparse_attention_config.index_head_dim if cfg.sparse_attention_config else 0,
+        index_head_dim=cfg.sparse_attention_config.index_head_dim
+        if cfg.sparse_attention_config
+        else 0,
     )

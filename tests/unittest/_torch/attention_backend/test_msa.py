@@ -26,13 +26,16 @@ def reference_msa(q, k, v, iq, iw, ik, positions):
     bs = MSA.block_size
     for row, p in enumerate(positions):
         score = [
-            sum(iw[row, h] * max(0.0, float(iq[row, h] @ ik[j, 0])) for h in range(HI)) / math.sqrt(DI)
+            sum(iw[row, h] * max(0.0, float(iq[row, h] @ ik[j, 0])) for h in range(HI))
+            / math.sqrt(DI)
             for j in range(p + 1)
         ]
         last = p // bs
         block_score = {b: max(score[b * bs : min((b + 1) * bs, p + 1)]) for b in range(last + 1)}
         local = {b for b in block_score if b > last - MSA.num_local_blocks}
-        earlier = sorted((b for b in block_score if b not in local), key=lambda b: (-block_score[b], b))
+        earlier = sorted(
+            (b for b in block_score if b not in local), key=lambda b: (-block_score[b], b)
+        )
         chosen = local | set(earlier[: MSA.topk_blocks])
         keys = [j for j in range(p + 1) if j // bs in chosen]
         for h in range(H):
@@ -45,7 +48,14 @@ def reference_msa(q, k, v, iq, iw, ik, positions):
 
 def random_inputs(length, seed):
     g = torch.Generator().manual_seed(seed)
-    shapes = dict(q=(length, H, D), k=(length, HKV, D), v=(length, HKV, D), iq=(length, HI, DI), iw=(length, HI), ik=(length, 1, DI))
+    shapes = dict(
+        q=(length, H, D),
+        k=(length, HKV, D),
+        v=(length, HKV, D),
+        iq=(length, HI, DI),
+        iw=(length, HI),
+        ik=(length, 1, DI),
+    )
     return {name: torch.randn(shape, generator=g) for name, shape in shapes.items()}
 
 
@@ -54,7 +64,9 @@ def run_paged(x, manager, request_id, start, end):
     assert manager.resize_sequence(request_id, end)
     md = TrtllmAttentionMetadata(manager, [request_id], [end - start], [start], num_contexts=1)
     part = {n: t[start:end] for n, t in x.items()}
-    return msa_paged_attention(LAYER, part["q"], part["k"], part["v"], part["iq"], part["iw"], part["ik"], md, MSA, SCALE)
+    return msa_paged_attention(
+        LAYER, part["q"], part["k"], part["v"], part["iq"], part["iw"], part["ik"], md, MSA, SCALE
+    )
 
 
 def dense(x):
@@ -76,7 +88,9 @@ def test_msa_beyond_top_k_blocks_matches_the_masked_dense_reference(length):
     manager = m3_manager(CFG)
     manager.add_sequence(0, list(range(length)))
     got = run_paged(x, manager, 0, 0, length)
-    torch.testing.assert_close(got, reference_msa(*x.values(), positions=range(length)), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        got, reference_msa(*x.values(), positions=range(length)), rtol=1e-4, atol=1e-4
+    )
     if length >= 4 * MSA.block_size:
         assert not torch.allclose(got, dense(x), atol=1e-3)  # really sparse
 
@@ -88,5 +102,7 @@ def test_every_verify_token_selects_its_own_blocks():
     manager.add_sequence(0, list(range(length)))
     run_paged(x, manager, 0, 0, 57)  # prefill
     got = run_paged(x, manager, 0, 57, 61)  # a generation step: last token + 3 drafts
-    want = reference_msa(*(t[57:61] if n in ("q", "iq", "iw") else t for n, t in x.items()), positions=range(57, 61))
+    want = reference_msa(
+        *(t[57:61] if n in ("q", "iq", "iw") else t for n, t in x.items()), positions=range(57, 61)
+    )
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

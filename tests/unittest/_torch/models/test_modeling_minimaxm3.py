@@ -56,7 +56,9 @@ def test_a_batch_of_mixed_sequences_equals_each_alone(tiny_model):
         for i, p in enumerate(prompts):
             manager.add_sequence(i, p)
             manager.resize_sequence(i, len(p))
-        md = TrtllmAttentionMetadata(manager, [0, 1, 2], [len(p) for p in prompts], [0, 0, 0], num_contexts=3)
+        md = TrtllmAttentionMetadata(
+            manager, [0, 1, 2], [len(p) for p in prompts], [0, 0, 0], num_contexts=3
+        )
         hidden, _ = model(torch.tensor(sum(prompts, [])), attn_metadata=md)
         batched = model.compute_logits(hidden).split([len(p) for p in prompts])
         for p, got in zip(prompts, batched):
@@ -72,6 +74,15 @@ def test_config_errors_name_the_key():
     with pytest.raises(ValueError, match="rotary_dim=12"):
         tiny_config(rotary_dim=12)
     with pytest.raises(ValueError, match="topk_blocks=0"):
-        tiny_config(sparse_attention_config={"index_n_heads": 1, "index_head_dim": 4, "topk_blocks": 0})
+        tiny_config(
+            sparse_attention_config={"index_n_heads": 1, "index_head_dim": 4, "topk_blocks": 0}
+        )
     with pytest.raises(ValueError, match="unknown key"):
-        tiny_config(sparse_attention_config={"index_n_heads": 1, "index_head_dim": 4, "topk_blocks": 1, "topk": 2})
+        tiny_config(
+            sparse_attention_config={
+                "index_n_heads": 1,
+                "index_head_dim": 4,
+                "topk_blocks": 1,
+                "topk": 2,
+            }
+        )

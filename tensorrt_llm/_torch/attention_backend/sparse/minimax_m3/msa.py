@@ -20,7 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.reference import causal_attention, gather_paged, write_paged
+from tensorrt_llm._torch.attention_backend.reference import (
+    causal_attention,
+    gather_paged,
+    write_paged,
+)
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 
 
@@ -36,17 +40,29 @@ class MsaConfig:
     num_dense_layers: int = 1  # the first layers are dense; the rest use MSA
 
     def __post_init__(self) -> None:
-        for name in ("index_n_heads", "index_head_dim", "topk_blocks", "block_size", "num_local_blocks"):
+        for name in (
+            "index_n_heads",
+            "index_head_dim",
+            "topk_blocks",
+            "block_size",
+            "num_local_blocks",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"sparse_attention_config.{name}={value!r} must be a positive int")
         if not isinstance(self.num_dense_layers, int) or self.num_dense_layers < 0:
-            raise ValueError(f"sparse_attention_config.num_dense_layers={self.num_dense_layers!r} must be >= 0")
+            raise ValueError(
+                f"sparse_attention_config.num_dense_layers={self.num_dense_layers!r} must be >= 0"
+            )
 
 
-def index_scores(index_q: torch.Tensor, index_w: torch.Tensor, index_k: torch.Tensor) -> torch.Tensor:
+def index_scores(
+    index_q: torch.Tensor, index_w: torch.Tensor, index_k: torch.Tensor
+) -> torch.Tensor:
     """``index_q [n, Hi, Di]``, ``index_w [n, Hi]``, ``index_k [L, Di]`` -> token scores ``[n, L]``."""
-    dots = torch.einsum("nhd,ld->nhl", index_q.float(), index_k.float()) / math.sqrt(index_q.shape[-1])
+    dots = torch.einsum("nhd,ld->nhl", index_q.float(), index_k.float()) / math.sqrt(
+        index_q.shape[-1]
+    )
     return torch.einsum("nhl,nh->nl", torch.relu(dots), index_w.float())
 
 
@@ -74,8 +90,13 @@ def select_blocks(scores: torch.Tensor, q_pos: torch.Tensor, cfg: MsaConfig) -> 
 
 
 def sparse_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-    selected: torch.Tensor, block_size: int, scale: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    selected: torch.Tensor,
+    block_size: int,
+    scale: float,
 ) -> torch.Tensor:
     """Attention of ``q [n, H, D]`` over only the selected blocks of ``k, v [L, Hkv, D]``.
 
@@ -89,7 +110,9 @@ def sparse_attention(
     order = torch.argsort((~selected).to(torch.int8), dim=1, stable=True)[:, :num_sel]
     block_ids = torch.where(torch.gather(selected, 1, order), order, -1)
     token_ids = block_ids[:, :, None] * block_size + torch.arange(block_size, device=q.device)
-    token_ids = torch.where(block_ids[:, :, None] >= 0, token_ids, -1).reshape(n, -1)  # [n, num_sel * bs]
+    token_ids = torch.where(block_ids[:, :, None] >= 0, token_ids, -1).reshape(
+        n, -1
+    )  # [n, num_sel * bs]
     valid = (token_ids >= 0) & (token_ids < length) & (token_ids <= q_pos[:, None])
     gather_ids = token_ids.clamp(0, max(length - 1, 0))
     keys, values = k[gather_ids], v[gather_ids]  # [n, S*bs, Hkv, D]
@@ -102,9 +125,16 @@ def sparse_attention(
 
 
 def msa_paged_attention(
-    layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    index_q: torch.Tensor, index_w: torch.Tensor, index_k: torch.Tensor,
-    metadata: TrtllmAttentionMetadata, cfg: MsaConfig, scale: float,
+    layer_idx: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    index_q: torch.Tensor,
+    index_w: torch.Tensor,
+    index_k: torch.Tensor,
+    metadata: TrtllmAttentionMetadata,
+    cfg: MsaConfig,
+    scale: float,
 ) -> torch.Tensor:
     """Write K, V and index-K of the step into the cache, then MSA per query. ``index_k [n, 1, Di]``."""
     manager = metadata.kv_cache_manager
@@ -127,8 +157,14 @@ def msa_paged_attention(
 
 
 def msa_dense_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    index_q: torch.Tensor, index_w: torch.Tensor, index_k: torch.Tensor, cfg: MsaConfig, scale: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    index_q: torch.Tensor,
+    index_w: torch.Tensor,
+    index_k: torch.Tensor,
+    cfg: MsaConfig,
+    scale: float,
 ) -> torch.Tensor:
     """The no-cache path (training, full-sequence forward): per batch row, token mask from the
     selected blocks, then masked causal attention. ``q [B, T, H, D]``, ``index_k [B, T, 1, Di]``."""

@@ -1,0 +1,79 @@
+"""PyTorchModelEngine: turns a scheduled batch into one model forward on the paged cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
+from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+
+
+@dataclass
+class ForwardOutput:
+    """Logits of the rows the sampler needs, in batch order: the last prompt token of each context
+    request that finishes its prompt this step, then every input token of each generation request
+    (its last token and its drafts). ``num_logits[i]`` rows belong to the i-th request of the batch."""
+
+    logits: torch.Tensor  # [num_rows, vocab]
+    num_logits: list[int]
+    hidden_states: torch.Tensor  # [num_tokens, hidden], every input token
+    attn_metadata: TrtllmAttentionMetadata
+    captured: list[torch.Tensor]
+
+
+class PyTorchModelEngine:
+    def __init__(
+        self, model: torch.nn.Module, kv_cache_manager: KVCacheManagerV2, device: torch.device
+    ) -> None:
+        self.model = model
+        self.kv_cache_manager = kv_cache_manager
+        self.device = device
+        self.num_context_tokens_computed = 0  # prompt tokens that went through a forward (stats)
+        self.capture_layers: tuple[int, ...] = ()
+
+    def build_inputs(
+        self, batch: ScheduledRequests
+    ) -> tuple[torch.Tensor, TrtllmAttentionMetadata, list[int]]:
+        tokens: list[int] = []
+        seq_lens, cached, num_logits = [], [], []
+        for req in batch.context_requests:
+            start = req.context_current_position
+            chunk = req.prompt_token_ids[start : start + req.context_chunk_size]
+            tokens += chunk
+            seq_lens.append(len(chunk))
+            cached.append(start)
+            num_logits.append(1 if req.is_last_context_chunk else 0)
+        for req in batch.generation_requests:
+            step = [req.get_tokens()[-1], *req.py_draft_tokens]
+            tokens += step
+            seq_lens.append(len(step))
+            cached.append(req.get_num_tokens() - 1)
+            num_logits.append(len(step))
+        metadata = TrtllmAttentionMetadata(
+            kv_cache_manager=self.kv_cache_manager,
+            request_ids=[r.request_id for r in batch.all_requests],
+            seq_lens=seq_lens,
+            num_cached_tokens_per_seq=cached,
+            num_contexts=len(batch.context_requests),
+            device=self.device,
+        )
+        return torch.tensor(tokens, dtype=torch.long, device=self.device), metadata, num_logits
+
+    @torch.inference_mode()
+    def forward(self, batch: ScheduledRequests) -> ForwardOutput:
+        input_ids, metadata, num_logits = self.build_inputs(batch)
+        self.num_context_tokens_computed += sum(metadata.seq_lens[: metadata.num_contexts])
+        hidden, captured = self.model(
+            input_ids, attn_metadata=metadata, capture_layers=self.capture_layers
+        )
+        rows = []
+        for i, n in enumerate(num_logits):
+            end = metadata.cu_seqlens[i + 1]
+            rows.extend(range(end - n, end))
+        logits = self.model.compute_logits(
+            hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]
+        )
+        return ForwardOutput(logits, num_logits, hidden, metadata, captured)

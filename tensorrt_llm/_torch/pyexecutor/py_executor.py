@@ -1,0 +1,144 @@
+"""PyExecutor: the step loop (schedule -> prepare -> forward -> sample -> update -> free)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
+from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
+from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
+from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler
+from tensorrt_llm._torch.pyexecutor.scheduler import GuaranteedNoEvictScheduler, ScheduledRequests
+
+
+@dataclass
+class ExecutorStats:
+    num_steps: int = 0
+    num_context_tokens_computed: int = 0  # prompt tokens that went through a forward
+    num_reused_tokens: int = 0  # prompt tokens whose KV came from the prefix cache instead
+    num_generated_tokens: int = 0
+
+
+class PyExecutor:
+    def __init__(
+        self,
+        model_engine: PyTorchModelEngine,
+        resource_manager: ResourceManager,
+        scheduler: GuaranteedNoEvictScheduler,
+        sampler: TorchSampler,
+        max_seq_len: int,
+        detokenize: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        self.model_engine = model_engine
+        self.resource_manager = resource_manager
+        self.scheduler = scheduler
+        self.sampler = sampler
+        self.max_seq_len = max_seq_len
+        self.detokenize = detokenize
+        self.active: list[LlmRequest] = []
+        self._admitted: set[int] = set()
+        self.stats = ExecutorStats()
+
+    @property
+    def kv_cache_manager(self):
+        return self.resource_manager.get_resource_manager(ResourceManagerType.KV_CACHE_MANAGER)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.active)
+
+    def enqueue_request(self, request: LlmRequest) -> None:
+        if request.prompt_len == 0:
+            raise ValueError(f"request {request.request_id}: the prompt is empty")
+        if request.prompt_len >= self.max_seq_len:
+            raise ValueError(
+                f"request {request.request_id}: prompt of {request.prompt_len} tokens leaves no room to "
+                f"generate within max_seq_len={self.max_seq_len}"
+            )
+        kv = self.kv_cache_manager
+        need, total = kv.get_needed_resource_to_completion(request), kv.get_max_resource_count()
+        if need > total:
+            raise ValueError(
+                f"request {request.request_id} needs {need} KV slots to complete but the cache has {total}; "
+                f"raise kv_cache_config.max_tokens or lower max_tokens"
+            )
+        self.active.append(request)
+
+    def cancel_request(self, request_id: int) -> bool:
+        """Finish a request now and free its KV. Returns False if it is not active."""
+        for req in self.active:
+            if req.request_id == request_id:
+                req.finish("cancelled")
+                self._release(req)
+                return True
+        return False
+
+    def step(self) -> list[LlmRequest]:
+        """Run one iteration; returns the requests that finished in it (already freed)."""
+        batch = self.scheduler.schedule(self.active, self._admitted)
+        if batch.batch_size == 0:
+            return []
+        first_chunks = [r for r in batch.context_requests if r.context_current_position == 0]
+        try:
+            self.resource_manager.prepare_resources(batch)
+            self.stats.num_reused_tokens += sum(r.num_reused_tokens for r in first_chunks)
+            output = self.model_engine.forward(batch)
+            self._update_requests(batch, output)
+            self.resource_manager.update_resources(batch)
+        except Exception:
+            for req in batch.all_requests:  # never leak a slot: the batch's requests end here
+                req.finish("error")
+                self._release(req)
+            raise
+        self.stats.num_steps += 1
+        self.stats.num_context_tokens_computed = self.model_engine.num_context_tokens_computed
+        finished = [r for r in batch.all_requests if r.is_finished]
+        for req in finished:
+            self._release(req)
+        return finished
+
+    def _release(self, req: LlmRequest) -> None:
+        self.resource_manager.free_resources(req)
+        self._admitted.discard(req.request_id)
+        if req in self.active:
+            self.active.remove(req)
+
+    def _update_requests(self, batch: ScheduledRequests, output: ForwardOutput) -> None:
+        sampled = [r for r, n in zip(batch.all_requests, output.num_logits) if n]
+        tokens = self.sampler.sample(
+            output.logits, [r.sampling_params for r in sampled], [r.generator for r in sampled]
+        ).tolist()
+        for req in batch.context_requests:
+            req.context_current_position += req.context_chunk_size
+        for row, (req, token) in enumerate(zip(sampled, tokens)):
+            if req.sampling_params.return_generation_logits:
+                req.py_generation_logits.append(output.logits[row].cpu())
+            if req.state is LlmRequestState.GENERATION_IN_PROGRESS:
+                req.num_decode_iterations += 1
+            req.state = LlmRequestState.GENERATION_IN_PROGRESS
+            req.output_token_ids.append(token)
+            self.stats.num_generated_tokens += 1
+            self._check_stop(req, token)
+
+    def _check_stop(self, req: LlmRequest, token: int) -> None:
+        params = req.sampling_params
+        if token == req.end_id and not params.ignore_eos or token in params.stop_token_ids:
+            req.finish("stop", token)
+        elif params.stop and self.detokenize is not None and self._hit_stop_string(req):
+            return
+        elif (
+            len(req.output_token_ids) >= req.max_new_tokens
+            or req.get_num_tokens() >= self.max_seq_len
+        ):
+            req.finish("length")
+
+    def _hit_stop_string(self, req: LlmRequest) -> bool:
+        text = self.detokenize(req.output_token_ids)
+        hits = [(text.find(s), s) for s in req.sampling_params.stop if s in text]
+        if not hits:
+            return False
+        index, stop = min(hits)
+        req.text_limit = index
+        req.finish("stop", stop)
+        return True

@@ -1,0 +1,209 @@
+"""LLM: the Python entry point. ``LLM(model=dir).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
+    MiniMaxM3KVCacheManagerV2,
+)
+from tensorrt_llm._torch.models.checkpoint import load_minimaxm3
+from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
+from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
+from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
+from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler
+from tensorrt_llm._torch.pyexecutor.scheduler import GuaranteedNoEvictScheduler
+from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+from tensorrt_llm.logger import logger
+from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm.tokenizer import TransformersTokenizer
+
+PromptInputs = str | list[int]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    avg_decoded_tokens_per_iter: float | None = None
+    generation_logits: torch.Tensor | None = None  # [num_tokens, vocab] if requested
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but no CUDA device is available")
+    return torch.device(device)
+
+
+class LLM:
+    def __init__(
+        self, model: str | Path | None = None, tokenizer: str | Path | None = None, **kwargs
+    ) -> None:
+        self.args = TorchLlmArgs.from_kwargs(
+            model=None if model is None else str(model),
+            tokenizer=None if tokenizer is None else str(tokenizer),
+            **kwargs,
+        )
+        args = self.args
+        self.device = _resolve_device(args.device)
+        config = MiniMaxM3Config.from_pretrained(args.model)
+        if args.dtype != "auto":
+            dtype = getattr(torch, args.dtype)
+        else:
+            dtype = (
+                getattr(torch, config.torch_dtype) if self.device.type == "cuda" else torch.float32
+            )
+        self.model_config = config
+        self.model = load_minimaxm3(args.model, dtype, self.device)
+        self.tokenizer = TransformersTokenizer.from_pretrained(args.tokenizer or args.model)
+        self.eos_token_id = config.eos_token_id
+        self.max_seq_len = args.max_seq_len or config.max_position_embeddings
+        kv_dtype = (
+            dtype
+            if args.kv_cache_config.dtype == "auto"
+            else getattr(torch, args.kv_cache_config.dtype)
+        )
+        msa = config.sparse_attention_config
+        self.kv_cache_manager = MiniMaxM3KVCacheManagerV2(
+            args.kv_cache_config,
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            tokens_per_block=args.kv_cache_config.tokens_per_block,
+            max_seq_len=self.max_seq_len,
+            max_batch_size=args.max_batch_size,
+            dtype=kv_dtype,
+            sparse_layer_ids=config.sparse_layer_ids,
+            index_head_dim=msa.index_head_dim if msa else 0,
+            device=self.device,
+        )
+        resources = ResourceManager({ResourceManagerType.KV_CACHE_MANAGER: self.kv_cache_manager})
+        self.executor = PyExecutor(
+            PyTorchModelEngine(self.model, self.kv_cache_manager, self.device),
+            resources,
+            GuaranteedNoEvictScheduler(
+                args.max_batch_size,
+                args.max_num_tokens,
+                self.kv_cache_manager,
+                args.enable_chunked_prefill,
+            ),
+            TorchSampler(),
+            self.max_seq_len,
+            detokenize=self.tokenizer.decode,
+        )
+        self._ids = itertools.count()
+        logger.info(
+            "LLM ready: %s on %s (%s), %d KV slots of %d tokens",
+            args.model,
+            self.device,
+            str(dtype).removeprefix("torch."),
+            self.kv_cache_manager.blocks_in_primary_pool,
+            self.kv_cache_manager.tokens_per_block,
+        )
+
+    def _make_request(
+        self, prompt: PromptInputs, params: SamplingParams
+    ) -> tuple[LlmRequest, str | None]:
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            text, token_ids = None, list(prompt)
+        else:
+            raise TypeError(
+                f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}"
+            )
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise ValueError(
+                f"prompt token ids must be in [0, {vocab}); got {[t for t in token_ids if not 0 <= t < vocab][:5]}"
+            )
+        if len(token_ids) >= self.max_seq_len:
+            raise ValueError(
+                f"prompt of {len(token_ids)} tokens exceeds max_seq_len={self.max_seq_len} (leaving no room to generate)"
+            )
+        request = LlmRequest(
+            request_id=next(self._ids),
+            prompt_token_ids=token_ids,
+            max_new_tokens=min(params.max_tokens, self.max_seq_len - len(token_ids)),
+            sampling_params=params,
+            end_id=params.end_id if params.end_id is not None else self.eos_token_id,
+        )
+        return request, text
+
+    def generate(
+        self,
+        inputs: PromptInputs | list[PromptInputs],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> RequestOutput | list[RequestOutput]:
+        """Generate for one prompt or a batch (continuous batching inside); outputs in input order."""
+        single = isinstance(inputs, str) or (
+            isinstance(inputs, list) and inputs and isinstance(inputs[0], int)
+        )
+        prompts = [inputs] if single else list(inputs)
+        params = sampling_params or SamplingParams()
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"{len(params_list)} sampling_params for {len(prompts)} prompts")
+        made = [
+            self._make_request(p, sp) for p, sp in zip(prompts, params_list)
+        ]  # validate all first
+        for request, _ in made:
+            self.executor.enqueue_request(request)
+        while self.executor.has_work:
+            self.executor.step()
+        outputs = [self._output(request, text) for request, text in made]
+        return outputs[0] if single else outputs
+
+    def _output(self, request: LlmRequest, prompt: str | None) -> RequestOutput:
+        tokens = list(request.output_token_ids)
+        visible = (
+            tokens[:-1]
+            if request.finish_reason == "stop" and isinstance(request.stop_reason, int)
+            else tokens
+        )
+        text = self.tokenizer.decode(visible) if request.sampling_params.detokenize else ""
+        if request.text_limit is not None:
+            text = text[: request.text_limit]
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=tokens,
+            finish_reason=request.finish_reason,
+            stop_reason=request.stop_reason,
+            avg_decoded_tokens_per_iter=1.0 if request.num_decode_iterations else None,
+            generation_logits=torch.stack(request.py_generation_logits)
+            if request.py_generation_logits
+            else None,
+        )
+        return RequestOutput(
+            request.request_id, prompt, request.prompt_token_ids, [completion], finished=True
+        )
+
+    def shutdown(self) -> None:
+        self.executor.resource_manager.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

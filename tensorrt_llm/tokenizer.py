@@ -1,0 +1,51 @@
+"""Tokenizers: a Hugging Face ``tokenizer.json`` through the ``tokenizers`` library."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class TransformersTokenizer:
+    """The few operations the runtime needs: encode, decode, and the special ids."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, eos_token: str | None = None, bos_token: str | None = None
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.token_to_id(eos_token) if eos_token else None
+        self.bos_token_id = tokenizer.token_to_id(bos_token) if bos_token else None
+
+    @classmethod
+    def from_pretrained(
+        cls, model_dir: str | Path, eos_token: str | None = None
+    ) -> TransformersTokenizer:
+        path = Path(model_dir) / TOKENIZER_FILE
+        if not path.is_file():
+            raise ValueError(f"tokenizer={str(model_dir)!r}: no {TOKENIZER_FILE} there")
+        return cls(Tokenizer.from_file(str(path)), eos_token=eos_token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def build_char_tokenizer(alphabet: str, special_tokens: list[str]) -> Tokenizer:
+    """A character-level tokenizer: each special token, then each character of ``alphabet``."""
+    vocab = {tok: i for i, tok in enumerate(special_tokens)}
+    for ch in alphabet:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=special_tokens[0]))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(special_tokens)
+    return tok

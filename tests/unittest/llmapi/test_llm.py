@@ -1,0 +1,158 @@
+"""LLM.generate end to end on a random-init tiny model, on the CPU."""
+
+import pytest
+import torch
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm.llmapi.llm_args import KvCacheConfig
+
+PROMPTS = [
+    "ab",
+    "the quick brown fox jumps over the lazy dog 0123456789 " * 2,
+    "what is 12+30? ",
+    "zz " * 17,
+]
+GREEDY = SamplingParams(max_tokens=12, ignore_eos=True, return_generation_logits=True)
+
+
+def make_llm(ckpt, **kwargs):
+    kv = kwargs.pop("kv_cache_config", KvCacheConfig(tokens_per_block=8, max_tokens=2048))
+    return LLM(ckpt, kv_cache_config=kv, max_batch_size=4, device="cpu", **kwargs)
+
+
+def test_a_batch_of_mixed_lengths_generates_what_each_prompt_generates_alone(tiny_checkpoint):
+    llm = make_llm(tiny_checkpoint)
+    batched = llm.generate(PROMPTS, GREEDY)
+    for prompt, out in zip(PROMPTS, batched):
+        alone = make_llm(tiny_checkpoint).generate(prompt, GREEDY)
+        assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+        assert len(out.outputs[0].token_ids) == 12 and out.outputs[0].finish_reason == "length"
+        torch.testing.assert_close(
+            out.outputs[0].generation_logits,
+            alone.outputs[0].generation_logits,
+            rtol=1e-4,
+            atol=1e-4,
+        )
+    stats = llm.kv_cache_manager.get_kv_cache_stats()
+    assert stats.num_used_slots == 0
+    llm.kv_cache_manager.check_integrity()
+
+
+def test_chunked_prefill_equals_single_prefill(tiny_checkpoint):
+    prompt = PROMPTS[1]
+    whole = make_llm(tiny_checkpoint).generate(prompt, GREEDY)
+    chunked_llm = make_llm(tiny_checkpoint, max_num_tokens=13)  # the 110-token prompt takes 9 steps
+    chunked = chunked_llm.generate(prompt, GREEDY)
+    assert chunked_llm.executor.stats.num_steps == 9 + 11
+    assert chunked.outputs[0].token_ids == whole.outputs[0].token_ids
+    torch.testing.assert_close(
+        chunked.outputs[0].generation_logits,
+        whole.outputs[0].generation_logits,
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+
+def test_a_prefix_reused_run_equals_a_cold_run_and_skips_the_reused_tokens(tiny_checkpoint):
+    first, second = PROMPTS[1], PROMPTS[1] + "and then some"
+    cold = make_llm(tiny_checkpoint).generate(second, GREEDY)
+    llm = make_llm(tiny_checkpoint)
+    llm.generate(first, GREEDY)
+    before = llm.executor.stats.num_context_tokens_computed
+    warm = llm.generate(second, GREEDY)
+    computed = llm.executor.stats.num_context_tokens_computed - before
+    # The second prompt shares the first one's 110 tokens: 13 full blocks of 8 (104 tokens) are
+    # reused; block 13 also holds tokens the first turn generated, so it differs.
+    assert len(llm.tokenizer.encode(first)) == 110
+    assert llm.executor.stats.num_reused_tokens == 104
+    assert computed == len(warm.prompt_token_ids) - 104
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+    torch.testing.assert_close(
+        warm.outputs[0].generation_logits, cold.outputs[0].generation_logits, rtol=1e-4, atol=1e-4
+    )
+
+
+def test_stop_conditions(tiny_checkpoint):
+    llm = make_llm(tiny_checkpoint)
+    free = llm.generate(PROMPTS[2], SamplingParams(max_tokens=20, ignore_eos=True))
+    ids = free.outputs[0].token_ids
+    stop_id = ids[3]
+    stopped = llm.generate(
+        PROMPTS[2], SamplingParams(max_tokens=20, stop_token_ids=[stop_id], ignore_eos=True)
+    )
+    first = ids.index(stop_id)
+    assert stopped.outputs[0].token_ids == ids[: first + 1]
+    assert stopped.outputs[0].finish_reason == "stop" and stopped.outputs[0].stop_reason == stop_id
+    text = free.outputs[0].text
+    stop = text[5:7]
+    by_string = llm.generate(PROMPTS[2], SamplingParams(max_tokens=20, stop=stop, ignore_eos=True))
+    assert by_string.outputs[0].text == text[: text.index(stop)]
+    assert by_string.outputs[0].finish_reason == "stop" and by_string.outputs[0].stop_reason == stop
+    eos = llm.generate(PROMPTS[2], SamplingParams(max_tokens=20, end_id=stop_id))
+    assert eos.outputs[0].token_ids == ids[: first + 1] and eos.outputs[
+        0
+    ].text == llm.tokenizer.decode(ids[:first])
+
+
+def test_seeded_sampling_is_reproducible_and_differs_from_greedy(tiny_checkpoint):
+    llm = make_llm(tiny_checkpoint)
+    params = SamplingParams(
+        max_tokens=16, temperature=1.0, top_k=20, top_p=0.9, seed=7, ignore_eos=True
+    )
+    a = llm.generate(PROMPTS[0], params).outputs[0].token_ids
+    b = llm.generate(PROMPTS[0], params).outputs[0].token_ids
+    c = (
+        llm.generate(
+            PROMPTS[0], SamplingParams(max_tokens=16, temperature=1.0, seed=8, ignore_eos=True)
+        )
+        .outputs[0]
+        .token_ids
+    )
+    greedy = (
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=16, ignore_eos=True))
+        .outputs[0]
+        .token_ids
+    )
+    assert a == b and a != c and a != greedy
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_batch_sise": 4}, "max_batch_sise"),
+        ({"max_num_tokens": "many"}, "max_num_tokens"),
+        (
+            {"kv_cache_config": {"tokens_per_block": 100}},
+            "tokens_per_block=100 must be a power of two",
+        ),
+        ({"kv_cache_config": {"enable_block_reuse": True, "free_mem": 0.5}}, "free_mem"),
+        ({"dtype": "float64"}, "dtype"),
+    ],
+)
+def test_bad_configs_name_the_key_and_value(tiny_checkpoint, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LLM(tiny_checkpoint, device="cpu", **kwargs)
+
+
+def test_yaml_options_file(tiny_checkpoint, tmp_path):
+    options = tmp_path / "opts.yaml"
+    options.write_text(
+        "max_batch_size: 2\nkv_cache_config:\n  tokens_per_block: 16\n  max_tokens: 512\n"
+    )
+    llm = LLM(tiny_checkpoint, device="cpu", extra_llm_api_options=options)
+    assert llm.args.max_batch_size == 2 and llm.kv_cache_manager.tokens_per_block == 16
+    assert llm.kv_cache_manager.blocks_in_primary_pool == 32
+    options.write_text("max_batch_size: 2\nunknown_key: 1\n")
+    with pytest.raises(ValueError, match="unknown_key"):
+        LLM(tiny_checkpoint, device="cpu", extra_llm_api_options=options)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        LLM(tiny_checkpoint, device="cpu", max_batch_size=3, extra_llm_api_options=options)
+
+
+def test_a_prompt_longer_than_max_seq_len_is_rejected_and_nothing_leaks(tiny_checkpoint):
+    llm = make_llm(tiny_checkpoint, max_seq_len=64)
+    with pytest.raises(ValueError, match="prompt of 70 tokens exceeds max_seq_len=64"):
+        llm.generate(["ok", "x" * 70], GREEDY)
+    assert not llm.executor.has_work
+    assert llm.generate("ok", GREEDY).outputs[0].finish_reason == "length"
+    assert llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
