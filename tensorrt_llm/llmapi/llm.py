@@ -8,17 +8,10 @@ from pathlib import Path
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
-    MiniMaxM3KVCacheManagerV2,
-)
 from tensorrt_llm._torch.models.checkpoint import load_minimaxm3
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config
+from tensorrt_llm._torch.pyexecutor._util import create_py_executor
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
-from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
-from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
-from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
-from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler
-from tensorrt_llm._torch.pyexecutor.scheduler import GuaranteedNoEvictScheduler
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
@@ -78,39 +71,16 @@ class LLM:
         self.tokenizer = TransformersTokenizer.from_pretrained(args.tokenizer or args.model)
         self.eos_token_id = config.eos_token_id
         self.max_seq_len = args.max_seq_len or config.max_position_embeddings
-        kv_dtype = (
-            dtype
-            if args.kv_cache_config.dtype == "auto"
-            else getattr(torch, args.kv_cache_config.dtype)
-        )
-        msa = config.sparse_attention_config
-        self.kv_cache_manager = MiniMaxM3KVCacheManagerV2(
-            args.kv_cache_config,
-            num_layers=config.num_hidden_layers,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=config.head_dim,
-            tokens_per_block=args.kv_cache_config.tokens_per_block,
-            max_seq_len=self.max_seq_len,
-            max_batch_size=args.max_batch_size,
-            dtype=kv_dtype,
-            sparse_layer_ids=config.sparse_layer_ids,
-            index_head_dim=msa.index_head_dim if msa else 0,
-            device=self.device,
-        )
-        resources = ResourceManager({ResourceManagerType.KV_CACHE_MANAGER: self.kv_cache_manager})
-        self.executor = PyExecutor(
-            PyTorchModelEngine(self.model, self.kv_cache_manager, self.device),
-            resources,
-            GuaranteedNoEvictScheduler(
-                args.max_batch_size,
-                args.max_num_tokens,
-                self.kv_cache_manager,
-                args.enable_chunked_prefill,
-            ),
-            TorchSampler(),
+        self.executor = create_py_executor(
+            self.model,
+            config,
+            args,
             self.max_seq_len,
+            dtype,
+            self.device,
             detokenize=self.tokenizer.decode,
         )
+        self.kv_cache_manager = self.executor.kv_cache_manager
         self._ids = itertools.count()
         logger.info(
             "LLM ready: %s on %s (%s), %d KV slots of %d tokens",

@@ -18,7 +18,7 @@ def token_pages(
     tpb = metadata.tokens_per_block
     pos = metadata.position_ids
     table = metadata.kv_cache_block_offsets[pool, :, lane].long()  # [num_seqs, max_blocks]
-    return table[metadata.token_seq_idx, pos // tpb].cpu(), pos % tpb
+    return table[metadata.token_seq_idx, pos // tpb], pos % tpb
 
 
 def write_paged(

@@ -37,10 +37,10 @@ class TrtllmAttentionMetadata:
     seq_lens_cpu: torch.Tensor = field(init=False)  # [num_seqs]
     kv_lens_cpu: torch.Tensor = field(init=False)  # [num_seqs]
     cu_seqlens: list[int] = field(init=False)  # [num_seqs + 1]
-    position_ids: torch.Tensor = field(init=False)  # [num_tokens]
-    token_seq_idx: torch.Tensor = field(
-        init=False
-    )  # [num_tokens]: the sequence each token belongs to
+    position_ids_cpu: torch.Tensor = field(init=False)  # [num_tokens]
+    position_ids: torch.Tensor = field(init=False)  # [num_tokens], on device
+    # [num_tokens], on device: the sequence each token belongs to
+    token_seq_idx: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
         n = len(self.request_ids)
@@ -76,10 +76,12 @@ class TrtllmAttentionMetadata:
         self.cu_seqlens = [0]
         for length in self.seq_lens:
             self.cu_seqlens.append(self.cu_seqlens[-1] + length)
-        self.token_seq_idx = torch.repeat_interleave(torch.arange(self.num_seqs), self.seq_lens_cpu)
+        seq_idx_cpu = torch.repeat_interleave(torch.arange(self.num_seqs), self.seq_lens_cpu)
         starts = torch.tensor(self.cu_seqlens[:-1], dtype=torch.long)
-        offset_in_seq = torch.arange(self.num_tokens) - starts[self.token_seq_idx]
-        self.position_ids = cached[self.token_seq_idx] + offset_in_seq
+        offset_in_seq = torch.arange(self.num_tokens) - starts[seq_idx_cpu]
+        self.position_ids_cpu = cached[seq_idx_cpu] + offset_in_seq
+        self.position_ids = self.position_ids_cpu.to(self.device)
+        self.token_seq_idx = seq_idx_cpu.to(self.device)
         self._fetch_block_offsets()
 
     def _fetch_block_offsets(self) -> None:

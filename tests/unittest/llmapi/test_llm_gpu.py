@@ -1,0 +1,42 @@
+"""The same end-to-end checks with the model and the KV pools on a GPU."""
+
+import pytest
+import torch
+from test_llm import GREEDY, PROMPTS
+
+from tensorrt_llm import LLM
+from tensorrt_llm.llmapi.llm_args import KvCacheConfig
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_batch_equals_alone_on_gpu(tiny_checkpoint, dtype):
+    def make():
+        return LLM(
+            tiny_checkpoint,
+            device="cuda",
+            dtype=dtype,
+            kv_cache_config=KvCacheConfig(tokens_per_block=8, max_tokens=4096),
+        )
+
+    llm = make()
+    assert llm.kv_cache_manager.pools[0].is_cuda
+    batched = llm.generate(PROMPTS, GREEDY)
+    cpu = LLM(
+        tiny_checkpoint,
+        device="cpu",
+        kv_cache_config=KvCacheConfig(tokens_per_block=8, max_tokens=4096),
+    )
+    for prompt, out in zip(PROMPTS, batched):
+        alone = make().generate(prompt, GREEDY)
+        assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+        if dtype == "float32":
+            reference = cpu.generate(prompt, GREEDY)
+            torch.testing.assert_close(
+                out.outputs[0].generation_logits,
+                reference.outputs[0].generation_logits,
+                rtol=1e-3,
+                atol=1e-3,
+            )
+    assert llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
