@@ -49,6 +49,10 @@ class Eagle3DecodingConfig(StrictBaseModel):
     eagle3_one_model: bool = True
     num_eagle_layers: int = Field(default=1, ge=1)
     eagle3_layers_to_capture: tuple[int, ...] | None = None
+    # Where the drafter keeps its KV: "unified" (in the target's slots, read through the sub-page
+    # view) or "separate" (a second manager that mirrors requests, never reuses and is not
+    # transferred; kept to measure what the unified cache buys).
+    draft_kv_cache: Literal["unified", "separate"] = "unified"
 
 
 class TorchLlmArgs(StrictBaseModel):

@@ -21,6 +21,7 @@ import torch
 class PagedKVCache(Protocol):
     tokens_per_block: int
     max_blocks_per_seq: int
+    num_pools: int
 
     def get_kv_pages(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 

@@ -86,7 +86,7 @@ class TrtllmAttentionMetadata:
 
     def _fetch_block_offsets(self) -> None:
         manager = self.kv_cache_manager
-        num_pools = getattr(manager, "num_pools", 1)
+        num_pools = manager.num_pools
         self.kv_cache_block_offsets = torch.zeros(
             num_pools,
             max(self.num_seqs, 1),

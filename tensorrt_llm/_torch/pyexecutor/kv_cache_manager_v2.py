@@ -91,7 +91,11 @@ class KVCacheManagerV2(BaseResourceManager):
         layer_mask: Sequence[bool] | None = None,
         mapping: object | None = None,
         device: torch.device | str = "cpu",
+        num_one_model_draft_layers: int = 0,
     ) -> None:
+        del (
+            num_one_model_draft_layers
+        )  # the M3 manager uses it; this one derives drafts from spec_config
         if max_seq_len <= 0 or max_batch_size <= 0:
             raise ValueError(
                 f"max_seq_len={max_seq_len} and max_batch_size={max_batch_size} must be positive"

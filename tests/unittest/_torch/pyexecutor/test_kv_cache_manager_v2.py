@@ -86,7 +86,7 @@ def test_sizes_and_limits():
     mgr = make(max_tokens=30)
     assert mgr.blocks_in_primary_pool == 8  # ceil(30 / 4)
     assert mgr.max_blocks_per_seq == 8  # ceil(32 / 4)
-    assert make(spec_config=EAGLE).max_blocks_per_seq == 9  # + max_draft_len positions
+    assert make(spec_config=EAGLE).max_blocks_per_seq == 10  # + 2 * max_draft_len positions
     assert mgr.get_max_resource_count() == 8
     with pytest.raises(
         ValueError, match="num_kv_heads has 2 entries but the KV cache has 3 layers"

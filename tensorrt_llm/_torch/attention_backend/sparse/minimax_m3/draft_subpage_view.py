@@ -1,0 +1,189 @@
+"""MiniMaxM3DraftSubpageView: the Eagle3 draft layer's KV, inside the shared slots, as kernel pages.
+
+The M3 manager packs each logical block's K, V, index-K and the draft layer's K and V into one slot.
+The draft attention kernels want ``subpage_tokens``-token pages (32 by default), so the view presents
+the same bytes as a page space rooted at the draft layer's K of slot 0::
+
+    page p  =  bytes [p * page_bytes, (p + 1) * page_bytes)  from  pool_base + draft_k_offset
+    page_bytes = subpage_tokens * draft bytes_per_token          subdiv = tokens_per_block / subpage_tokens
+    slot_units = slot_bytes / page_bytes                         (the slot stride in pages)
+
+    logical block table entry s (a slot id)  ->  K pages  s * slot_units + j
+                                                 V pages  s * slot_units + subdiv + j,   j < subdiv
+
+    slot s:  |.. target K/V, index-K ..| draft K: j=0 1 2 3 | draft V: j=0 1 2 3 |.. pad ..|
+             ^ s*slot_units pages from the re-rooted base    ^ + subdiv pages
+
+Table entries past a row's blocks hold slot 0, so they expand to slot 0's pages: inert, since kernels
+never read past a row's length. The view owns no blocks; anything it does not define is the manager's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from tensorrt_llm import envs
+from tensorrt_llm.logger import logger
+from tensorrt_llm.runtime.kv_cache_manager_v2 import DataRole
+from tensorrt_llm.runtime.kv_cache_manager_v2.config import is_power_of_two
+from tensorrt_llm.runtime.kv_cache_manager_v2.pool import torch_dtype
+
+if TYPE_CHECKING:
+    from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
+
+DEFAULT_SUBPAGE_TOKENS = 32
+
+
+def resolve_subpage_tokens(tokens_per_block: int) -> int:
+    """The draft kernel page size: ``TRTLLM_M3_DRAFT_KV_TOKENS_PER_BLOCK`` if set, else 32 (or the
+    block size, if smaller). Raises ``ValueError`` naming the variable for an invalid value."""
+    value = envs.TRTLLM_M3_DRAFT_KV_TOKENS_PER_BLOCK.get()
+    if value is None:
+        return min(DEFAULT_SUBPAGE_TOKENS, tokens_per_block)
+    if not is_power_of_two(value) or tokens_per_block % value:
+        raise ValueError(
+            f"TRTLLM_M3_DRAFT_KV_TOKENS_PER_BLOCK={value} must be a power of two dividing "
+            f"tokens_per_block={tokens_per_block}"
+        )
+    return value
+
+
+class MiniMaxM3DraftSubpageView:
+    num_pools = 1
+
+    def __init__(
+        self,
+        manager: KVCacheManagerV2,
+        draft_layer_ids: Sequence[int],
+        subpage_tokens: int = DEFAULT_SUBPAGE_TOKENS,
+    ) -> None:
+        tpb = manager.tokens_per_block
+        if not draft_layer_ids:
+            raise ValueError("a draft sub-page view needs at least one draft layer")
+        if not is_power_of_two(subpage_tokens) or tpb % subpage_tokens:
+            raise ValueError(
+                f"subpage_tokens={subpage_tokens} must be a power of two dividing tokens_per_block={tpb}"
+            )
+        if manager.num_pools != 1:
+            raise ValueError(
+                f"the draft sub-page view needs a single-pool KV cache; this one has {manager.num_pools} pools"
+            )
+        keys = []
+        for layer in draft_layer_ids:
+            pool, key = manager.layout.placement(layer, DataRole.KEY)
+            if pool.pool_index != 0:
+                raise ValueError(
+                    f"draft layer {layer} lives in pool {pool.pool_index}; the view needs it in pool 0"
+                )
+            keys.append(key)
+        if len({(k.size, k.num_heads, k.head_dim, k.dtype) for k in keys}) != 1:
+            raise ValueError(
+                f"draft layers {list(draft_layer_ids)} differ in geometry; one view cannot page them all"
+            )
+        key = keys[0]
+        self._manager = manager
+        self.draft_layer_ids = tuple(draft_layer_ids)
+        self.subpage_tokens = subpage_tokens
+        self.subdiv = tpb // subpage_tokens
+        self.page_bytes = key.size // self.subdiv
+        slot_bytes = manager.layout.pools[0].slot_bytes
+        if slot_bytes % self.page_bytes:
+            raise ValueError(
+                f"slot_bytes={slot_bytes} is not a whole number of {subpage_tokens}-token draft pages "
+                f"({self.page_bytes} bytes); plan the layout with kernel_page_tokens={subpage_tokens}"
+            )
+        self.slot_units = slot_bytes // self.page_bytes
+        self.tokens_per_block = subpage_tokens
+        self.max_blocks_per_seq = manager.max_blocks_per_seq * self.subdiv
+        pool_bytes = manager.pools[0].numel()
+        self._key_offsets = {
+            layer: k.offset for layer, k in zip(self.draft_layer_ids, keys, strict=True)
+        }
+        # Pages from the re-rooted base (the first draft layer's K of slot 0) to the pool's end.
+        self.blocks_in_primary_pool = (pool_bytes - key.offset) // self.page_bytes
+        self._geometry = (key.num_heads, key.head_dim, key.dtype, key.itemsize)
+        # [2, subdiv]: page offsets of K (j) and V (subdiv + j) inside a slot
+        self._lane_offsets = torch.stack(
+            [torch.arange(self.subdiv), self.subdiv + torch.arange(self.subdiv)]
+        )
+        logger.info_once(
+            "[unified-kv] draft subpage view active: draft_layers=%s subdiv=%d tokens_per_block=%d "
+            "slot_units=%d page_bytes=%d",
+            list(self.draft_layer_ids),
+            self.subdiv,
+            self.tokens_per_block,
+            self.slot_units,
+            self.page_bytes,
+            key=f"subpage-view-{id(manager)}",
+        )
+
+    def __getattr__(self, name: str):
+        # Reached for names the view lacks (delegated to the manager) and for view attributes whose
+        # descriptor raised AttributeError: those are re-run so the error propagates instead of being
+        # hidden behind the manager's attribute of the same name.
+        if name.startswith("__") or name == "_manager":
+            raise AttributeError(name)
+        for klass in type(self).__mro__:
+            if name in klass.__dict__:
+                return klass.__dict__[name].__get__(self, type(self))
+        return getattr(self._manager, name)
+
+    # ---- the paged-KV contract ---------------------------------------------------------------
+    def layer_pool_index(self, layer_idx: int) -> int:
+        self._check_layer(layer_idx)
+        return 0
+
+    def get_kv_pages(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[num_pages, subpage_tokens, heads, head_dim]``, one page space for K and V alike (the
+        block table's lanes tell them apart)."""
+        self._check_layer(layer_idx)
+        heads, head_dim, dtype, itemsize = self._geometry
+        typed = self._manager.pools[0].view(torch_dtype(dtype)).view(-1)
+        offset = self._key_offsets[layer_idx]
+        num_pages = (typed.numel() * itemsize - offset) // self.page_bytes
+        pages = typed.as_strided(
+            (num_pages, self.subpage_tokens, heads, head_dim),
+            (self.page_bytes // itemsize, heads * head_dim, head_dim, 1),
+            offset // itemsize,
+        )
+        return pages, pages
+
+    @property
+    def kv_cache_pool_pointers(self) -> torch.Tensor:
+        """``[1, 2]`` int64: the pool base re-rooted at the first draft layer's K, and 0."""
+        first = self._key_offsets[self.draft_layer_ids[0]]
+        return torch.tensor([[self._manager.pools[0].data_ptr() + first, 0]], dtype=torch.int64)
+
+    def copy_batch_block_offsets(
+        self,
+        dst_tensor: torch.Tensor,
+        request_ids: Sequence[int],
+        beam_width: int = 1,
+        num_contexts: int = 0,
+        num_seqs: int | None = None,
+    ) -> None:
+        """Expand the batch's slot rows into K/V page rows, ``dst[0, :n]`` ``[n, 2, max_blocks * subdiv]``,
+        in one broadcast over the rows (no per-row Python loop)."""
+        del num_contexts
+        if beam_width != 1:
+            raise ValueError(f"beam_width={beam_width}: only 1 is supported")
+        n = len(request_ids) if num_seqs is None else num_seqs
+        rows = self._manager.batch_rows(request_ids[:n])
+        slots = self._manager.host_kv_cache_block_offsets[0, rows, 0].long()  # [n, max_blocks]
+        pages = slots[:, None, :, None] * self.slot_units + self._lane_offsets[None, :, None, :]
+        dst_tensor[0, :n, :, : self.max_blocks_per_seq].copy_(
+            pages.reshape(n, 2, self.max_blocks_per_seq),
+            non_blocking=dst_tensor.device.type == "cuda",
+        )
+
+    def free_resources(self, request) -> None:
+        """The view owns no blocks."""
+
+    def _check_layer(self, layer_idx: int) -> None:
+        if layer_idx not in self._key_offsets:
+            raise KeyError(
+                f"layer {layer_idx} is not a draft layer of this view {list(self.draft_layer_ids)}"
+            )
