@@ -18,7 +18,9 @@ import time
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import MiniMaxM3KVCacheManagerV2
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
+    MiniMaxM3KVCacheManagerV2,
+)
 from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig
 
 
@@ -30,17 +32,29 @@ def naive_copy(view, dst: torch.Tensor, request_ids: list[int]) -> None:
         k = (slots[:, None] * view.slot_units + lanes).reshape(-1)
         dst[0, row, 0, : k.numel()] = k
         dst[0, row, 1, : k.numel()] = k + view.subdiv
-        dst[0, row, 0, k.numel() :] = lanes.repeat(view.max_blocks_per_seq // view.subdiv - slots.numel())
-        dst[0, row, 1, k.numel() :] = (lanes + view.subdiv).repeat(view.max_blocks_per_seq // view.subdiv - slots.numel())
+        dst[0, row, 0, k.numel() :] = lanes.repeat(
+            view.max_blocks_per_seq // view.subdiv - slots.numel()
+        )
+        dst[0, row, 1, k.numel() :] = (lanes + view.subdiv).repeat(
+            view.max_blocks_per_seq // view.subdiv - slots.numel()
+        )
 
 
 def build(batch: int, max_seq_len: int, device: str):
     manager = MiniMaxM3KVCacheManagerV2(
         KvCacheConfig(max_tokens=batch * max_seq_len // 4 + 128 * batch),
-        num_layers=3, num_kv_heads=[1, 1, 1, 2], head_dim=8, tokens_per_block=128,
-        max_seq_len=max_seq_len, max_batch_size=batch, dtype=torch.float16,
-        spec_config=Eagle3DecodingConfig(max_draft_len=3), sparse_layer_ids=[1, 2], index_head_dim=8,
-        num_one_model_draft_layers=1, device=device,
+        num_layers=3,
+        num_kv_heads=[1, 1, 1, 2],
+        head_dim=8,
+        tokens_per_block=128,
+        max_seq_len=max_seq_len,
+        max_batch_size=batch,
+        dtype=torch.float16,
+        spec_config=Eagle3DecodingConfig(max_draft_len=3),
+        sparse_layer_ids=[1, 2],
+        index_head_dim=8,
+        num_one_model_draft_layers=1,
+        device=device,
     )
     rng = random.Random(batch)
     for rid in range(batch):  # lengths up to a quarter of max_seq_len
@@ -68,8 +82,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--max-seq-len", type=int, default=65536)
     args = parser.parse_args()
-    machine = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or platform.machine()} CPU"
-    print(f"draft block-table expansion, max_seq_len={args.max_seq_len}, device={args.device} ({machine})")
+    machine = (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"{platform.processor() or platform.machine()} CPU"
+    )
+    print(
+        f"draft block-table expansion, max_seq_len={args.max_seq_len}, device={args.device} ({machine})"
+    )
     print(f"{'batch':>6} {'vectorized us':>14} {'per-row us':>11} {'per-row / vectorized':>21}")
     for batch in (8, 64, 256):
         manager = build(batch, args.max_seq_len, args.device)
@@ -81,8 +101,10 @@ def main() -> None:
         view.copy_batch_block_offsets(fast, ids)
         naive_copy(view, slow, ids)
         assert torch.equal(fast, slow), "the two versions disagree"
-        t_fast = time_us(lambda: view.copy_batch_block_offsets(fast, ids), args.device)
-        t_slow = time_us(lambda: naive_copy(view, slow, ids), args.device)
+        t_fast = time_us(
+            lambda v=view, d=fast, r=ids: v.copy_batch_block_offsets(d, r), args.device
+        )
+        t_slow = time_us(lambda v=view, d=slow, r=ids: naive_copy(v, d, r), args.device)
         print(f"{batch:>6} {t_fast:>14.1f} {t_slow:>11.1f} {t_slow / t_fast:>21.2f}")
 
 

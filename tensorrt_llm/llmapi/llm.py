@@ -160,7 +160,7 @@ class LLM:
             token_ids=tokens,
             finish_reason=request.finish_reason,
             stop_reason=request.stop_reason,
-            avg_decoded_tokens_per_iter=1.0 if request.num_decode_iterations else None,
+            avg_decoded_tokens_per_iter=request.avg_decoded_tokens_per_iter,
             generation_logits=torch.stack(request.py_generation_logits)
             if request.py_generation_logits
             else None,

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config, MiniMaxM3ForCausalLM
+from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config, Eagle3DraftModel
 
 WEIGHTS = "model.safetensors"
 
@@ -55,6 +56,47 @@ def load_minimaxm3(
     load_state_dict_into(model, model_dir, config.tie_word_embeddings)
     dtype = dtype or getattr(torch, config.torch_dtype)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def load_eagle3(
+    model_dir: str | Path,
+    target: MiniMaxM3ForCausalLM,
+    layer_idx: int,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> Eagle3DraftModel:
+    """An Eagle3 drafter whose KV layer id is ``layer_idx``, sharing the target's embedding."""
+    config = Eagle3Config.from_pretrained(model_dir)
+    if (
+        config.vocab_size != target.config.vocab_size
+        or config.target_hidden_size != target.config.hidden_size
+    ):
+        raise ValueError(
+            f"speculative_model={str(model_dir)!r} drafts for vocab_size={config.vocab_size}, "
+            f"target_hidden_size={config.target_hidden_size}; the target has {target.config.vocab_size}, "
+            f"{target.config.hidden_size}"
+        )
+    model = Eagle3DraftModel(config, layer_idx)
+    load_state_dict_into(model, model_dir, tied=False)
+    model = model.to(device=device, dtype=dtype or next(target.parameters()).dtype).eval()
+    model.embed_tokens = target.model.embed_tokens
+    return model
+
+
+def random_eagle3(
+    config: Eagle3Config, layer_idx: int, seed: int = 0, std: float = 0.02
+) -> Eagle3DraftModel:
+    generator = torch.Generator().manual_seed(seed)
+    model = Eagle3DraftModel(config, layer_idx)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+        # a draft vocabulary of the first draft_vocab_size target tokens
+        model.d2t.zero_()
+    return model.eval()
 
 
 def random_minimaxm3(

@@ -307,25 +307,32 @@ class KVCacheManagerV2(BaseResourceManager):
 
     # ---- the executor protocol ----------------------------------------------------------------------
     def prepare_resources(self, scheduled_batch: ScheduledRequests) -> None:
-        """Reserve slots for every scheduled request's step. A request that cannot get them is moved
-        to ``scheduled_batch.paused_requests`` with nothing held (a new one is forgotten entirely)."""
+        """Reserve slots for every scheduled request's step: its input positions and, with one-model
+        speculation, the draft chain that follows acceptance (``max_draft_len - 1`` positions past the
+        last accepted one). A request that cannot get them is moved to
+        ``scheduled_batch.paused_requests`` with nothing held (a new one is forgotten entirely)."""
         paused = []
         for req in scheduled_batch.context_requests:
             is_new = req.request_id not in self._caches
             if is_new:
                 reused = self.add_sequence(req.request_id, req.prompt_token_ids, req.cache_salt)
+            if is_new and not self.is_draft:  # a separate draft manager mirrors; it never decides
                 req.num_reused_tokens = reused
                 if req.context_current_position < reused:
                     req.context_current_position = reused
                     req.context_chunk_size = min(req.context_chunk_size, req.prompt_len - reused)
             end = min(req.prompt_len, req.context_current_position + req.context_chunk_size)
+            if end == req.prompt_len:
+                end += self._draft_chain_tokens
             if not self._reserve(req.request_id, end):
                 if is_new:
                     self.free_sequence(req.request_id)
-                    req.context_current_position = 0
+                    if not self.is_draft:
+                        req.context_current_position = 0
                 paused.append(req)
         for req in scheduled_batch.generation_requests:
-            if not self._reserve(req.request_id, req.get_num_tokens() + len(req.py_draft_tokens)):
+            capacity = req.get_num_tokens() + len(req.py_draft_tokens) + self._draft_chain_tokens
+            if not self._reserve(req.request_id, capacity):
                 paused.append(req)
         if paused:
             ids = {id(r) for r in paused}
@@ -336,6 +343,10 @@ class KVCacheManagerV2(BaseResourceManager):
                 r for r in scheduled_batch.generation_requests if id(r) not in ids
             ]
             scheduled_batch.paused_requests.extend(paused)
+
+    @property
+    def _draft_chain_tokens(self) -> int:
+        return self.spec_config.max_draft_len - 1 if self.spec_config is not None else 0
 
     def _reserve(self, request_id: int, capacity: int) -> bool:
         cache = self._caches[request_id]

@@ -42,7 +42,9 @@ class LlmRequest:
     text_limit: int | None = (
         None  # characters of the decoded output to keep (a stop string was hit)
     )
-    num_decode_iterations: int = 0
+    num_decode_iterations: int = 0  # generation steps (each verifies the previous drafts)
+    num_accepted_draft_tokens: int = 0
+    py_draft_probs: list[torch.Tensor] = field(default_factory=list)  # q of each draft, if sampled
     generator: torch.Generator | None = None
     py_generation_logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] per token
 
@@ -75,6 +77,15 @@ class LlmRequest:
 
     def get_num_tokens(self) -> int:
         return self.prompt_len + len(self.output_token_ids)
+
+    @property
+    def avg_decoded_tokens_per_iter(self) -> float | None:
+        """Acceptance length: tokens each generation step produced, on average (accepted drafts + 1)."""
+        if not self.num_decode_iterations:
+            return None
+        return (
+            self.num_accepted_draft_tokens + self.num_decode_iterations
+        ) / self.num_decode_iterations
 
     def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
         self.state = LlmRequestState.GENERATION_COMPLETE

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler
 from tensorrt_llm._torch.pyexecutor.scheduler import GuaranteedNoEvictScheduler, ScheduledRequests
+from tensorrt_llm._torch.speculative.interface import StepTokens
+
+if TYPE_CHECKING:
+    from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
 
 @dataclass
@@ -18,6 +23,15 @@ class ExecutorStats:
     num_context_tokens_computed: int = 0  # prompt tokens that went through a forward
     num_reused_tokens: int = 0  # prompt tokens whose KV came from the prefix cache instead
     num_generated_tokens: int = 0
+    num_decode_iterations: int = 0
+    num_accepted_draft_tokens: int = 0
+
+    @property
+    def avg_decoded_tokens_per_iter(self) -> float | None:
+        """Iteration-weighted acceptance length over every request so far."""
+        if not self.num_decode_iterations:
+            return None
+        return 1.0 + self.num_accepted_draft_tokens / self.num_decode_iterations
 
 
 class PyExecutor:
@@ -29,7 +43,9 @@ class PyExecutor:
         sampler: TorchSampler,
         max_seq_len: int,
         detokenize: Callable[[list[int]], str] | None = None,
+        spec_worker: Eagle3OneModelWorker | None = None,
     ) -> None:
+        self.spec_worker = spec_worker
         self.model_engine = model_engine
         self.resource_manager = resource_manager
         self.scheduler = scheduler
@@ -104,22 +120,48 @@ class PyExecutor:
         if req in self.active:
             self.active.remove(req)
 
-    def _update_requests(self, batch: ScheduledRequests, output: ForwardOutput) -> None:
-        sampled = [r for r, n in zip(batch.all_requests, output.num_logits) if n]
+    def _sample(self, batch: ScheduledRequests, output: ForwardOutput) -> StepTokens:
+        """Target-only decoding: one token per request that produced logits."""
+        requests = batch.all_requests
+        sampled = [i for i, n in enumerate(output.num_logits) if n]
         tokens = self.sampler.sample(
-            output.logits, [r.sampling_params for r in sampled], [r.generator for r in sampled]
+            output.logits,
+            [requests[i].sampling_params for i in sampled],
+            [requests[i].generator for i in sampled],
         ).tolist()
-        for req in batch.context_requests:
-            req.context_current_position += req.context_chunk_size
-        for row, (req, token) in enumerate(zip(sampled, tokens)):
-            if req.sampling_params.return_generation_logits:
-                req.py_generation_logits.append(output.logits[row].cpu())
+        new_tokens: list[list[int]] = [[] for _ in requests]
+        for i, token in zip(sampled, tokens, strict=True):
+            new_tokens[i] = [token]
+        return StepTokens(new_tokens, [[] for _ in requests], [None] * len(requests))
+
+    def _update_requests(self, batch: ScheduledRequests, output: ForwardOutput) -> None:
+        step = (
+            self.spec_worker.run(batch, output) if self.spec_worker else self._sample(batch, output)
+        )
+        row = 0
+        for i, req in enumerate(batch.all_requests):
+            rows = output.logits[row : row + output.num_logits[i]]
+            row += output.num_logits[i]
+            if req.is_context_init_state:
+                req.context_current_position += req.context_chunk_size
+            tokens = step.new_tokens[i]
+            if not tokens:
+                continue
             if req.state is LlmRequestState.GENERATION_IN_PROGRESS:
                 req.num_decode_iterations += 1
+                req.num_accepted_draft_tokens += step.num_accepted[i] or 0
+                self.stats.num_decode_iterations += 1
+                self.stats.num_accepted_draft_tokens += step.num_accepted[i] or 0
             req.state = LlmRequestState.GENERATION_IN_PROGRESS
-            req.output_token_ids.append(token)
-            self.stats.num_generated_tokens += 1
-            self._check_stop(req, token)
+            for j, token in enumerate(tokens):
+                if req.sampling_params.return_generation_logits:
+                    req.py_generation_logits.append(rows[j].cpu())
+                req.output_token_ids.append(token)
+                self.stats.num_generated_tokens += 1
+                self._check_stop(req, token)
+                if req.is_finished:
+                    break
+            req.py_draft_tokens = [] if req.is_finished else step.next_drafts[i]
 
     def _check_stop(self, req: LlmRequest, token: int) -> None:
         params = req.sampling_params

@@ -1,0 +1,190 @@
+"""The Eagle3 drafter: one decoder layer over [embedding, fused target features], a draft vocabulary.
+
+Per position p the drafter sees the target's hidden states at p from three layers (fused 3H -> H by
+``fc``) and the embedding of token p+1, and predicts token p+2::
+
+    x_p   = [input_layernorm(embed(t_{p+1})) ; hidden_norm(f_p)]             # [2H]
+    h_p   = f_p + o_proj(attn(x_p)) ;  h_p = h_p + mlp(post_attention_layernorm(h_p))
+    draft = lm_head(norm(h_p))  over draft_vocab_size tokens; target id = d + d2t[d]
+
+``f_p`` is ``fc(target features)`` on the first draft step and the drafter's own ``h`` of the
+previous step afterwards (chain drafting). The layer's KV (its own head count and head_dim) is
+cached like any layer's, under the layer id that follows the target's layers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tensorrt_llm._torch.attention_backend.reference import causal_attention, paged_attention
+from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3MLP, RMSNorm, apply_partial_rope
+
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """An HF-Eagle3-style ``config.json`` (the keys this drafter reads)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    eagle3_layers_to_capture: tuple[int, ...] | None = None
+    architectures: tuple[str, ...] = field(default=(EAGLE3_ARCHITECTURE,))
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (
+                not isinstance(value, int) or isinstance(value, bool) or value <= 0
+            ):
+                raise ValueError(f"draft config.json: {f.name}={value!r} must be a positive int")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                "draft config.json: num_attention_heads must be a multiple of num_key_value_heads"
+            )
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(
+                f"draft config.json: draft_vocab_size={self.draft_vocab_size} exceeds vocab_size={self.vocab_size}"
+            )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Eagle3Config:
+        known = {f.name for f in fields(cls)}
+        required = [
+            f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+        ]
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise ValueError(f"draft config.json: missing key(s) {missing}")
+        kwargs = {k: v for k, v in data.items() if k in known}
+        for key in ("architectures", "eagle3_layers_to_capture"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = tuple(kwargs[key])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> Eagle3Config:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ValueError(f"speculative_model={str(model_dir)!r}: no config.json there")
+        return cls.from_dict(json.loads(path.read_text()))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["architectures"] = list(self.architectures)
+        if self.eagle3_layers_to_capture is not None:
+            data["eagle3_layers_to_capture"] = list(self.eagle3_layers_to_capture)
+        return data
+
+
+def default_layers_to_capture(num_target_layers: int) -> tuple[int, ...]:
+    """Low, middle and high target layers: (1, L/2 - 1, L - 4) as upstream, clamped for tiny models
+    to three distinct layers where possible."""
+    if num_target_layers >= 6:
+        return (1, num_target_layers // 2 - 1, num_target_layers - 4)
+    picks = sorted({0, num_target_layers // 2, num_target_layers - 1})
+    while len(picks) < 3:
+        picks.append(picks[-1])
+    return tuple(picks)
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, cfg: Eagle3Config, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
+        self.rope_theta = cfg.rope_theta
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.q_proj = nn.Linear(2 * cfg.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, metadata: TrtllmAttentionMetadata | None
+    ) -> torch.Tensor:
+        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
+        k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        q = apply_partial_rope(q, positions, self.head_dim, self.rope_theta)
+        k = apply_partial_rope(k, positions, self.head_dim, self.rope_theta)
+        if metadata is None:  # [B, T, ...]: the training path
+            out = torch.stack(
+                [
+                    causal_attention(q[b], k[b], v[b], positions[b], self.scale)
+                    for b in range(q.shape[0])
+                ]
+            )
+        else:
+            out = paged_attention(self.layer_idx, q, k, v, metadata, self.scale)
+        return self.o_proj(out.flatten(-2))
+
+
+class Eagle3DraftModel(nn.Module):
+    def __init__(self, cfg: Eagle3Config, layer_idx: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.layer_idx = layer_idx
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = nn.Module()
+        self.midlayer.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.midlayer.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.midlayer.self_attn = Eagle3Attention(cfg, layer_idx)
+        self.midlayer.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.midlayer.mlp = MiniMaxM3MLP(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.embed_tokens: nn.Embedding | None = None  # shared with the target (set by the loader)
+
+    def fuse(self, captured: list[torch.Tensor]) -> torch.Tensor:
+        """Three captured target hidden states ``[..., H]`` -> the first step's features ``[..., H]``."""
+        return self.fc(torch.cat(captured, dim=-1))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: TrtllmAttentionMetadata | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids`` (token p+1 at position p) and ``features`` ``[..., H]`` -> the drafter's hidden
+        ``h`` (the next step's features) and draft-vocabulary logits."""
+        layer = self.midlayer
+        embeds = self.embed_tokens(input_ids).to(features.dtype)
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(features)], dim=-1)
+        hidden = features + layer.self_attn(x, positions, attn_metadata)
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return hidden, self.lm_head(self.norm(hidden)).float()
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def target_probs(self, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Draft-vocabulary probabilities ``[..., Vd]`` scattered onto the target vocabulary."""
+        out = torch.zeros(*probs.shape[:-1], vocab_size, dtype=probs.dtype, device=probs.device)
+        index = self.to_target_ids(torch.arange(probs.shape[-1], device=probs.device)).expand_as(
+            probs
+        )
+        return out.scatter_(-1, index, probs)

@@ -1,0 +1,187 @@
+"""One-model Eagle3: verify the drafts in the target's forward, accept, then draft again.
+
+Per step, after the target forward over [last token + drafts] (or a prompt chunk):
+
+1. **accept** (per request). Greedy: accept drafts while each equals the target's argmax at the
+   position before it, then add the target's argmax after the last accepted one (the bonus token);
+   the result is token-identical to target-only greedy decoding. Sampled (temperature > 0):
+   speculative rejection sampling, accepting draft d with probability min(1, p(d) / q(d)) and, at
+   the first rejection, sampling from normalize(max(p - q, 0)); the output follows p exactly.
+2. **first draft step** over the same positions as the target step, inside the metadata's draft
+   swap: position p gets token p+1 (the accepted tokens and the bonus) and the fused target features
+   at p, so the drafter's KV for every accepted position is final; rows past the accepted ones write
+   throwaway KV beyond the history (rewound later). The row at the last accepted position yields d1.
+3. **chain** ``max_draft_len - 1`` more one-token steps, each on the previous step's drafter hidden.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.models.modeling_speculative import Eagle3DraftModel
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput
+from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager
+from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler, filtered_probs
+from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+from tensorrt_llm._torch.speculative.interface import StepTokens
+from tensorrt_llm._torch.speculative.utils import resolve_draft_kv_cache_manager
+from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig
+
+
+def greedy_accept(drafts: list[int], target_argmax: list[int]) -> list[int]:
+    """``target_argmax[j]`` is the target's choice after the input's j-th token (len = drafts + 1).
+    Returns the accepted drafts followed by the target's next token."""
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == target_argmax[accepted]:
+        accepted += 1
+    return drafts[:accepted] + [target_argmax[accepted]]
+
+
+def rejection_accept(
+    drafts: list[int],
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> list[int]:
+    """Speculative sampling. ``draft_probs [K, V]`` (q, what each draft was drawn from),
+    ``target_probs [K + 1, V]`` (p). Returns the accepted drafts and one token drawn from p (or from
+    the residual at the first rejection)."""
+    for j, d in enumerate(drafts):
+        p, q = target_probs[j, d], draft_probs[j, d]
+        if q > 0 and torch.rand((), generator=generator) < torch.clamp(p / q, max=1.0):
+            continue
+        residual = torch.clamp(target_probs[j] - draft_probs[j], min=0.0)
+        residual = residual / residual.sum() if residual.sum() > 0 else target_probs[j]
+        return drafts[:j] + [int(torch.multinomial(residual, 1, generator=generator))]
+    return drafts + [int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator))]
+
+
+class Eagle3OneModelWorker:
+    def __init__(
+        self,
+        spec_config: Eagle3DecodingConfig,
+        draft_model: Eagle3DraftModel,
+        resource_manager: ResourceManager,
+        sampler: TorchSampler,
+        vocab_size: int,
+    ) -> None:
+        self.spec_config = spec_config
+        self.draft_model = draft_model
+        self.resource_manager = resource_manager
+        self.sampler = sampler
+        self.vocab_size = vocab_size
+
+    @property
+    def max_draft_len(self) -> int:
+        return self.spec_config.max_draft_len
+
+    def get_draft_kv_cache_manager(self):
+        return resolve_draft_kv_cache_manager(self.resource_manager)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledRequests, out: ForwardOutput) -> StepTokens:
+        requests = batch.all_requests
+        md = out.attn_metadata
+        new_tokens, num_accepted = self._accept(batch, out)
+
+        # First draft step: the target step's positions, each with its next token.
+        next_ids: list[int] = []
+        picks: list[int] = []  # token row of the last final position, per drafting request
+        drafting: list[int] = []  # batch indices of requests that get drafts
+        for i, req in enumerate(requests):
+            start, end = md.cu_seqlens[i], md.cu_seqlens[i + 1]
+            if i < len(batch.context_requests):
+                first = req.context_current_position + 1
+                following = req.prompt_token_ids[first : first + end - start]
+                following += new_tokens[i][: end - start - len(following)]
+            else:
+                following = new_tokens[i] + [new_tokens[i][-1]] * (end - start - len(new_tokens[i]))
+            next_ids += following
+            if new_tokens[i]:
+                drafting.append(i)
+                picks.append(
+                    start
+                    + (end - start - 1 if i < len(batch.context_requests) else num_accepted[i])
+                )
+        features = self.draft_model.fuse(out.captured)
+        draft_manager = self.get_draft_kv_cache_manager()
+        ids = torch.tensor(next_ids, dtype=torch.long, device=features.device)
+        with md.swap_kv_cache_manager(draft_manager):
+            hidden, logits = self.draft_model(ids, features, md.position_ids, md)
+        next_drafts: list[list[int]] = [[] for _ in requests]
+        if not drafting:
+            return StepTokens(new_tokens, next_drafts, num_accepted)
+
+        rows = torch.tensor(picks, device=hidden.device)
+        hidden, logits = hidden[rows], logits[rows]
+        positions = md.position_ids_cpu[torch.tensor(picks)]
+        drafting_reqs = [requests[i] for i in drafting]
+        for req in drafting_reqs:
+            req.py_draft_probs = []
+        for k in range(self.max_draft_len):
+            tokens = self._choose_drafts(logits, drafting_reqs)
+            for i, token in zip(drafting, tokens, strict=True):
+                next_drafts[i].append(token)
+            if k + 1 == self.max_draft_len:
+                break
+            # the draft just chosen sits at the next position; its successor is drafted from there
+            positions = positions + 1
+            chain_md = TrtllmAttentionMetadata(
+                kv_cache_manager=draft_manager or md.kv_cache_manager,
+                request_ids=[r.request_id for r in drafting_reqs],
+                seq_lens=[1] * len(drafting),
+                num_cached_tokens_per_seq=positions.tolist(),
+                num_contexts=0,
+                device=md.device,
+            )
+            ids = torch.tensor(tokens, dtype=torch.long, device=hidden.device)
+            hidden, logits = self.draft_model(ids, hidden, chain_md.position_ids, chain_md)
+        return StepTokens(new_tokens, next_drafts, num_accepted)
+
+    def _accept(
+        self, batch: ScheduledRequests, out: ForwardOutput
+    ) -> tuple[list[list[int]], list[int | None]]:
+        new_tokens: list[list[int]] = []
+        num_accepted: list[int | None] = []
+        row = 0
+        for i, req in enumerate(batch.all_requests):
+            n = out.num_logits[i]
+            logits = out.logits[row : row + n]  # [n, vocab]
+            row += n
+            if n == 0:
+                new_tokens.append([])
+                num_accepted.append(None)
+            elif i < len(batch.context_requests):
+                new_tokens.append(
+                    self.sampler.sample(logits, [req.sampling_params], [req.generator]).tolist()
+                )
+                num_accepted.append(None)
+            else:
+                drafts = list(req.py_draft_tokens)
+                if req.sampling_params.greedy:
+                    tokens = greedy_accept(drafts, logits.argmax(dim=-1).tolist())
+                else:
+                    target = filtered_probs(logits, req.sampling_params).cpu()
+                    tokens = rejection_accept(
+                        drafts, torch.stack(req.py_draft_probs), target, req.generator
+                    )
+                new_tokens.append(tokens)
+                num_accepted.append(len(tokens) - 1)
+        return new_tokens, num_accepted
+
+    def _choose_drafts(self, draft_logits: torch.Tensor, requests: list[LlmRequest]) -> list[int]:
+        """One draft token (a target id) per request: greedy, or drawn from the request's filtered
+        draft distribution (kept for rejection sampling)."""
+        greedy = self.draft_model.to_target_ids(draft_logits.argmax(dim=-1)).tolist()
+        tokens = []
+        for row, req in enumerate(requests):
+            if req.sampling_params.greedy:
+                tokens.append(greedy[row])
+                continue
+            q = filtered_probs(draft_logits[row], req.sampling_params)
+            q = self.draft_model.target_probs(q, self.vocab_size).cpu()
+            tokens.append(int(torch.multinomial(q, 1, generator=req.generator)))
+            req.py_draft_probs.append(q)
+        return tokens
