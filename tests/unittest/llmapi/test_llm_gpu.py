@@ -40,3 +40,16 @@ def test_batch_equals_alone_on_gpu(tiny_checkpoint, dtype):
                 atol=1e-3,
             )
     assert llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
+
+
+@pytest.mark.parametrize("mode", ["unified", "separate"])
+def test_greedy_speculation_on_gpu_is_token_identical(spec_checkpoints, mode):
+    from test_llm_eagle3 import GREEDY as SPEC_GREEDY
+    from test_llm_eagle3 import LONG, PREFIX, SHORT, make, tokens
+
+    prompts = SHORT + LONG + [PREFIX + "x", PREFIX + "y"]
+    expected = tokens(make(spec_checkpoints, device_override="cuda").generate(prompts, SPEC_GREEDY))
+    llm = make(spec_checkpoints, mode, device_override="cuda")
+    assert tokens(llm.generate(prompts, SPEC_GREEDY)) == expected
+    if mode == "unified":
+        assert llm.kv_cache_manager.draft_subpage_view.get_kv_pages(2)[0].is_cuda

@@ -94,14 +94,13 @@ class MiniMaxM3KVCacheManagerV2(KVCacheManagerV2):
                 if self.sparse_layer_ids
                 else "none"
             )
-            logger.info_once(
+            logger.info(
                 "[unified-kv] draft layers %s share the target KV cache manager (sparse layers %s); "
                 "slot_bytes=%d, draft kernel pages of %d tokens",
                 list(self.local_draft_layer_ids),
                 sparse,
                 self.slot_bytes(),
                 self.draft_subpage_tokens,
-                key=f"shared-layout-{id(self)}",
             )
 
     @property

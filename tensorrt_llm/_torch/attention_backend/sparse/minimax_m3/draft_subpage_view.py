@@ -109,7 +109,7 @@ class MiniMaxM3DraftSubpageView:
         self._lane_offsets = torch.stack(
             [torch.arange(self.subdiv), self.subdiv + torch.arange(self.subdiv)]
         )
-        logger.info_once(
+        logger.info(
             "[unified-kv] draft subpage view active: draft_layers=%s subdiv=%d tokens_per_block=%d "
             "slot_units=%d page_bytes=%d",
             list(self.draft_layer_ids),
@@ -117,7 +117,6 @@ class MiniMaxM3DraftSubpageView:
             self.tokens_per_block,
             self.slot_units,
             self.page_bytes,
-            key=f"subpage-view-{id(manager)}",
         )
 
     def __getattr__(self, name: str):
