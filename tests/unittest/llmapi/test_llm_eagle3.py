@@ -16,7 +16,7 @@ PREFIX = (
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
 
 
-def make(ckpts, mode=None, max_draft_len=3, **kwargs):
+def make(ckpts, mode=None, max_draft_len=3, device="cpu", **kwargs):
     target, draft = ckpts
     spec = (
         None
@@ -27,7 +27,7 @@ def make(ckpts, mode=None, max_draft_len=3, **kwargs):
     )
     return LLM(
         target,
-        device="cpu",
+        device=device,
         max_batch_size=8,
         kv_cache_config=KvCacheConfig(max_tokens=16384),
         speculative_config=spec,

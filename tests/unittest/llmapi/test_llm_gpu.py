@@ -48,8 +48,9 @@ def test_greedy_speculation_on_gpu_is_token_identical(spec_checkpoints, mode):
     from test_llm_eagle3 import LONG, PREFIX, SHORT, make, tokens
 
     prompts = SHORT + LONG + [PREFIX + "x", PREFIX + "y"]
-    expected = tokens(make(spec_checkpoints, device_override="cuda").generate(prompts, SPEC_GREEDY))
-    llm = make(spec_checkpoints, mode, device_override="cuda")
+    expected = tokens(make(spec_checkpoints, device="cuda").generate(prompts, SPEC_GREEDY))
+    llm = make(spec_checkpoints, mode, device="cuda")
     assert tokens(llm.generate(prompts, SPEC_GREEDY)) == expected
     if mode == "unified":
-        assert llm.kv_cache_manager.draft_subpage_view.get_kv_pages(2)[0].is_cuda
+        view = llm.kv_cache_manager.draft_subpage_view
+        assert view.get_kv_pages(view.draft_layer_ids[0])[0].is_cuda
