@@ -386,7 +386,8 @@ class KVCacheManagerV2(BaseResourceManager):
         return [list(self._caches[r].block_table) for r in request_ids]
 
     def batch_rows(self, request_ids: Sequence[int]) -> torch.Tensor:
-        return torch.tensor([self._rows[r] for r in request_ids], dtype=torch.long)
+        """Host-table row of each request (one C-level map over the batch)."""
+        return torch.tensor(list(map(self._rows.__getitem__, request_ids)), dtype=torch.long)
 
     def copy_batch_block_offsets(
         self,
