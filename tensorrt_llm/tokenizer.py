@@ -8,6 +8,28 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 TOKENIZER_FILE = "tokenizer.json"
 
+# The chat template shared by training, ``LLM`` and the server:
+#   <|user|>{content}<|end|><|assistant|>{content}<|end|>...   (+ "<|assistant|>" to prompt a reply)
+USER, ASSISTANT, END = "<|user|>", "<|assistant|>", "<|end|>"
+CHAT_SPECIAL_TOKENS = ["<unk>", "<pad>", END, USER, ASSISTANT]
+CHAT_ALPHABET = (
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;?!+-=*/()'\"\n"
+)
+
+
+def apply_chat_template(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """Render ``[{"role": "user" | "assistant" | "system", "content": str}, ...]``."""
+    parts = []
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ("user", "assistant", "system"):
+            raise ValueError(f"messages[{i}].role={role!r}: expected 'user', 'assistant' or 'system'")
+        tag = ASSISTANT if role == "assistant" else USER
+        parts.append(f"{tag}{message.get('content', '')}{END}")
+    if add_generation_prompt:
+        parts.append(ASSISTANT)
+    return "".join(parts)
+
 
 class TransformersTokenizer:
     """The few operations the runtime needs: encode, decode, and the special ids."""
@@ -37,6 +59,9 @@ class TransformersTokenizer:
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return apply_chat_template(messages, add_generation_prompt)
 
 
 def build_char_tokenizer(alphabet: str, special_tokens: list[str]) -> Tokenizer:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorrt_llm._torch.attention_backend.reference import causal_attention, paged_attention
+from tensorrt_llm._torch.attention_backend.reference import paged_attention
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
     MsaConfig,
     msa_dense_attention,
@@ -194,6 +194,11 @@ class MiniMaxM3Attention(nn.Module):
         self.is_sparse = layer_idx in cfg.sparse_layer_ids
         if self.is_sparse:
             self.indexer = Indexer(cfg)
+        # Training knobs of the no-cache path: MSA may attend densely (warm-up), and the indexer's
+        # loss is left in ``indexer_loss`` after each training forward.
+        self.msa_sparse = True
+        self.train_indexer = False
+        self.indexer_loss: torch.Tensor | None = None
 
     def forward(
         self,
@@ -214,18 +219,20 @@ class MiniMaxM3Attention(nn.Module):
             iq, iw, ik = self.indexer(hidden)
             msa = self.cfg.sparse_attention_config
             if metadata is None:
-                out = msa_dense_attention(q, k, v, iq, iw, ik, msa, self.scale)
-            else:
-                out = msa_paged_attention(
-                    self.layer_idx, q, k, v, iq, iw, ik, metadata, msa, self.scale
+                out, self.indexer_loss = msa_dense_attention(
+                    q, k, v, iq, iw, ik, msa, self.scale, self.msa_sparse, self.training and self.train_indexer
                 )
-        elif metadata is None:
-            out = torch.stack(
-                [
-                    causal_attention(q[b], k[b], v[b], positions[b], self.scale)
-                    for b in range(q.shape[0])
-                ]
-            )
+            else:
+                out = msa_paged_attention(self.layer_idx, q, k, v, iq, iw, ik, metadata, msa, self.scale)
+        elif metadata is None:  # [B, T, ...] from position 0: plain causal attention
+            groups = self.num_heads // self.num_kv_heads
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                k.transpose(1, 2).repeat_interleave(groups, dim=1),
+                v.transpose(1, 2).repeat_interleave(groups, dim=1),
+                is_causal=True,
+                scale=self.scale,
+            ).transpose(1, 2)
         else:
             out = paged_attention(self.layer_idx, q, k, v, metadata, self.scale)
         return self.o_proj(out.flatten(-2))

@@ -1,0 +1,106 @@
+"""The evaluation tasks, and the training data drawn from the same generators (different seeds).
+
+Every generator takes a ``random.Random`` and returns one conversation: a list of
+``{"role": "user" | "assistant", "content": str}`` messages, deterministic in the generator's state.
+
+- ``gsm8k-tiny``: one arithmetic word problem, one operation (+ or -) on whole numbers up to 100,
+  answered with the working shown: ``23 + 45 = 68. The answer is 68.``
+- ``multiturn-copy``: turn 1 gives a list of words and numbers to remember; turns 2-4 ask to repeat
+  it, repeat it in capitals, and repeat its first three items. Each answer copies earlier text, so a
+  drafter that can attend to the earlier turns (its KV intact after prefix reuse) predicts it well.
+- ``long-prompt``: a secret code stated early in a long filler text, asked for at the end; the
+  question sits far beyond ``top_k`` MSA blocks from the fact, so MSA must select the right block.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+Message = dict[str, str]
+
+NAMES = ["Ann", "Ben", "Cara", "Dan", "Eve", "Finn", "Gus", "Hana", "Ivy", "Jon", "Kai", "Lea", "Max", "Nia", "Omar", "Pia"]
+ITEMS = ["apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles", "eggs", "cups", "rocks", "toys"]
+WORDS = [
+    "red", "blue", "green", "lake", "tree", "stone", "river", "cloud", "moon", "star", "bird", "fish",
+    "wolf", "bear", "rose", "leaf", "snow", "rain", "wind", "fire", "gold", "iron", "salt", "milk",
+]
+FILLER = [
+    "The weather was calm and the streets were quiet.",
+    "A small boat drifted slowly across the lake.",
+    "Children played near the old stone bridge.",
+    "The market opened early and closed at noon.",
+    "Birds sang in the tall trees by the river.",
+    "A light rain fell over the green hills.",
+    "The library had many books about the stars.",
+    "Farmers brought fresh milk and eggs to town.",
+]
+
+ANSWER_RE = re.compile(r"The answer is (-?\d+)\.")
+
+
+def gsm8k_tiny(rng: random.Random) -> tuple[list[Message], int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    a = rng.randint(2, 100)
+    if rng.random() < 0.5:
+        b = rng.randint(1, 100)
+        question = f"{name} has {a} {item}. {name} gets {b} more {item}. How many {item} does {name} have now?"
+        working, answer = f"{a} + {b} = {a + b}", a + b
+    else:
+        b = rng.randint(1, a)
+        question = f"{name} has {a} {item}. {name} gives away {b} {item}. How many {item} does {name} have left?"
+        working, answer = f"{a} - {b} = {a - b}", a - b
+    reply = f"{working}. The answer is {answer}."
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": reply}], answer
+
+
+def parse_answer(text: str) -> int | None:
+    match = ANSWER_RE.search(text)
+    return int(match.group(1)) if match else None
+
+
+def _copy_list(rng: random.Random) -> list[str]:
+    items = [rng.choice(WORDS) for _ in range(rng.randint(4, 7))]
+    items.insert(rng.randrange(len(items)), str(rng.randint(100, 9999)))
+    return items
+
+
+def multiturn_copy(rng: random.Random) -> list[Message]:
+    items = _copy_list(rng)
+    text = " ".join(items)
+    return [
+        {"role": "user", "content": f"Remember this list: {text}"},
+        {"role": "assistant", "content": f"I will remember: {text}"},
+        {"role": "user", "content": "Repeat the list."},
+        {"role": "assistant", "content": f"The list is: {text}"},
+        {"role": "user", "content": "Repeat it in capitals."},
+        {"role": "assistant", "content": f"In capitals: {text.upper()}"},
+        {"role": "user", "content": "Repeat the first three items."},
+        {"role": "assistant", "content": f"The first three: {' '.join(items[:3])}"},
+    ]
+
+
+def long_prompt(rng: random.Random, min_chars: int = 700) -> tuple[list[Message], str]:
+    code = str(rng.randint(1000, 9999))
+    sentences = [rng.choice(FILLER) for _ in range(2)]
+    sentences.append(f"The secret code is {code}.")
+    while sum(len(s) + 1 for s in sentences) < min_chars:
+        sentences.append(rng.choice(FILLER))
+    question = " ".join(sentences) + " What is the secret code?"
+    reply = f"The secret code is {code}."
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": reply}], code
+
+
+def training_conversations(seed: int, count: int, long_min_chars: int = 700) -> list[list[Message]]:
+    """The training mix: 50% gsm8k-tiny, 30% multiturn-copy, 20% long-prompt (seeded)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        r = rng.random()
+        if r < 0.5:
+            out.append(gsm8k_tiny(rng)[0])
+        elif r < 0.8:
+            out.append(multiturn_copy(rng))
+        else:
+            out.append(long_prompt(rng, long_min_chars)[0])
+    return out
