@@ -12,9 +12,7 @@ TOKENIZER_FILE = "tokenizer.json"
 #   <|user|>{content}<|end|><|assistant|>{content}<|end|>...   (+ "<|assistant|>" to prompt a reply)
 USER, ASSISTANT, END = "<|user|>", "<|assistant|>", "<|end|>"
 CHAT_SPECIAL_TOKENS = ["<unk>", "<pad>", END, USER, ASSISTANT]
-CHAT_ALPHABET = (
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;?!+-=*/()'\"\n"
-)
+CHAT_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;?!+-=*/()'\"\n"
 
 
 def apply_chat_template(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
@@ -23,7 +21,9 @@ def apply_chat_template(messages: list[dict[str, str]], add_generation_prompt: b
     for i, message in enumerate(messages):
         role = message.get("role")
         if role not in ("user", "assistant", "system"):
-            raise ValueError(f"messages[{i}].role={role!r}: expected 'user', 'assistant' or 'system'")
+            raise ValueError(
+                f"messages[{i}].role={role!r}: expected 'user', 'assistant' or 'system'"
+            )
         tag = ASSISTANT if role == "assistant" else USER
         parts.append(f"{tag}{message.get('content', '')}{END}")
     if add_generation_prompt:
@@ -60,7 +60,9 @@ class TransformersTokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
         return apply_chat_template(messages, add_generation_prompt)
 
 

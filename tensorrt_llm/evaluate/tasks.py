@@ -19,11 +19,63 @@ import re
 
 Message = dict[str, str]
 
-NAMES = ["Ann", "Ben", "Cara", "Dan", "Eve", "Finn", "Gus", "Hana", "Ivy", "Jon", "Kai", "Lea", "Max", "Nia", "Omar", "Pia"]
-ITEMS = ["apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles", "eggs", "cups", "rocks", "toys"]
+NAMES = [
+    "Ann",
+    "Ben",
+    "Cara",
+    "Dan",
+    "Eve",
+    "Finn",
+    "Gus",
+    "Hana",
+    "Ivy",
+    "Jon",
+    "Kai",
+    "Lea",
+    "Max",
+    "Nia",
+    "Omar",
+    "Pia",
+]
+ITEMS = [
+    "apples",
+    "books",
+    "coins",
+    "pens",
+    "cards",
+    "shells",
+    "stamps",
+    "marbles",
+    "eggs",
+    "cups",
+    "rocks",
+    "toys",
+]
 WORDS = [
-    "red", "blue", "green", "lake", "tree", "stone", "river", "cloud", "moon", "star", "bird", "fish",
-    "wolf", "bear", "rose", "leaf", "snow", "rain", "wind", "fire", "gold", "iron", "salt", "milk",
+    "red",
+    "blue",
+    "green",
+    "lake",
+    "tree",
+    "stone",
+    "river",
+    "cloud",
+    "moon",
+    "star",
+    "bird",
+    "fish",
+    "wolf",
+    "bear",
+    "rose",
+    "leaf",
+    "snow",
+    "rain",
+    "wind",
+    "fire",
+    "gold",
+    "iron",
+    "salt",
+    "milk",
 ]
 FILLER = [
     "The weather was calm and the streets were quiet.",

@@ -220,10 +220,21 @@ class MiniMaxM3Attention(nn.Module):
             msa = self.cfg.sparse_attention_config
             if metadata is None:
                 out, self.indexer_loss = msa_dense_attention(
-                    q, k, v, iq, iw, ik, msa, self.scale, self.msa_sparse, self.training and self.train_indexer
+                    q,
+                    k,
+                    v,
+                    iq,
+                    iw,
+                    ik,
+                    msa,
+                    self.scale,
+                    self.msa_sparse,
+                    self.training and self.train_indexer,
                 )
             else:
-                out = msa_paged_attention(self.layer_idx, q, k, v, iq, iw, ik, metadata, msa, self.scale)
+                out = msa_paged_attention(
+                    self.layer_idx, q, k, v, iq, iw, ik, metadata, msa, self.scale
+                )
         elif metadata is None:  # [B, T, ...] from position 0: plain causal attention
             groups = self.num_heads // self.num_kv_heads
             out = F.scaled_dot_product_attention(

@@ -181,26 +181,48 @@ def msa_dense_attention(
     num_blocks = -(-length // bs)
     pos = torch.arange(length, device=q.device)
     causal = pos[None, :] <= pos[:, None]  # [T, T]
-    dots = torch.einsum("bthd,bsd->bths", index_q.float(), index_k[:, :, 0].float()) / math.sqrt(index_q.shape[-1])
+    dots = torch.einsum("bthd,bsd->bths", index_q.float(), index_k[:, :, 0].float()) / math.sqrt(
+        index_q.shape[-1]
+    )
     token_scores = torch.einsum("bths,bth->bts", torch.relu(dots), index_w.float())  # [B, T, T]
     if sparse:
-        selected = select_blocks(token_scores.detach().reshape(batch * length, length), pos.repeat(batch), cfg)
-        mask = selected.view(batch, length, num_blocks).repeat_interleave(bs, dim=-1)[..., :length] & causal
+        selected = select_blocks(
+            token_scores.detach().reshape(batch * length, length), pos.repeat(batch), cfg
+        )
+        mask = (
+            selected.view(batch, length, num_blocks).repeat_interleave(bs, dim=-1)[..., :length]
+            & causal
+        )
     else:
         mask = causal.expand(batch, length, length)
     groups = num_heads // k.shape[2]
     qh = q.transpose(1, 2)  # [B, H, T, D]
     kh = k.transpose(1, 2).repeat_interleave(groups, dim=1)
     vh = v.transpose(1, 2).repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None], scale=scale).transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=mask[:, None], scale=scale
+    ).transpose(1, 2)
     if not want_indexer_loss:
         return out, None
     with torch.no_grad():
-        probs = torch.softmax((qh.float() @ kh.float().transpose(-1, -2) * scale).masked_fill(~causal, float("-inf")), -1)
-        mass = F.pad(probs.mean(dim=1), (0, num_blocks * bs - length)).view(batch, length, num_blocks, bs).sum(-1)
-    padded = F.pad(token_scores.masked_fill(~causal, float("-inf")), (0, num_blocks * bs - length), value=float("-inf"))
+        probs = torch.softmax(
+            (qh.float() @ kh.float().transpose(-1, -2) * scale).masked_fill(~causal, float("-inf")),
+            -1,
+        )
+        mass = (
+            F.pad(probs.mean(dim=1), (0, num_blocks * bs - length))
+            .view(batch, length, num_blocks, bs)
+            .sum(-1)
+        )
+    padded = F.pad(
+        token_scores.masked_fill(~causal, float("-inf")),
+        (0, num_blocks * bs - length),
+        value=float("-inf"),
+    )
     block_scores = padded.view(batch, length, num_blocks, bs).amax(-1)  # [B, T, num_blocks]
-    visible = torch.arange(num_blocks, device=q.device)[None, :] <= (pos // bs)[:, None]  # [T, num_blocks]
+    visible = (
+        torch.arange(num_blocks, device=q.device)[None, :] <= (pos // bs)[:, None]
+    )  # [T, num_blocks]
     log_p = torch.log_softmax(block_scores.masked_fill(~visible, float("-inf")), dim=-1)
     loss = -(mass * log_p.masked_fill(~visible, 0.0)).sum(-1).mean()
     return out, loss

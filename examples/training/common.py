@@ -1,0 +1,100 @@
+"""Shared by the training scripts: the tokenizer, the corpus as token batches, schedules."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from tensorrt_llm.evaluate.tasks import training_conversations
+from tensorrt_llm.tokenizer import (
+    ASSISTANT,
+    CHAT_ALPHABET,
+    CHAT_SPECIAL_TOKENS,
+    END,
+    USER,
+    apply_chat_template,
+    build_char_tokenizer,
+)
+
+
+def build_tokenizer() -> Tokenizer:
+    return build_char_tokenizer(CHAT_ALPHABET, CHAT_SPECIAL_TOKENS)
+
+
+def save_tokenizer(tokenizer: Tokenizer, model_dir: Path) -> None:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+    config = {
+        "chat_template": "trtllm-chat-v1",
+        "eos_token": END,
+        "pad_token": "<pad>",
+        "user_token": USER,
+        "assistant_token": ASSISTANT,
+    }
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def encode_conversation(tokenizer: Tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Token ids of the rendered conversation and a 0/1 loss mask: 1 on assistant content and its
+    closing ``<|end|>`` (what the model is trained to produce)."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for message in messages:
+        text = apply_chat_template([message], add_generation_prompt=False)
+        piece = tokenizer.encode(text, add_special_tokens=False).ids
+        ids += piece
+        trained = message["role"] == "assistant"
+        mask += [0] + [int(trained)] * (len(piece) - 1)  # the role tag is given, not predicted
+    return ids, mask
+
+
+class Batches:
+    """Seeded batches of whole conversations, grouped by length (padding to a multiple of 64)."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        seed: int,
+        num_conversations: int,
+        batch_tokens: int,
+        long_min_chars: int,
+    ):
+        convs = training_conversations(seed, num_conversations, long_min_chars)
+        self.examples = [encode_conversation(tokenizer, c) for c in convs]
+        self.examples.sort(key=lambda e: len(e[0]))
+        self.pad_id = tokenizer.token_to_id("<pad>")
+        self.batch_tokens = batch_tokens
+        self.rng = random.Random(seed + 1)
+
+    def sample(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids [B, T]`` and ``loss_mask [B, T]`` (mask[t] = 1 when token t is trained)."""
+        start = self.rng.randrange(len(self.examples))
+        length = math.ceil(len(self.examples[start][0]) / 64) * 64
+        count = max(1, self.batch_tokens // length)
+        lo = max(0, min(start, len(self.examples) - count))
+        chosen = self.examples[lo : lo + count]
+        length = math.ceil(max(len(ids) for ids, _ in chosen) / 64) * 64
+        ids = torch.full((len(chosen), length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chosen), length), dtype=torch.float32)
+        for row, (tokens, trained) in enumerate(chosen):
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+            mask[row, : len(trained)] = torch.tensor(trained, dtype=torch.float32)
+        return ids, mask
+
+
+def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)

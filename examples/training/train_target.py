@@ -1,0 +1,128 @@
+"""Train the bundled MiniMax-M3-shaped target on the task mix (gsm8k-tiny, multiturn-copy, long-prompt).
+
+    python examples/training/train_target.py --out examples/models/m3-tiny/target [--device cuda]
+
+Dense first layer, MSA after (128-token blocks, top-2 + local), GQA, partial RoPE, QK norm. MSA layers
+train densely for the first ``--dense-fraction`` of the steps while the indexer learns from the
+attention's block mass, then sparsely. Deterministic for a seed on a given device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import Batches, build_tokenizer, cosine_lr, pick_device, save_tokenizer  # noqa: E402
+
+from tensorrt_llm._torch.models.checkpoint import random_minimaxm3, save_pretrained  # noqa: E402
+from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config  # noqa: E402
+
+
+def target_config(vocab_size: int, eos_id: int, args) -> MiniMaxM3Config:
+    return MiniMaxM3Config.from_dict(
+        {
+            "vocab_size": vocab_size,
+            "hidden_size": args.hidden,
+            "intermediate_size": 3 * args.hidden,
+            "num_hidden_layers": args.layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": args.hidden // 4,
+            "rotary_dim": args.hidden // 8,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 2048,
+            "eos_token_id": eos_id,
+            "torch_dtype": "bfloat16",
+            "sparse_attention_config": {
+                "index_n_heads": 2,
+                "index_head_dim": 16,
+                "topk_blocks": 2,
+                "block_size": 128,
+                "num_local_blocks": 1,
+                "num_dense_layers": 1,
+            },
+        }
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("examples/models/m3-tiny/target"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--batch-tokens", type=int, default=8192)
+    parser.add_argument("--conversations", type=int, default=60000)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--dense-fraction", type=float, default=0.6)
+    parser.add_argument("--indexer-loss-weight", type=float, default=0.1)
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args()
+
+    torch.manual_seed(args.seed)
+    device = pick_device(args.device)
+    tokenizer = build_tokenizer()
+    config = target_config(tokenizer.get_vocab_size(), tokenizer.token_to_id("<|end|>"), args)
+    model = random_minimaxm3(config, seed=args.seed, std=0.02).to(device).train()
+    print(f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {device}")
+    batches = Batches(
+        tokenizer, args.seed, args.conversations, args.batch_tokens, long_min_chars=700
+    )
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01
+    )
+    attention = [layer.self_attn for layer in model.model.layers]
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if device.type == "cuda"
+        else torch.autocast("cpu", enabled=False)
+    )
+    start = time.time()
+    bar = tqdm(range(args.steps), desc="target", mininterval=2.0)
+    for step in bar:
+        for attn in attention:
+            attn.msa_sparse = step >= args.dense_fraction * args.steps
+            attn.train_indexer = True
+        for group in optimizer.param_groups:
+            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=50)
+        ids, mask = batches.sample()
+        ids, mask = ids.to(device), mask.to(device)
+        with autocast:
+            hidden, _ = model(ids)
+            logits = model.compute_logits(hidden[:, :-1])
+        ce = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+        )
+        loss = (ce * mask[:, 1:].reshape(-1)).sum() / mask[:, 1:].sum()
+        indexer = sum(a.indexer_loss for a in attention if a.indexer_loss is not None)
+        total = loss + args.indexer_loss_weight * indexer
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if step % 25 == 0:
+            bar.set_postfix(
+                loss=f"{loss.item():.3f}",
+                indexer=f"{float(indexer.detach()) if torch.is_tensor(indexer) else 0.0:.3f}",
+                sparse=attention[-1].msa_sparse,
+            )
+    model.eval()
+    for attn in attention:
+        attn.msa_sparse, attn.train_indexer = True, False
+    save_pretrained(model.to(torch.bfloat16), config, args.out)
+    save_tokenizer(tokenizer, args.out)
+    print(
+        f"saved {args.out} after {args.steps} steps in {time.time() - start:.0f}s (final loss {loss.item():.4f})"
+    )
+
+
+if __name__ == "__main__":
+    main()
