@@ -1,0 +1,108 @@
+"""Train the bundled Eagle3 drafter against the trained target (training-time test, soft labels).
+
+    python examples/training/train_eagle3.py --target examples/models/m3-tiny/target \\
+        --out examples/models/m3-tiny/eagle3 [--device cuda]
+
+Each step runs ``max_draft_len + 1`` chained draft steps from every position at once
+(``ttt_logits``) and minimises the cross-entropy from the target's next-token distribution (soft
+labels) at the position each step predicts, weighting later steps by ``0.8 ** i``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import Batches, build_tokenizer, cosine_lr, pick_device  # noqa: E402
+
+from tensorrt_llm._torch.models.checkpoint import load_minimaxm3, random_eagle3, save_pretrained  # noqa: E402
+from tensorrt_llm._torch.models.modeling_speculative import (  # noqa: E402
+    Eagle3Config,
+    default_layers_to_capture,
+    ttt_logits,
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", type=Path, default=Path("examples/models/m3-tiny/target"))
+    parser.add_argument("--out", type=Path, default=Path("examples/models/m3-tiny/eagle3"))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-tokens", type=int, default=8192)
+    parser.add_argument("--conversations", type=int, default=30000)
+    parser.add_argument("--max-draft-len", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args()
+
+    torch.manual_seed(args.seed)
+    device = pick_device(args.device)
+    target = load_minimaxm3(args.target, torch.float32, device)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    tcfg = target.config
+    layers = default_layers_to_capture(tcfg.num_hidden_layers)
+    config = Eagle3Config.from_dict(
+        {
+            "hidden_size": tcfg.hidden_size,
+            "intermediate_size": 2 * tcfg.hidden_size,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,  # more than the target's: its blocks are sub-pages of the slot
+            "head_dim": tcfg.hidden_size // 4,
+            "vocab_size": tcfg.vocab_size,
+            "draft_vocab_size": tcfg.vocab_size,
+            "target_hidden_size": tcfg.hidden_size,
+            "rope_theta": tcfg.rope_theta,
+            "eagle3_layers_to_capture": list(layers),
+        }
+    )
+    draft = random_eagle3(config, tcfg.num_hidden_layers, seed=args.seed, std=0.02).to(device).train()
+    draft.embed_tokens = target.model.embed_tokens
+    print(f"eagle3: {sum(p.numel() for p in draft.parameters() if p.requires_grad) / 1e6:.2f}M parameters on {device}")
+    batches = Batches(build_tokenizer(), args.seed + 100, args.conversations, args.batch_tokens, long_min_chars=700)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    steps = args.max_draft_len + 1
+    start = time.time()
+    bar = tqdm(range(args.steps), desc="eagle3", mininterval=2.0)
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=50)
+        ids, mask = batches.sample()
+        ids, mask = ids.to(device), mask.to(device)
+        with autocast:
+            with torch.no_grad():
+                hidden, captured = target(ids, capture_layers=layers)
+                target_probs = torch.softmax(target.compute_logits(hidden), dim=-1)  # [B, T, V]
+            outputs = ttt_logits(draft, captured, ids, steps)
+        length = ids.shape[1]
+        loss = 0.0
+        for i, logits in enumerate(outputs):
+            # step i at row s predicts token s+i+2: the target's distribution at position s+i+1
+            valid = length - i - 1
+            labels = target_probs[:, i + 1 : i + 1 + valid]
+            weight = mask[:, i + 1 : i + 1 + valid]  # positions inside assistant replies
+            ce = -(labels * torch.log_softmax(logits[:, :valid].float(), dim=-1)).sum(-1)
+            loss = loss + 0.8**i * (ce * weight).sum() / weight.sum().clamp(min=1)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        if step % 25 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    draft.eval()
+    draft.embed_tokens = None  # shared with the target, not saved
+    save_pretrained(draft.to(torch.bfloat16), config, args.out)
+    print(f"saved {args.out} after {args.steps} steps in {time.time() - start:.0f}s (final loss {loss.item():.4f})")
+
+
+if __name__ == "__main__":
+    main()
