@@ -63,13 +63,27 @@ def main() -> None:
             "eagle3_layers_to_capture": list(layers),
         }
     )
-    draft = random_eagle3(config, tcfg.num_hidden_layers, seed=args.seed, std=0.02).to(device).train()
+    draft = (
+        random_eagle3(config, tcfg.num_hidden_layers, seed=args.seed, std=0.02).to(device).train()
+    )
     draft.embed_tokens = target.model.embed_tokens
-    print(f"eagle3: {sum(p.numel() for p in draft.parameters() if p.requires_grad) / 1e6:.2f}M parameters on {device}")
-    batches = Batches(build_tokenizer(), args.seed + 100, args.conversations, args.batch_tokens, long_min_chars=700)
+    print(
+        f"eagle3: {sum(p.numel() for p in draft.parameters() if p.requires_grad) / 1e6:.2f}M parameters on {device}"
+    )
+    batches = Batches(
+        build_tokenizer(),
+        args.seed + 100,
+        args.conversations,
+        args.batch_tokens,
+        long_min_chars=700,
+    )
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if device.type == "cuda"
+        else torch.autocast("cpu", enabled=False)
+    )
     steps = args.max_draft_len + 1
     start = time.time()
     bar = tqdm(range(args.steps), desc="eagle3", mininterval=2.0)
@@ -101,7 +115,9 @@ def main() -> None:
     draft.eval()
     draft.embed_tokens = None  # shared with the target, not saved
     save_pretrained(draft.to(torch.bfloat16), config, args.out)
-    print(f"saved {args.out} after {args.steps} steps in {time.time() - start:.0f}s (final loss {loss.item():.4f})")
+    print(
+        f"saved {args.out} after {args.steps} steps in {time.time() - start:.0f}s (final loss {loss.item():.4f})"
+    )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Every generator takes a ``random.Random`` and returns one conversation: a list o
 ``{"role": "user" | "assistant", "content": str}`` messages, deterministic in the generator's state.
 
 - ``gsm8k-tiny``: one arithmetic word problem, one operation (+ or -) on whole numbers up to 100,
-  answered with the working shown: ``23 + 45 = 68. The answer is 68.``
+  answered with the working shown column by column, ones first:
+  ``58 + 67: 8 + 7 = 15, 5 + 6 + 1 = 12, so 125. The answer is 125.`` and
+  ``53 - 27: 13 - 7 = 6, 4 - 2 = 2, so 26. The answer is 26.`` (a borrow shows as 13 and 4).
 - ``multiturn-copy``: turn 1 gives a list of words and numbers to remember; turns 2-4 ask to repeat
   it, repeat it in capitals, and repeat its first three items. Each answer copies earlier text, so a
   drafter that can attend to the earlier turns (its KV intact after prefix reuse) predicts it well.
@@ -91,17 +93,35 @@ FILLER = [
 ANSWER_RE = re.compile(r"The answer is (-?\d+)\.")
 
 
+def column_working(a: int, b: int, op: str) -> str:
+    """Column arithmetic, ones first: each column's digits, any carry or borrow, and the result."""
+    digits = max(len(str(a)), len(str(b)))
+    steps, carry = [], 0
+    for col in range(digits):
+        x, y = a // 10**col % 10, b // 10**col % 10
+        if op == "+":
+            total = x + y + carry
+            steps.append(f"{x} + {y} + {carry} = {total}" if carry else f"{x} + {y} = {total}")
+            carry = total // 10
+        else:
+            x -= carry
+            carry = int(x < y)
+            steps.append(f"{x + 10 * carry} - {y} = {x + 10 * carry - y}")
+    result = a + b if op == "+" else a - b
+    return f"{a} {op} {b}: {', '.join(steps)}, so {result}"
+
+
 def gsm8k_tiny(rng: random.Random) -> tuple[list[Message], int]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     a = rng.randint(2, 100)
     if rng.random() < 0.5:
         b = rng.randint(1, 100)
         question = f"{name} has {a} {item}. {name} gets {b} more {item}. How many {item} does {name} have now?"
-        working, answer = f"{a} + {b} = {a + b}", a + b
+        answer, working = a + b, column_working(a, b, "+")
     else:
         b = rng.randint(1, a)
         question = f"{name} has {a} {item}. {name} gives away {b} {item}. How many {item} does {name} have left?"
-        working, answer = f"{a} - {b} = {a - b}", a - b
+        answer, working = a - b, column_working(a, b, "-")
     reply = f"{working}. The answer is {answer}."
     return [{"role": "user", "content": question}, {"role": "assistant", "content": reply}], answer
 

@@ -19,8 +19,16 @@ def test_training_steps_equal_chained_drafting(start):
     cfg = tiny_config()
     target = random_minimaxm3(cfg, seed=0, std=0.1)
     draft_cfg = Eagle3Config.from_dict(
-        dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=4, head_dim=8,
-             vocab_size=64, draft_vocab_size=64, target_hidden_size=32)
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=8,
+            vocab_size=64,
+            draft_vocab_size=64,
+            target_hidden_size=32,
+        )
     )
     draft = random_eagle3(draft_cfg, layer_idx=3, seed=1, std=0.1)
     draft.embed_tokens = target.model.embed_tokens
@@ -30,9 +38,17 @@ def test_training_steps_equal_chained_drafting(start):
         train = ttt_logits(draft, captured, ids, STEPS)
 
         manager = KVCacheManagerV2(
-            KvCacheConfig(max_tokens=256), num_layers=3, num_kv_heads=[2, 2, 2, 4], head_dim=8,
-            tokens_per_block=4, max_seq_len=64, max_batch_size=1, dtype=torch.float32,
-            spec_config=Eagle3DecodingConfig(max_draft_len=3), is_draft=True, layer_mask=[False] * 3 + [True],
+            KvCacheConfig(max_tokens=256),
+            num_layers=3,
+            num_kv_heads=[2, 2, 2, 4],
+            head_dim=8,
+            tokens_per_block=4,
+            max_seq_len=64,
+            max_batch_size=1,
+            dtype=torch.float32,
+            spec_config=Eagle3DecodingConfig(max_draft_len=3),
+            is_draft=True,
+            layer_mask=[False] * 3 + [True],
         )
         manager.add_sequence(0, ids[0].tolist())
         assert manager.resize_sequence(0, start + STEPS)
@@ -43,5 +59,7 @@ def test_training_steps_equal_chained_drafting(start):
         hidden = hidden[start : start + 1]
         for i in range(1, STEPS):
             md = TrtllmAttentionMetadata(manager, [0], [1], [start + i], num_contexts=0)
-            hidden, logits = draft(ids[0, start + i + 1 : start + i + 2], hidden, md.position_ids, md)
+            hidden, logits = draft(
+                ids[0, start + i + 1 : start + i + 2], hidden, md.position_ids, md
+            )
             torch.testing.assert_close(logits[0], train[i][0, start], rtol=1e-4, atol=1e-4)
