@@ -12,6 +12,7 @@ from tensorrt_llm._torch.models.checkpoint import load_minimaxm3
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config
 from tensorrt_llm._torch.pyexecutor._util import create_py_executor
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm.bundled import bundled_target
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
@@ -57,6 +58,8 @@ class LLM:
             tokenizer=None if tokenizer is None else str(tokenizer),
             **kwargs,
         )
+        if self.args.model is None:
+            self.args = self.args.model_copy(update={"model": bundled_target()})
         args = self.args
         self.device = _resolve_device(args.device)
         config = MiniMaxM3Config.from_pretrained(args.model)

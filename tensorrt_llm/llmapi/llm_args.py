@@ -58,7 +58,7 @@ class Eagle3DecodingConfig(StrictBaseModel):
 class TorchLlmArgs(StrictBaseModel):
     """Everything ``LLM(...)`` accepts; the same keys load from a YAML options file."""
 
-    model: str
+    model: str | None = None  # None: the bundled M3-tiny checkpoint
     tokenizer: str | None = None
     backend: Literal["pytorch"] = "pytorch"
     kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)

@@ -1,0 +1,119 @@
+"""``trtllm-eval``: accuracy and acceptance length (AL) on the bundled tasks.
+
+    trtllm-eval gsm8k-tiny      [--num-samples 200]
+    trtllm-eval multiturn-copy  [--num-samples 32]
+    trtllm-eval long-prompt     [--num-samples 50]
+    trtllm-eval al-table        [--num-samples 200 --num-conversations 32] [--out-dir eval_out]
+
+``--model`` / ``--speculative-model`` default to the bundled checkpoint; ``--draft-kv-cache``
+picks unified (default), separate or none (target only) for the single tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tensorrt_llm.bundled import BUNDLED_DRAFT, bundled_target
+from tensorrt_llm.evaluate.al_table import build_al_table
+from tensorrt_llm.evaluate.runner import (
+    run_gsm8k,
+    run_long_prompt,
+    run_multiturn_copy,
+    training_questions,
+)
+
+TASKS = ("gsm8k-tiny", "multiturn-copy", "long-prompt", "al-table")
+
+
+def make_llm_factory(args):
+    from tensorrt_llm import LLM
+    from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
+
+    def make(mode: str | None):
+        spec = None
+        if mode is not None:
+            spec = Eagle3DecodingConfig(
+                max_draft_len=args.max_draft_len,
+                speculative_model=args.speculative_model,
+                draft_kv_cache=mode,
+            )
+        return LLM(
+            args.model,
+            device=args.device,
+            max_batch_size=args.max_batch_size,
+            kv_cache_config=KvCacheConfig(
+                tokens_per_block=args.tokens_per_block, max_tokens=args.kv_max_tokens
+            ),
+            speculative_config=spec,
+        )
+
+    return make
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trtllm-eval", description=__doc__.splitlines()[0])
+    parser.add_argument("task", choices=TASKS)
+    parser.add_argument(
+        "--model", default=None, help="target checkpoint (default: the bundled one)"
+    )
+    parser.add_argument(
+        "--speculative-model", default=None, help="Eagle3 checkpoint (default: the bundled one)"
+    )
+    parser.add_argument(
+        "--draft-kv-cache", choices=["unified", "separate", "none"], default="unified"
+    )
+    parser.add_argument("--max-draft-len", type=int, default=3)
+    parser.add_argument("--num-samples", type=int, default=None)
+    parser.add_argument("--num-conversations", type=int, default=32)
+    parser.add_argument("--tokens-per-block", type=int, default=128)
+    parser.add_argument("--kv-max-tokens", type=int, default=262144)
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--out-dir", type=Path, default=Path("eval_out"))
+    args = parser.parse_args(argv)
+    args.model = args.model or bundled_target()
+    args.speculative_model = args.speculative_model or str(BUNDLED_DRAFT)
+    make = make_llm_factory(args)
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    if args.task == "al-table":
+        settings = {
+            "tokens_per_block": args.tokens_per_block,
+            "max_draft_len": args.max_draft_len,
+            "device": args.device,
+        }
+        summary = build_al_table(
+            make,
+            args.model,
+            args.num_samples or 200,
+            args.num_conversations,
+            args.out_dir,
+            progress,
+            settings,
+        )
+        print(f"wrote {args.out_dir}/al_table.md, al_table.json, al_per_turn.png")
+        return 0 if summary["outputs_identical_in_every_mode"] else 1
+    llm = make(None if args.draft_kv_cache == "none" else args.draft_kv_cache)
+    exclude = training_questions(args.model)
+    if args.task == "gsm8k-tiny":
+        result = run_gsm8k(llm, args.num_samples or 200, exclude, progress)
+    elif args.task == "long-prompt":
+        result = run_long_prompt(llm, args.num_samples or 50, exclude, progress)
+    else:
+        turns = run_multiturn_copy(llm, args.num_samples or 32, exclude, progress)
+        result = {"al_per_turn": [t.al for t in turns], "exact_per_turn": [t.exact for t in turns]}
+    result.pop("token_ids", None)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path = args.out_dir / f"{args.task}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

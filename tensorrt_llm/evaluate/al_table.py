@@ -1,0 +1,116 @@
+"""The AL table: {target only, Eagle3 separate, Eagle3 unified} x {cold first turn, reused turns 2-4}.
+
+Every mode runs the same held-out gsm8k-tiny problems and multiturn-copy conversations, greedily.
+Speculation is lossless, so the target's outputs must be identical in every cell; the table says
+whether they were. Writes ``al_table.md``, ``al_table.json`` and ``al_per_turn.png`` to ``out_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from tensorrt_llm.evaluate.runner import run_gsm8k, run_multiturn_copy, training_questions
+
+MODES = (("target only", None), ("Eagle3 separate", "separate"), ("Eagle3 unified", "unified"))
+
+
+def build_al_table(
+    make_llm: Callable[[str | None], object],
+    model_dir: str,
+    num_gsm8k: int,
+    num_conversations: int,
+    out_dir: Path,
+    progress: Callable[[str], None] = print,
+    settings: dict | None = None,
+) -> dict:
+    """``make_llm(mode)`` builds an LLM for a draft KV mode (None: no speculation); ``settings``
+    (tokens per block, draft length, device) are recorded with the results."""
+    exclude = training_questions(model_dir)
+    results = {}
+    outputs = {}
+    for label, mode in MODES:
+        progress(f"== {label}")
+        llm = make_llm(mode)
+        gsm8k = run_gsm8k(llm, num_gsm8k, exclude, progress)
+        turns = run_multiturn_copy(llm, num_conversations, exclude, progress)
+        results[label] = {
+            "gsm8k_accuracy": gsm8k["accuracy"],
+            "gsm8k_al": gsm8k["al"],
+            "copy_al_per_turn": [t.al for t in turns],
+            "copy_exact_per_turn": [t.exact for t in turns],
+            "copy_reused_tokens_per_turn": [t.reused_tokens for t in turns],
+            "cold_al": turns[0].al,
+            "reused_al": sum(t.al for t in turns[1:]) / 3,
+        }
+        outputs[label] = [gsm8k["token_ids"]] + [t.token_ids for t in turns]
+        llm.shutdown()
+    reference = outputs[MODES[0][0]]
+    identical = all(outputs[label] == reference for label, _ in MODES)
+    unified, separate = results["Eagle3 unified"], results["Eagle3 separate"]
+    summary = {
+        "modes": results,
+        "outputs_identical_in_every_mode": identical,
+        "unified_reused_minus_cold": unified["reused_al"] - unified["cold_al"],
+        "unified_minus_separate_reused": unified["reused_al"] - separate["reused_al"],
+        "num_gsm8k": num_gsm8k,
+        "num_conversations": num_conversations,
+        "settings": settings or {},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "al_table.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out_dir / "al_table.md").write_text(markdown(summary))
+    plot(summary, out_dir / "al_per_turn.png")
+    progress(markdown(summary))
+    return summary
+
+
+def markdown(summary: dict) -> str:
+    rows = [
+        "| mode | gsm8k-tiny accuracy | gsm8k-tiny AL (cold) | multiturn-copy AL, cold turn 1 | multiturn-copy AL, reused turns 2-4 |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for label, r in summary["modes"].items():
+        rows.append(
+            f"| {label} | {r['gsm8k_accuracy']:.2%} | {r['gsm8k_al']:.2f} | {r['cold_al']:.2f} | {r['reused_al']:.2f} |"
+        )
+    rows += [
+        "",
+        f"Target outputs identical in every mode: {'yes' if summary['outputs_identical_in_every_mode'] else 'NO'}.",
+        f"Unified, reused minus cold: {summary['unified_reused_minus_cold']:+.2f}. "
+        f"Unified minus separate on reused turns: {summary['unified_minus_separate_reused']:+.2f}.",
+        f"({summary['num_gsm8k']} gsm8k-tiny problems, {summary['num_conversations']} four-turn conversations, greedy; "
+        + ", ".join(f"{k}={v}" for k, v in summary["settings"].items())
+        + ".)",
+        "Prompt tokens served from the prefix cache per multiturn-copy turn (unified): "
+        + ", ".join(
+            str(n) for n in summary["modes"]["Eagle3 unified"]["copy_reused_tokens_per_turn"]
+        )
+        + ".",
+        "",
+    ]
+    return "\n".join(rows)
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    for label, r in summary["modes"].items():
+        ax.plot([1, 2, 3, 4], r["copy_al_per_turn"], marker="o", label=label)
+    reused = summary["modes"]["Eagle3 unified"]["copy_reused_tokens_per_turn"]
+    ax.set_xticks(
+        [1, 2, 3, 4], [f"{t}\n({n} reused)" for t, n in zip([1, 2, 3, 4], reused, strict=True)]
+    )
+    ax.set_xlabel("multiturn-copy turn (prompt tokens from the prefix cache)")
+    ax.set_ylabel("acceptance length (AL)")
+    ax.set_ylim(0.8, 4.2)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

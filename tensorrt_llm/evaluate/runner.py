@@ -1,0 +1,133 @@
+"""Running the tasks against an ``LLM``, and the acceptance-length (AL) table.
+
+Every task is greedy. AL is ``avg_decoded_tokens_per_iter``: tokens per generation step (accepted
+drafts + 1), averaged over a turn's requests; 1.0 without speculation.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tensorrt_llm.evaluate.tasks import (
+    gsm8k_tiny,
+    long_prompt,
+    multiturn_copy,
+    parse_answer,
+    training_conversations,
+)
+from tensorrt_llm.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=128)
+EVAL_SEED = 20_000  # training uses seeds 0 and 101; eval problems also skip any training question
+
+
+@dataclass
+class TurnResult:
+    al: float
+    exact: float  # fraction of replies equal to the reference
+    reused_tokens: int
+    token_ids: list[list[int]] = field(default_factory=list)
+
+
+def _mean_al(outputs) -> float:
+    values = [o.outputs[0].avg_decoded_tokens_per_iter or 1.0 for o in outputs]
+    return sum(values) / len(values)
+
+
+def training_questions(model_dir: str | Path) -> set[str]:
+    """The user turns of the corpus the target was trained on (from its ``training.json``)."""
+    path = Path(model_dir) / "training.json"
+    if not path.is_file():
+        return set()
+    record = json.loads(path.read_text())
+    convs = training_conversations(record["seed"], record["conversations"])
+    return {c[0]["content"] for c in convs}
+
+
+def held_out(generator: Callable, count: int, seed: int, exclude: set[str]) -> list:
+    rng = random.Random(seed)
+    items = []
+    while len(items) < count:
+        item = generator(rng)
+        messages = item[0] if isinstance(item, tuple) else item
+        if messages[0]["content"] not in exclude:
+            items.append(item)
+    return items
+
+
+def run_gsm8k(llm, count: int, exclude: set[str], progress: Callable[[str], None] = print) -> dict:
+    problems = held_out(gsm8k_tiny, count, EVAL_SEED, exclude)
+    prompts = [llm.tokenizer.apply_chat_template(messages[:1]) for messages, _ in problems]
+    outputs = llm.generate(prompts, GREEDY)
+    correct = [
+        parse_answer(o.outputs[0].text) == answer
+        for o, (_, answer) in zip(outputs, problems, strict=True)
+    ]
+    result = {
+        "accuracy": sum(correct) / len(correct),
+        "al": _mean_al(outputs),
+        "num_samples": len(correct),
+        "token_ids": [o.outputs[0].token_ids for o in outputs],
+    }
+    progress(f"gsm8k-tiny: {sum(correct)}/{len(correct)} correct, AL {result['al']:.3f}")
+    return result
+
+
+def run_long_prompt(
+    llm, count: int, exclude: set[str], progress: Callable[[str], None] = print
+) -> dict:
+    items = held_out(long_prompt, count, EVAL_SEED + 1, exclude)
+    prompts = [llm.tokenizer.apply_chat_template(messages[:1]) for messages, _ in items]
+    outputs = llm.generate(prompts, GREEDY)
+    correct = [
+        f"The secret code is {code}." == o.outputs[0].text
+        for o, (_, code) in zip(outputs, items, strict=True)
+    ]
+    lengths = [len(llm.tokenizer.encode(p)) for p in prompts]
+    result = {
+        "accuracy": sum(correct) / len(correct),
+        "al": _mean_al(outputs),
+        "num_samples": len(correct),
+        "min_prompt_tokens": min(lengths),
+        "token_ids": [o.outputs[0].token_ids for o in outputs],
+    }
+    progress(
+        f"long-prompt: {sum(correct)}/{len(correct)} correct (prompts of {min(lengths)}+ tokens), AL {result['al']:.3f}"
+    )
+    return result
+
+
+def run_multiturn_copy(
+    llm, count: int, exclude: set[str], progress: Callable[[str], None] = print
+) -> list[TurnResult]:
+    """Four turns per conversation; each turn's prompt is the whole history with the model's own
+    earlier replies, so turns 2-4 find turn 1..n-1 in the prefix cache."""
+    convs = held_out(multiturn_copy, count, EVAL_SEED + 2, exclude)
+    histories: list[list[dict]] = [[] for _ in convs]
+    turns = []
+    for t in range(4):
+        for history, conv in zip(histories, convs, strict=True):
+            history.append(conv[2 * t])
+        before = llm.executor.stats.num_reused_tokens
+        outputs = llm.generate([llm.tokenizer.apply_chat_template(h) for h in histories], GREEDY)
+        exact = [
+            o.outputs[0].text == c[2 * t + 1]["content"]
+            for o, c in zip(outputs, convs, strict=True)
+        ]
+        turn = TurnResult(
+            al=_mean_al(outputs),
+            exact=sum(exact) / len(exact),
+            reused_tokens=llm.executor.stats.num_reused_tokens - before,
+            token_ids=[o.outputs[0].token_ids for o in outputs],
+        )
+        turns.append(turn)
+        progress(
+            f"multiturn-copy turn {t + 1}: AL {turn.al:.3f}, exact {turn.exact:.2f}, reused {turn.reused_tokens} tokens"
+        )
+        for history, o in zip(histories, outputs, strict=True):
+            history.append({"role": "assistant", "content": o.outputs[0].text})
+    return turns

@@ -1,0 +1,54 @@
+"""The AL gates on the bundled checkpoint (a fixed subset, CPU): accuracy, losslessness, the
+unified cache's AL on cold and reused turns, and the separate manager's measurable drop."""
+
+import json
+
+import pytest
+
+from tensorrt_llm.commands.eval import main
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    out = tmp_path_factory.mktemp("al_table")
+    code = main(
+        [
+            "al-table",
+            "--num-samples",
+            "40",
+            "--num-conversations",
+            "8",
+            "--device",
+            "cpu",
+            "--out-dir",
+            str(out),
+        ]
+    )
+    summary = json.loads((out / "al_table.json").read_text())
+    assert (out / "al_per_turn.png").stat().st_size > 10_000
+    assert "| Eagle3 unified |" in (out / "al_table.md").read_text()
+    return code, summary
+
+
+def test_target_is_accurate_and_identical_in_every_mode(table):
+    code, summary = table
+    assert code == 0 and summary["outputs_identical_in_every_mode"]
+    for label, row in summary["modes"].items():
+        assert row["gsm8k_accuracy"] >= 0.9, label
+
+
+def test_unified_cold_turn_al_is_at_least_2_5(table):
+    unified = table[1]["modes"]["Eagle3 unified"]
+    assert unified["gsm8k_al"] >= 2.5
+    assert unified["cold_al"] >= 2.5
+
+
+def test_reuse_costs_the_unified_drafter_nothing_and_the_separate_one_a_lot(table):
+    summary = table[1]
+    unified, separate = summary["modes"]["Eagle3 unified"], summary["modes"]["Eagle3 separate"]
+    assert sum(unified["copy_reused_tokens_per_turn"][1:]) > 0  # turns 2-4 really hit the cache
+    assert unified["reused_al"] >= unified["cold_al"] - 0.05
+    assert separate["reused_al"] <= unified["reused_al"] - 0.2
+    assert separate["cold_al"] == pytest.approx(unified["cold_al"])  # same until reuse kicks in
