@@ -34,16 +34,23 @@ def main() -> None:
     parser.add_argument("--target", type=Path, default=Path("examples/models/m3-tiny/target"))
     parser.add_argument("--out", type=Path, default=Path("examples/models/m3-tiny/eagle3"))
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--batch-tokens", type=int, default=8192)
-    parser.add_argument("--conversations", type=int, default=30000)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--batch-tokens", type=int, default=None)
+    parser.add_argument("--conversations", type=int, default=None)
     parser.add_argument("--max-draft-len", type=int, default=3)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
+    # Presets (steps, batch tokens, conversations): "gpu" made the bundled checkpoint; "cpu" fits
+    # about 15 minutes on 2 cores and gives a weaker model.
+    presets = {"cpu": (300, 8192, 10000), "gpu": (3500, 8192, 40000)}
+    device = pick_device(args.device)
+    steps, batch_tokens, conversations = presets["gpu" if device.type == "cuda" else "cpu"]
+    args.steps = args.steps or steps
+    args.batch_tokens = args.batch_tokens or batch_tokens
+    args.conversations = args.conversations or conversations
 
     torch.manual_seed(args.seed)
-    device = pick_device(args.device)
     target = load_minimaxm3(args.target, torch.float32, device)
     for p in target.parameters():
         p.requires_grad_(False)

@@ -56,9 +56,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("examples/models/m3-tiny/target"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--batch-tokens", type=int, default=8192)
-    parser.add_argument("--conversations", type=int, default=60000)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--batch-tokens", type=int, default=None)
+    parser.add_argument("--conversations", type=int, default=None)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -66,9 +66,16 @@ def main() -> None:
     parser.add_argument("--indexer-loss-weight", type=float, default=0.1)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
+    # Presets (steps, batch tokens, conversations): "gpu" made the bundled checkpoint; "cpu" fits
+    # about 15 minutes on 2 cores and gives a weaker model.
+    presets = {"cpu": (320, 8192, 20000), "gpu": (5000, 12288, 80000)}
+    device = pick_device(args.device)
+    steps, batch_tokens, conversations = presets["gpu" if device.type == "cuda" else "cpu"]
+    args.steps = args.steps or steps
+    args.batch_tokens = args.batch_tokens or batch_tokens
+    args.conversations = args.conversations or conversations
 
     torch.manual_seed(args.seed)
-    device = pick_device(args.device)
     tokenizer = build_tokenizer()
     config = target_config(tokenizer.get_vocab_size(), tokenizer.token_to_id("<|end|>"), args)
     model = random_minimaxm3(config, seed=args.seed, std=0.02).to(device).train()
