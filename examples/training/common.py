@@ -94,6 +94,32 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def apply_preset(args, presets: dict[str, tuple[int, int, int]]) -> torch.device:
+    """Fill ``steps``, ``batch_tokens`` and ``conversations`` left unset from the device's preset.
+    The "gpu" preset made the bundled checkpoint; "cpu" fits about 15 minutes on 2 cores and gives
+    a weaker model. Returns the device."""
+    device = pick_device(args.device)
+    steps, batch_tokens, conversations = presets["gpu" if device.type == "cuda" else "cpu"]
+    args.steps = args.steps or steps
+    args.batch_tokens = args.batch_tokens or batch_tokens
+    args.conversations = args.conversations or conversations
+    return device
+
+
+def write_training_record(args, device: torch.device, script: str) -> None:
+    """``training.json`` beside the weights: what made them (the evaluation reads the corpus
+    seed and size from it to keep its problems out of the training set)."""
+    record = {
+        "script": f"examples/training/{script}",
+        "seed": args.seed,
+        "steps": args.steps,
+        "batch_tokens": args.batch_tokens,
+        "conversations": args.conversations,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
+    (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import Batches, build_tokenizer, cosine_lr, pick_device  # noqa: E402
+from common import Batches, apply_preset, build_tokenizer, cosine_lr, write_training_record  # noqa: E402
 
 from tensorrt_llm._torch.models.checkpoint import load_minimaxm3, random_eagle3, save_pretrained  # noqa: E402
 from tensorrt_llm._torch.models.modeling_speculative import (  # noqa: E402
@@ -41,14 +41,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
-    # Presets (steps, batch tokens, conversations): "gpu" made the bundled checkpoint; "cpu" fits
-    # about 15 minutes on 2 cores and gives a weaker model.
-    presets = {"cpu": (300, 8192, 10000), "gpu": (3500, 8192, 40000)}
-    device = pick_device(args.device)
-    steps, batch_tokens, conversations = presets["gpu" if device.type == "cuda" else "cpu"]
-    args.steps = args.steps or steps
-    args.batch_tokens = args.batch_tokens or batch_tokens
-    args.conversations = args.conversations or conversations
+    device = apply_preset(args, {"cpu": (300, 8192, 10000), "gpu": (3500, 8192, 40000)})
 
     torch.manual_seed(args.seed)
     target = load_minimaxm3(args.target, torch.float32, device)
@@ -122,6 +115,7 @@ def main() -> None:
     draft.eval()
     draft.embed_tokens = None  # shared with the target, not saved
     save_pretrained(draft.to(torch.bfloat16), config, args.out)
+    write_training_record(args, device, "train_eagle3.py")
     print(
         f"saved {args.out} after {args.steps} steps in {time.time() - start:.0f}s (final loss {loss.item():.4f})"
     )

@@ -19,7 +19,14 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import Batches, build_tokenizer, cosine_lr, pick_device, save_tokenizer  # noqa: E402
+from common import (  # noqa: E402
+    Batches,
+    apply_preset,
+    build_tokenizer,
+    cosine_lr,
+    save_tokenizer,
+    write_training_record,
+)
 
 from tensorrt_llm._torch.models.checkpoint import random_minimaxm3, save_pretrained  # noqa: E402
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config  # noqa: E402
@@ -66,14 +73,7 @@ def main() -> None:
     parser.add_argument("--indexer-loss-weight", type=float, default=0.1)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
-    # Presets (steps, batch tokens, conversations): "gpu" made the bundled checkpoint; "cpu" fits
-    # about 15 minutes on 2 cores and gives a weaker model.
-    presets = {"cpu": (320, 8192, 20000), "gpu": (5000, 12288, 80000)}
-    device = pick_device(args.device)
-    steps, batch_tokens, conversations = presets["gpu" if device.type == "cuda" else "cpu"]
-    args.steps = args.steps or steps
-    args.batch_tokens = args.batch_tokens or batch_tokens
-    args.conversations = args.conversations or conversations
+    device = apply_preset(args, {"cpu": (320, 8192, 20000), "gpu": (5000, 12288, 80000)})
 
     torch.manual_seed(args.seed)
     tokenizer = build_tokenizer()
@@ -125,6 +125,7 @@ def main() -> None:
     for attn in attention:
         attn.msa_sparse, attn.train_indexer = True, False
     save_pretrained(model.to(torch.bfloat16), config, args.out)
+    write_training_record(args, device, "train_target.py")
     save_tokenizer(tokenizer, args.out)
     print(
         f"saved {args.out} after {args.steps} steps in {time.time() - start:.0f}s (final loss {loss.item():.4f})"

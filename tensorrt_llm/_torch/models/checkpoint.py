@@ -83,32 +83,28 @@ def load_eagle3(
     return model
 
 
-def random_eagle3(
-    config: Eagle3Config, layer_idx: int, seed: int = 0, std: float = 0.02
-) -> Eagle3DraftModel:
+def _random_init(model: torch.nn.Module, seed: int, std: float) -> torch.nn.Module:
+    """Norm weights 1, every other parameter N(0, std), from one seeded generator."""
     generator = torch.Generator().manual_seed(seed)
-    model = Eagle3DraftModel(config, layer_idx)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
-        # a draft vocabulary of the first draft_vocab_size target tokens
-        model.d2t.zero_()
     return model.eval()
+
+
+def random_eagle3(
+    config: Eagle3Config, layer_idx: int, seed: int = 0, std: float = 0.02
+) -> Eagle3DraftModel:
+    """A randomly initialised drafter whose draft vocabulary is the first draft_vocab_size target
+    tokens (d2t all zero)."""
+    return _random_init(Eagle3DraftModel(config, layer_idx), seed, std)
 
 
 def random_minimaxm3(
     config: MiniMaxM3Config, seed: int = 0, std: float = 0.02
 ) -> MiniMaxM3ForCausalLM:
     """A randomly initialised model (tests, and the starting point of training)."""
-    generator = torch.Generator().manual_seed(seed)
-    model = MiniMaxM3ForCausalLM(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
-    return model.eval()
+    return _random_init(MiniMaxM3ForCausalLM(config), seed, std)

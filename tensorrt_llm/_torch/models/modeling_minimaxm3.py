@@ -11,9 +11,8 @@ of chosen layers can be captured (``capture_layers``) for an Eagle3 drafter.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,11 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
     msa_paged_attention,
 )
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.models.config_utils import (
+    check_positive_ints,
+    known_kwargs,
+    read_config_json,
+)
 
 MODEL_TYPE = "minimax_m3"
 ARCHITECTURE = "MiniMaxM3ForCausalLM"
@@ -58,12 +62,7 @@ class MiniMaxM3Config:
     model_type: str = MODEL_TYPE
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (
-                not isinstance(value, int) or isinstance(value, bool) or value <= 0
-            ):
-                raise ValueError(f"config.json: {f.name}={value!r} must be a positive int")
+        check_positive_ints(self, "config.json")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"config.json: num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -87,14 +86,7 @@ class MiniMaxM3Config:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MiniMaxM3Config:
-        known = {f.name for f in fields(cls)}
-        required = [
-            f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
-        ]
-        missing = [name for name in required if name not in data]
-        if missing:
-            raise ValueError(f"config.json: missing key(s) {missing}")
-        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs = known_kwargs(cls, data, "config.json")
         sparse = kwargs.get("sparse_attention_config")
         if isinstance(sparse, dict):
             unknown = sorted(set(sparse) - {f.name for f in fields(MsaConfig)})
@@ -109,10 +101,7 @@ class MiniMaxM3Config:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> MiniMaxM3Config:
-        path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise ValueError(f"model={str(model_dir)!r}: no config.json there")
-        return cls.from_dict(json.loads(path.read_text()))
+        return cls.from_dict(read_config_json(model_dir, "model"))
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -14,9 +14,8 @@ cached like any layer's, under the layer id that follows the target's layers.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,11 @@ from torch import nn
 
 from tensorrt_llm._torch.attention_backend.reference import causal_attention, paged_attention
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.models.config_utils import (
+    check_positive_ints,
+    known_kwargs,
+    read_config_json,
+)
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3MLP, RMSNorm, apply_partial_rope
 
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -50,12 +54,7 @@ class Eagle3Config:
     architectures: tuple[str, ...] = field(default=(EAGLE3_ARCHITECTURE,))
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (
-                not isinstance(value, int) or isinstance(value, bool) or value <= 0
-            ):
-                raise ValueError(f"draft config.json: {f.name}={value!r} must be a positive int")
+        check_positive_ints(self, "draft config.json")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 "draft config.json: num_attention_heads must be a multiple of num_key_value_heads"
@@ -67,14 +66,7 @@ class Eagle3Config:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Eagle3Config:
-        known = {f.name for f in fields(cls)}
-        required = [
-            f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
-        ]
-        missing = [k for k in required if k not in data]
-        if missing:
-            raise ValueError(f"draft config.json: missing key(s) {missing}")
-        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs = known_kwargs(cls, data, "draft config.json")
         for key in ("architectures", "eagle3_layers_to_capture"):
             if kwargs.get(key) is not None:
                 kwargs[key] = tuple(kwargs[key])
@@ -82,10 +74,7 @@ class Eagle3Config:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> Eagle3Config:
-        path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise ValueError(f"speculative_model={str(model_dir)!r}: no config.json there")
-        return cls.from_dict(json.loads(path.read_text()))
+        return cls.from_dict(read_config_json(model_dir, "speculative_model"))
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
