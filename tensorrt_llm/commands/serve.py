@@ -1,0 +1,71 @@
+"""``trtllm-serve [MODEL] [--config options.yaml] [--host 127.0.0.1] [--port 8000]``.
+
+Serves an OpenAI-compatible API. With no MODEL, the bundled M3-tiny checkpoint is served with
+one-model Eagle3 (its bundled drafter) and the unified KV cache; ``--config`` is a YAML file of
+``LLM`` options (``kv_cache_config``, ``speculative_config``, ``max_batch_size`` ...), which
+replaces those defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tensorrt_llm.bundled import BUNDLED_DRAFT, bundled_target
+from tensorrt_llm.llmapi.llm_args import load_yaml_options
+
+
+def build_server(
+    model: str | None,
+    config: Path | None,
+    device: str = "auto",
+    served_model_name: str | None = None,
+):
+    from tensorrt_llm.llmapi import LLM
+    from tensorrt_llm.serve.openai_server import OpenAIServer
+
+    options = load_yaml_options(config) if config else {}
+    if model is None:
+        model = bundled_target()
+        options.setdefault(
+            "speculative_config",
+            {
+                "decoding_type": "Eagle3",
+                "max_draft_len": 3,
+                "speculative_model": str(BUNDLED_DRAFT),
+                "draft_kv_cache": "unified",
+            },
+        )
+    options.setdefault("device", device)
+    llm = LLM(model, **options)
+    return OpenAIServer(llm, served_model_name or Path(model).name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trtllm-serve", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "model", nargs="?", default=None, help="checkpoint directory (default: the bundled one)"
+    )
+    parser.add_argument("--config", type=Path, default=None, help="YAML file of LLM options")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--served-model-name", default=None)
+    args = parser.parse_args(argv)
+    try:
+        server = build_server(args.model, args.config, args.device, args.served_model_name)
+    except ValueError as exc:
+        print(f"trtllm-serve: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    try:
+        uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

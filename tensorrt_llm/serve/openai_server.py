@@ -1,0 +1,300 @@
+"""An OpenAI-compatible HTTP server over an ``LLM``: /v1/models, /v1/completions,
+/v1/chat/completions (streaming SSE or not), /health and /metrics (Prometheus text).
+
+Requests are batched continuously by an ``EngineLoop``. A client that disconnects mid-stream
+cancels its request, which frees its KV slots. Errors are OpenAI-style error objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.speculative import utils as spec_utils
+from tensorrt_llm.llmapi.engine_loop import EngineLoop
+from tensorrt_llm.llmapi.llm import LLM
+from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm.serve.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorInfo,
+    ErrorResponse,
+    new_id,
+    now,
+)
+
+
+class ServerError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+def error_response(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+    body = ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=status))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+@dataclass
+class Snapshot:
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    stop_reason: int | str | None
+    text_limit: int | None
+    avg_decoded_tokens_per_iter: float | None
+
+
+class OpenAIServer:
+    def __init__(self, llm: LLM, model_name: str) -> None:
+        self.llm = llm
+        self.model_name = model_name
+        self.engine = EngineLoop(llm.executor)
+        self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "errors": 0}
+        self.app = FastAPI(title="trtllm-serve")
+        self._routes()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    # ---- routes -------------------------------------------------------------------------------
+    def _routes(self) -> None:
+        app = self.app
+
+        @app.exception_handler(RequestValidationError)
+        async def _invalid(_: Request, exc: RequestValidationError):
+            first = exc.errors()[0] if exc.errors() else {}
+            param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+            return error_response(
+                400,
+                f"{param}: {first.get('msg', 'invalid request')}",
+                "invalid_request_error",
+                param,
+            )
+
+        @app.exception_handler(ServerError)
+        async def _server_error(_: Request, exc: ServerError):
+            return error_response(exc.status, exc.message, exc.kind, exc.param)
+
+        @app.get("/health")
+        async def health():
+            return {"status": "ok"}
+
+        @app.get("/v1/models")
+        async def models():
+            return {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": now(),
+                        "owned_by": "tensorrt_llm",
+                    }
+                ],
+            }
+
+        @app.get("/metrics")
+        async def metrics():
+            return PlainTextResponse(self._metrics(), media_type="text/plain; version=0.0.4")
+
+        @app.post("/v1/completions")
+        async def completions(body: CompletionRequest, request: Request):
+            prompt = body.prompt
+            token_ids = prompt if isinstance(prompt, list) else self.llm.tokenizer.encode(prompt)
+            return await self._serve(body, token_ids, request, chat=False)
+
+        @app.post("/v1/chat/completions")
+        async def chat(body: ChatCompletionRequest, request: Request):
+            text = self.llm.tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
+            return await self._serve(body, self.llm.tokenizer.encode(text), request, chat=True)
+
+    # ---- generation ---------------------------------------------------------------------------
+    def _params(self, body) -> SamplingParams:
+        if body.model is not None and body.model != self.model_name:
+            raise ServerError(
+                404,
+                f"model {body.model!r} does not exist; this server serves {self.model_name!r}",
+                "not_found_error",
+                "model",
+            )
+        try:
+            return SamplingParams(
+                max_tokens=body.max_tokens or body.max_completion_tokens or 128,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                seed=body.seed,
+                stop=body.stop,
+                ignore_eos=body.ignore_eos,
+            )
+        except ValueError as exc:
+            raise ServerError(400, str(exc)) from None
+
+    async def _serve(self, body, token_ids: list[int], request: Request, chat: bool):
+        params = self._params(body)
+        try:
+            llm_request, _ = self.llm._make_request(token_ids, params)
+        except (ValueError, TypeError) as exc:
+            raise ServerError(400, str(exc), param="prompt" if not chat else "messages") from None
+        self.counters["requests"] += 1
+        self.counters["prompt_tokens"] += len(token_ids)
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        updates = self._run(llm_request, request)
+        if body.stream:
+            return StreamingResponse(
+                self._sse(rid, updates, params, chat, len(token_ids), body),
+                media_type="text/event-stream",
+            )
+        last = None
+        async for snap in updates:
+            last = snap
+        if last.finish_reason == "error":
+            self.counters["errors"] += 1
+            raise ServerError(
+                400 if isinstance(last.stop_reason, str) else 500,
+                str(last.stop_reason or "generation failed"),
+                "server_error",
+            )
+        text = self._text(last)
+        self.counters["generation_tokens"] += len(last.token_ids)
+        choice = {
+            "index": 0,
+            "finish_reason": last.finish_reason,
+            "avg_decoded_tokens_per_iter": last.avg_decoded_tokens_per_iter,
+        }
+        choice.update(
+            {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+        )
+        usage = {
+            "prompt_tokens": len(token_ids),
+            "completion_tokens": len(last.token_ids),
+            "total_tokens": len(token_ids) + len(last.token_ids),
+        }
+        kind = "chat.completion" if chat else "text_completion"
+        return {
+            "id": rid,
+            "object": kind,
+            "created": now(),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": usage,
+        }
+
+    async def _run(self, llm_request: LlmRequest, request: Request) -> AsyncIterator[Snapshot]:
+        """Submit, then yield a snapshot after every step that touched the request. Leaving early
+        (a disconnected client, a cancelled task) cancels the request and frees its slots."""
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue[Snapshot] = asyncio.Queue()
+
+        def on_update(req: LlmRequest, finished: bool) -> None:
+            snap = Snapshot(
+                list(req.output_token_ids),
+                finished,
+                req.finish_reason,
+                req.stop_reason,
+                req.text_limit,
+                req.avg_decoded_tokens_per_iter,
+            )
+            loop.call_soon_threadsafe(updates.put_nowait, snap)
+
+        self.engine.submit(llm_request, on_update)
+        finished = False
+        try:
+            while not finished:
+                snap = await updates.get()
+                finished = snap.finished
+                yield snap
+        finally:
+            if not finished:
+                self.engine.cancel(llm_request.request_id)
+
+    def _text(self, snap: Snapshot) -> str:
+        tokens = snap.token_ids
+        if snap.finish_reason == "stop" and isinstance(snap.stop_reason, int):
+            tokens = tokens[:-1]
+        text = self.llm.tokenizer.decode(tokens)
+        return text if snap.text_limit is None else text[: snap.text_limit]
+
+    async def _sse(
+        self,
+        rid: str,
+        updates: AsyncIterator[Snapshot],
+        params: SamplingParams,
+        chat: bool,
+        num_prompt: int,
+        body,
+    ):
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        hold = (
+            max((len(s) for s in params.stop or []), default=1) - 1
+        )  # a stop string may still complete
+        sent = ""
+        first = True
+        async for snap in updates:
+            if snap.finish_reason == "error":
+                self.counters["errors"] += 1
+                yield f"data: {json.dumps(ErrorResponse(error=ErrorInfo(message=str(snap.stop_reason), type='server_error', code=500)).model_dump())}\n\n"
+                break
+            text = self._text(snap)
+            visible = text if snap.finished else text[: max(len(sent), len(text) - hold)]
+            delta, sent = visible[len(sent) :], visible
+            if not delta and not snap.finished and not first:
+                continue
+            choice = {"index": 0, "finish_reason": snap.finish_reason if snap.finished else None}
+            if chat:
+                choice["delta"] = ({"role": "assistant"} if first else {}) | (
+                    {"content": delta} if delta or not first else {}
+                )
+            else:
+                choice["text"] = delta
+            if snap.finished:
+                choice["avg_decoded_tokens_per_iter"] = snap.avg_decoded_tokens_per_iter
+                self.counters["generation_tokens"] += len(snap.token_ids)
+            first = False
+            yield f"data: {json.dumps({'id': rid, 'object': kind, 'created': now(), 'model': self.model_name, 'choices': [choice]})}\n\n"
+        yield "data: [DONE]\n\n"
+
+    # ---- metrics ------------------------------------------------------------------------------
+    def _metrics(self) -> str:
+        stats = self.llm.executor.stats
+        kv = self.llm.kv_cache_manager.get_kv_cache_stats()
+        mode = spec_utils._resolved_mode or (
+            "target only" if self.llm.executor.spec_worker is None else "unresolved"
+        )
+        lines = [
+            "# TYPE trtllm_requests_total counter",
+            f"trtllm_requests_total {self.counters['requests']}",
+            "# TYPE trtllm_request_errors_total counter",
+            f"trtllm_request_errors_total {self.counters['errors']}",
+            "# TYPE trtllm_prompt_tokens_total counter",
+            f"trtllm_prompt_tokens_total {self.counters['prompt_tokens']}",
+            "# TYPE trtllm_generation_tokens_total counter",
+            f"trtllm_generation_tokens_total {stats.num_generated_tokens}",
+            "# TYPE trtllm_acceptance_length gauge",
+            f"trtllm_acceptance_length {stats.avg_decoded_tokens_per_iter or 1.0}",
+            "# TYPE trtllm_kv_cache_slots gauge",
+            f'trtllm_kv_cache_slots{{state="free"}} {kv.num_free_slots}',
+            f'trtllm_kv_cache_slots{{state="used"}} {kv.num_used_slots}',
+            f'trtllm_kv_cache_slots{{state="cached"}} {kv.num_cached_slots}',
+            "# TYPE trtllm_prefix_reuse_hits_total counter",
+            f"trtllm_prefix_reuse_hits_total {kv.num_reused_blocks}",
+            "# TYPE trtllm_prefix_reused_tokens_total counter",
+            f"trtllm_prefix_reused_tokens_total {stats.num_reused_tokens}",
+            "# TYPE trtllm_draft_kv_mode gauge",
+            f'trtllm_draft_kv_mode{{mode="{mode}"}} 1',
+        ]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,107 @@
+"""A live trtllm-serve (bundled model, Eagle3 unified, CPU) driven by the openai client."""
+
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from tensorrt_llm.commands.serve import build_server
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = build_server(None, None, device="cpu")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uv = uvicorn.Server(uvicorn.Config(srv.app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not uv.started and time.time() < deadline:
+        time.sleep(0.05)
+    yield srv, f"http://127.0.0.1:{port}"
+    uv.should_exit = True
+    thread.join(timeout=10)
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[1] + "/v1", api_key="unused")
+
+
+QUESTION = "Ann has 58 cups. Ann gets 67 more cups. How many cups does Ann have now?"
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == ["target"]
+    assert httpx.get(server[1] + "/health").json() == {"status": "ok"}
+
+
+def test_chat_completion_streamed_equals_non_streamed(client):
+    messages = [{"role": "user", "content": QUESTION}]
+    whole = client.chat.completions.create(
+        model="target", messages=messages, temperature=0, max_tokens=80
+    )
+    text = whole.choices[0].message.content
+    assert text.endswith("The answer is 125.") and whole.choices[0].finish_reason == "stop"
+    assert whole.choices[0].model_extra["avg_decoded_tokens_per_iter"] > 2.0
+    chunks = client.chat.completions.create(
+        model="target", messages=messages, temperature=0, max_tokens=80, stream=True
+    )
+    pieces = [c.choices[0].delta.content or "" for c in chunks]
+    assert "".join(pieces) == text and len(pieces) > 2
+
+
+def test_completion_streamed_equals_non_streamed_with_a_stop_string(client):
+    prompt = f"<|user|>{QUESTION}<|end|><|assistant|>"
+    whole = client.completions.create(
+        model="target", prompt=prompt, temperature=0, max_tokens=80, stop=[", so"]
+    )
+    assert whole.choices[0].text == "58 + 67: 8 + 7 = 15, 5 + 6 + 1 = 12"
+    chunks = client.completions.create(
+        model="target", prompt=prompt, temperature=0, max_tokens=80, stop=[", so"], stream=True
+    )
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+
+
+def test_errors_are_openai_error_objects(server, client):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.completions.create(model="nope", prompt="hi", max_tokens=4)
+    assert "does not exist" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="target", prompt="hi", max_tokens=0)
+    assert info.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="target", prompt="x" * 5000, max_tokens=4)
+    assert "max_seq_len" in info.value.body["message"]
+    reply = httpx.post(server[1] + "/v1/chat/completions", json={"messages": [], "max_tokens": 4})
+    assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_disconnected_stream_frees_its_slots_and_metrics_report(server):
+    srv, url = server
+    with httpx.stream(
+        "POST",
+        url + "/v1/completions",
+        json={
+            "prompt": "<|user|>" + "Repeat the list. " * 3,
+            "max_tokens": 500,
+            "stream": True,
+            "ignore_eos": True,
+        },
+    ) as response:
+        for _ in response.iter_lines():
+            break  # leave after the first event
+    deadline = time.time() + 20
+    while time.time() < deadline and srv.llm.kv_cache_manager.get_kv_cache_stats().num_used_slots:
+        time.sleep(0.1)
+    assert srv.llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
+    text = httpx.get(url + "/metrics").text
+    assert 'trtllm_draft_kv_mode{mode="target manager\'s draft sub-page view"} 1' in text
+    assert "trtllm_acceptance_length" in text and 'trtllm_kv_cache_slots{state="used"} 0' in text
