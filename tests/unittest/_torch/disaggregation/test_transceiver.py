@@ -1,0 +1,129 @@
+"""Whole slots over NIXL (UCX, DRAM) between two managers: the drafter's sub-pages travel in the
+same descriptors in unified mode, stay behind in separate mode; an incompatible peer is refused."""
+
+import json
+
+import pytest
+import torch
+
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
+    MiniMaxM3KVCacheManagerV2,
+)
+from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
+from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
+from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig
+
+pytest.importorskip("nixl")
+EAGLE = Eagle3DecodingConfig(max_draft_len=3)
+PROMPT = list(range(300))
+
+
+def unified(draft_heads=4):
+    return MiniMaxM3KVCacheManagerV2(
+        KvCacheConfig(max_tokens=128 * 8),
+        num_layers=2,
+        num_kv_heads=[2, 2, draft_heads],
+        head_dim=8,
+        tokens_per_block=128,
+        max_seq_len=1024,
+        max_batch_size=2,
+        dtype=torch.float16,
+        spec_config=EAGLE,
+        sparse_layer_ids=[1],
+        index_head_dim=8,
+        num_one_model_draft_layers=1,
+    )
+
+
+def prefilled(manager, seed):
+    manager.add_sequence(0, PROMPT)
+    assert manager.resize_sequence(0, len(PROMPT))
+    for pool in manager.pools:
+        pool.view(torch.float16).normal_(generator=torch.Generator().manual_seed(seed))
+    return manager
+
+
+def test_unified_slots_move_whole_with_the_drafters_subpages():
+    ctx = prefilled(unified(), seed=1)
+    gen = unified()
+    gen.impl._pool._free.rotate(-3)  # different slot ids on the two sides
+    gen.add_sequence(0, PROMPT)
+    assert gen.resize_sequence(0, len(PROMPT))
+    sender, receiver = (
+        KvCacheTransceiver(ctx, "ctx-unified"),
+        KvCacheTransceiver(gen, "gen-unified"),
+    )
+    params = json.loads(json.dumps(sender.export(0)))  # the control plane is JSON
+    moved = receiver.pull(0, params, num_blocks=3)
+    assert moved == 3 * gen.slot_bytes()
+    src, dst = ctx.get_batch_cache_indices([0])[0], gen.get_batch_cache_indices([0])[0]
+    assert src != dst
+    assert torch.equal(gen.pools[0][dst], ctx.pools[0][src])
+    draft = ctx.local_draft_layer_ids[0]
+    assert torch.equal(
+        gen.get_buffers(draft)[dst], ctx.get_buffers(draft)[src]
+    )  # drafter KV arrived
+    assert torch.equal(gen.get_index_k_buffers(1)[dst], ctx.get_index_k_buffers(1)[src])
+    assert sender.pulled_requests() == ["pulled:0"]
+
+
+def test_an_incompatible_peer_is_refused_with_the_difference():
+    ctx = prefilled(unified(draft_heads=4), seed=2)
+    gen = unified(draft_heads=2)
+    gen.add_sequence(0, PROMPT)
+    gen.resize_sequence(0, len(PROMPT))
+    receiver = KvCacheTransceiver(gen, "gen-mismatch")
+    with pytest.raises(
+        ValueError, match="incompatible KV cache layout on peer 'ctx-mismatch': pools"
+    ):
+        receiver.pull(0, KvCacheTransceiver(ctx, "ctx-mismatch").export(0), num_blocks=3)
+
+
+def test_separate_mode_moves_the_target_only():
+    def managers(seed=None):
+        common = dict(
+            num_layers=2,
+            num_kv_heads=[2, 2, 4],
+            head_dim=8,
+            tokens_per_block=128,
+            max_seq_len=1024,
+            max_batch_size=2,
+            dtype=torch.float16,
+            spec_config=EAGLE,
+        )
+        target = MiniMaxM3KVCacheManagerV2(
+            KvCacheConfig(max_tokens=1024),
+            layer_mask=[True, True, False],
+            sparse_layer_ids=[1],
+            index_head_dim=8,
+            num_one_model_draft_layers=1,
+            **common,
+        )
+        draft = KVCacheManagerV2(
+            KvCacheConfig(max_tokens=1024, enable_block_reuse=False),
+            is_draft=True,
+            layer_mask=[False, False, True],
+            **common,
+        )
+        for m in (target, draft):
+            m.add_sequence(0, PROMPT)
+            m.resize_sequence(0, len(PROMPT))
+            if seed is not None:
+                m.pools[0].view(torch.float16).normal_(
+                    generator=torch.Generator().manual_seed(seed)
+                )
+        return target, draft
+
+    ctx_target, ctx_draft = managers(seed=3)
+    gen_target, gen_draft = managers()
+    sender, receiver = (
+        KvCacheTransceiver(ctx_target, "ctx-sep"),
+        KvCacheTransceiver(gen_target, "gen-sep"),
+    )
+    receiver.pull(0, sender.export(0), num_blocks=3)
+    slots = gen_target.get_batch_cache_indices([0])[0]
+    assert torch.equal(
+        gen_target.pools[0][slots], ctx_target.pools[0][ctx_target.get_batch_cache_indices([0])[0]]
+    )
+    draft_slots = gen_draft.get_batch_cache_indices([0])[0]
+    assert not gen_draft.pools[0][draft_slots].any()  # nothing moved the separate drafter's KV
