@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import math
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +86,14 @@ class LLM:
             detokenize=self.tokenizer.decode,
         )
         self.kv_cache_manager = self.executor.kv_cache_manager
+        self.transceiver = None
+        if args.cache_transceiver_config is not None:
+            from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
+
+            self.executor.transfer_timeout_s = args.cache_transceiver_config.transfer_timeout_s
+            self.transceiver = KvCacheTransceiver(
+                self.kv_cache_manager, f"trtllm-{uuid.uuid4().hex[:12]}"
+            )
         self._ids = itertools.count()
         logger.info(
             "LLM ready: %s on %s (%s), %d KV slots of %d tokens",
@@ -146,6 +156,99 @@ class LLM:
             self.executor.step()
         outputs = [self._output(request, text) for request, text in made]
         return outputs[0] if single else outputs
+
+    # ---- disaggregated serving ------------------------------------------------------------------
+    def _require_transceiver(self):
+        if self.transceiver is None:
+            raise ValueError("disaggregated serving needs cache_transceiver_config (backend: NIXL)")
+        return self.transceiver
+
+    def generate_context_only(
+        self, inputs: list[PromptInputs], sampling_params: SamplingParams | None = None
+    ) -> list[dict]:
+        """Prefill each prompt (target and drafter KV, first token, first drafts) and keep its KV
+        for a generation server; returns the JSON ``disaggregated_params`` per prompt."""
+        transceiver = self._require_transceiver()
+        made = [self._make_request(p, sampling_params or SamplingParams()) for p in inputs]
+        for request, _ in made:
+            request.context_only = True
+            self.executor.enqueue_request(request)
+        while self.executor.has_work:
+            self.executor.step()
+        params = []
+        for request, _ in made:
+            if (
+                request.finish_reason != "context_done"
+            ):  # finished outright (EOS, max_tokens=1, error)
+                params.append(
+                    {
+                        "request_type": "finished",
+                        "output_token_ids": request.output_token_ids,
+                        "finish_reason": request.finish_reason,
+                    }
+                )
+                continue
+            params.append(
+                {
+                    "request_type": "context_only",
+                    "prompt_token_ids": request.prompt_token_ids,
+                    "first_token": request.output_token_ids[0],
+                    "draft_tokens": list(request.py_draft_tokens),
+                    **transceiver.export(request.request_id),
+                }
+            )
+        return params
+
+    def release_pulled(self) -> int:
+        """Free context-only requests whose KV a generation server has pulled (or timed out)."""
+        pulled = [
+            int(m.split(":", 1)[1])
+            for m in self._require_transceiver().pulled_requests()
+            if m.startswith("pulled:")
+        ]
+        return self.executor.release_transferred(pulled)
+
+    def generate_from_context(
+        self, disaggregated_params: list[dict], sampling_params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        """Decode requests whose prompt was prefilled by a context server: pull their KV over NIXL
+        (only the blocks not already in this server's prefix cache), then generate."""
+        transceiver = self._require_transceiver()
+        params = sampling_params or SamplingParams()
+        made = []
+        for ctx in disaggregated_params:
+            request, _ = self._make_request(list(ctx["prompt_token_ids"]), params)
+            request.output_token_ids = [ctx["first_token"]]
+            request.py_draft_tokens = list(ctx["draft_tokens"])
+
+            def load_kv(req: LlmRequest, ctx=ctx) -> int:
+                transceiver.check_peer(ctx)
+                tpb = self.kv_cache_manager.tokens_per_block
+                reused = 0
+                for manager in self.executor.resource_manager.resource_managers.values():
+                    got = manager.add_sequence(req.request_id, req.prompt_token_ids, req.cache_salt)
+                    reused = got if manager is self.kv_cache_manager else reused
+                    if not manager.resize_sequence(req.request_id, req.prompt_len):
+                        raise ValueError(
+                            f"request {req.request_id}: no KV slots for its {req.prompt_len}-token prompt"
+                        )
+                req.num_reused_tokens = reused
+                transceiver.pull(
+                    req.request_id, ctx, math.ceil(req.prompt_len / tpb), start_block=reused // tpb
+                )
+                return req.prompt_len - reused
+
+            self.executor.enqueue_generation_only(request, load_kv)
+            self._check_first_token(request)
+            made.append(request)
+        while self.executor.has_work:
+            self.executor.step()
+        return [self._output(r, None) for r in made]
+
+    def _check_first_token(self, request: LlmRequest) -> None:
+        self.executor._check_stop(request, request.output_token_ids[-1])
+        if request.is_finished:
+            self.executor._release(request)
 
     def _output(self, request: LlmRequest, prompt: str | None) -> RequestOutput:
         tokens = list(request.output_token_ids)

@@ -55,6 +55,13 @@ class Eagle3DecodingConfig(StrictBaseModel):
     draft_kv_cache: Literal["unified", "separate"] = "unified"
 
 
+class CacheTransceiverConfig(StrictBaseModel):
+    """Makes a server a context or generation server of a disaggregated deployment."""
+
+    backend: Literal["NIXL"] = "NIXL"
+    transfer_timeout_s: float = Field(default=60.0, gt=0)
+
+
 class TorchLlmArgs(StrictBaseModel):
     """Everything ``LLM(...)`` accepts; the same keys load from a YAML options file."""
 
@@ -69,6 +76,7 @@ class TorchLlmArgs(StrictBaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     enable_chunked_prefill: bool = True
     speculative_config: Eagle3DecodingConfig | None = None
+    cache_transceiver_config: CacheTransceiverConfig | None = None
 
     @classmethod
     def from_kwargs(cls, extra_llm_api_options: str | Path | None = None, **kwargs) -> TorchLlmArgs:

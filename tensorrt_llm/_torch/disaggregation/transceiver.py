@@ -68,6 +68,7 @@ class KvCacheTransceiver:
     def export(self, request_id: int) -> dict:
         """What a generation server needs to pull ``request_id``'s slots (JSON-serialisable)."""
         return {
+            "request_id": request_id,
             "agent": self.name,
             "agent_metadata": base64.b64encode(self.agent.get_agent_metadata()).decode(),
             "fingerprint": self.fingerprint,

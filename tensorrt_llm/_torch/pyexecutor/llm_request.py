@@ -47,6 +47,9 @@ class LlmRequest:
     py_draft_probs: list[torch.Tensor] = field(default_factory=list)  # q of each draft, if sampled
     generator: torch.Generator | None = None
     py_generation_logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] per token
+    # Disaggregated serving: a context-only request stops after its prompt (first token and first
+    # drafts made) and keeps its KV for a generation server to pull.
+    context_only: bool = False
 
     def __post_init__(self) -> None:
         if self.sampling_params.seed is not None:

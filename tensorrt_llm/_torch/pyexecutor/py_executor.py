@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ class ExecutorStats:
     num_generated_tokens: int = 0
     num_decode_iterations: int = 0
     num_accepted_draft_tokens: int = 0
+    num_transferred_tokens: int = 0  # prompt tokens whose KV a generation-only request pulled
 
     @property
     def avg_decoded_tokens_per_iter(self) -> float | None:
@@ -53,6 +55,8 @@ class PyExecutor:
         self.max_seq_len = max_seq_len
         self.detokenize = detokenize
         self.active: list[LlmRequest] = []
+        self.held_for_transfer: dict[int, tuple[LlmRequest, float]] = {}
+        self.transfer_timeout_s = 60.0
         self._admitted: set[int] = set()
         self.stats = ExecutorStats()
 
@@ -90,6 +94,38 @@ class PyExecutor:
                 return True
         return False
 
+    def release_transferred(self, request_ids: list[int] | None = None) -> int:
+        """Free context-only requests that were pulled (``request_ids``) or waited past the
+        transfer timeout. Returns how many were freed."""
+        now = time.monotonic()
+        done = [
+            rid
+            for rid, (_, deadline) in self.held_for_transfer.items()
+            if deadline < now or rid in (request_ids or ())
+        ]
+        for rid in done:
+            req, _ = self.held_for_transfer.pop(rid)
+            self.resource_manager.free_resources(req)
+        return len(done)
+
+    def enqueue_generation_only(
+        self, request: LlmRequest, load_kv: Callable[[LlmRequest], int]
+    ) -> None:
+        """Start a request at its first generation step: its prompt's KV comes from ``load_kv``
+        (which allocates and fills the slots, and returns the prompt tokens it did not compute), its
+        first token and drafts from the context server. No prefill runs here."""
+        self.enqueue_request(request)
+        self.active.remove(request)
+        try:
+            self.stats.num_transferred_tokens += load_kv(request)
+        except Exception:
+            self.resource_manager.free_resources(request)
+            raise
+        request.context_current_position = request.prompt_len
+        request.state = LlmRequestState.GENERATION_IN_PROGRESS
+        self._admitted.add(request.request_id)
+        self.active.append(request)
+
     def step(self) -> list[LlmRequest]:
         """Run one iteration; returns the requests that finished in it (already freed)."""
         batch = self.scheduler.schedule(self.active, self._admitted)
@@ -115,6 +151,15 @@ class PyExecutor:
         return finished
 
     def _release(self, req: LlmRequest) -> None:
+        if req.finish_reason == "context_done":  # its KV waits for a generation server's pull
+            self.held_for_transfer[req.request_id] = (
+                req,
+                time.monotonic() + self.transfer_timeout_s,
+            )
+            self._admitted.discard(req.request_id)
+            if req in self.active:
+                self.active.remove(req)
+            return
         self.resource_manager.free_resources(req)
         self._admitted.discard(req.request_id)
         if req in self.active:
@@ -162,6 +207,8 @@ class PyExecutor:
                 if req.is_finished:
                     break
             req.py_draft_tokens = [] if req.is_finished else step.next_drafts[i]
+            if req.context_only and not req.is_finished:
+                req.finish("context_done")
 
     def _check_stop(self, req: LlmRequest, token: int) -> None:
         params = req.sampling_params

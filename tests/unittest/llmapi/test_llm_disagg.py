@@ -1,0 +1,62 @@
+"""Disaggregated context -> generation in one process (two LLMs, two NIXL agents over UCX): the
+generation side pulls the prompt's slots, runs no prefill, and decodes what the aggregated LLM
+decodes; the drafter's KV travels in unified mode (AL kept) and not in separate mode (AL drops)."""
+
+import random
+
+import pytest
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm.bundled import BUNDLED_DRAFT
+from tensorrt_llm.evaluate.tasks import gsm8k_tiny
+from tensorrt_llm.llmapi.llm_args import CacheTransceiverConfig, Eagle3DecodingConfig, KvCacheConfig
+
+pytest.importorskip("nixl")
+GREEDY = SamplingParams(max_tokens=100)
+
+
+def make(mode, disagg):
+    return LLM(
+        device="cpu",
+        max_batch_size=16,
+        kv_cache_config=KvCacheConfig(max_tokens=65536),
+        speculative_config=Eagle3DecodingConfig(
+            max_draft_len=3, speculative_model=str(BUNDLED_DRAFT), draft_kv_cache=mode
+        ),
+        cache_transceiver_config=CacheTransceiverConfig() if disagg else None,
+    )
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = random.Random(5)
+    llm = make("unified", False)
+    return [llm.tokenizer.apply_chat_template(gsm8k_tiny(rng)[0][:1]) for _ in range(12)]
+
+
+def al(outputs):
+    return sum(o.outputs[0].avg_decoded_tokens_per_iter for o in outputs) / len(outputs)
+
+
+@pytest.mark.parametrize("mode", ["unified", "separate"])
+def test_generation_server_decodes_what_the_aggregated_llm_decodes(prompts, mode):
+    aggregated = make(mode, False).generate(prompts, GREEDY)
+    ctx, gen = make(mode, True), make(mode, True)
+    params = ctx.generate_context_only(prompts, GREEDY)
+    assert all(p["request_type"] == "context_only" for p in params)
+    outputs = gen.generate_from_context(params, GREEDY)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in aggregated]
+    assert gen.executor.stats.num_context_tokens_computed == 0  # no prefill on the generation side
+    assert gen.executor.stats.num_transferred_tokens == sum(
+        len(p["prompt_token_ids"]) for p in params
+    )
+    assert ctx.release_pulled() == len(prompts)
+    for llm in (ctx, gen):
+        assert llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
+        llm.kv_cache_manager.check_integrity()
+    if mode == "unified":
+        assert abs(al(outputs) - al(aggregated)) <= 0.05
+    else:
+        assert (
+            al(outputs) < al(aggregated) - 0.1
+        )  # the drafter's prompt KV stayed on the context side
