@@ -42,7 +42,37 @@ def build_server(
     return OpenAIServer(llm, served_model_name or Path(model).name)
 
 
+def serve_disaggregated(argv: list[str]) -> int:
+    """``trtllm-serve disaggregated -c disagg.yaml``: the router in front of context and generation
+    servers (each a ``trtllm-serve`` whose options hold ``cache_transceiver_config``)."""
+    from tensorrt_llm.serve.router import DisaggRouter, load_disagg_config
+
+    parser = argparse.ArgumentParser(
+        prog="trtllm-serve disaggregated", description=serve_disaggregated.__doc__.splitlines()[0]
+    )
+    parser.add_argument("-c", "--config", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        config = load_disagg_config(args.config)
+    except ValueError as exc:
+        print(f"trtllm-serve: {exc}", file=sys.stderr)
+        return 2
+    router = DisaggRouter(config["context_servers"]["urls"], config["generation_servers"]["urls"])
+    import uvicorn
+
+    uvicorn.run(
+        router.app,
+        host=config.get("hostname", "127.0.0.1"),
+        port=int(config.get("port", 8000)),
+        log_level="warning",
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["disaggregated"]:
+        return serve_disaggregated(argv[1:])
     parser = argparse.ArgumentParser(prog="trtllm-serve", description=__doc__.splitlines()[0])
     parser.add_argument(
         "model", nargs="?", default=None, help="checkpoint directory (default: the bundled one)"

@@ -22,8 +22,11 @@ Update = Callable[[LlmRequest, bool], None]
 
 
 class EngineLoop:
-    def __init__(self, executor: PyExecutor) -> None:
+    def __init__(
+        self, executor: PyExecutor, housekeeping: Callable[[], object] | None = None
+    ) -> None:
         self.executor = executor
+        self._housekeeping = housekeeping  # run every iteration (e.g. releasing pulled KV)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._watchers: dict[int, tuple[LlmRequest, Update]] = {}
         self._stop = threading.Event()
@@ -33,6 +36,12 @@ class EngineLoop:
     def submit(self, request: LlmRequest, on_update: Update) -> None:
         """Queue a validated request; ``on_update(request, finished)`` follows its progress."""
         self._commands.put(("submit", request, on_update))
+
+    def submit_generation_only(
+        self, request: LlmRequest, load_kv: Callable[[LlmRequest], int], on_update: Update
+    ) -> None:
+        """Queue a request whose prompt KV ``load_kv`` pulls from a context server."""
+        self._commands.put(("generation_only", (request, load_kv), on_update))
 
     def cancel(self, request_id: int) -> None:
         self._commands.put(("cancel", request_id, None))
@@ -57,6 +66,11 @@ class EngineLoop:
                     command = None
             if self.executor.has_work:
                 self._step()
+            if self._housekeeping is not None:
+                try:
+                    self._housekeeping()
+                except Exception:
+                    logger.error("engine housekeeping failed:\n%s", traceback.format_exc())
 
     def _apply(self, command) -> None:
         kind, payload, callback = command
@@ -68,6 +82,15 @@ class EngineLoop:
                 callback(payload, True)
                 return
             self._watchers[payload.request_id] = (payload, callback)
+        elif kind == "generation_only":
+            request, load_kv = payload
+            try:
+                self.executor.enqueue_generation_only(request, load_kv)
+            except Exception as exc:  # a bad peer or no slots: this request ends, the loop goes on
+                request.finish("error", str(exc))
+                callback(request, True)
+                return
+            self._watchers[request.request_id] = (request, callback)
         elif kind == "cancel" and payload in self._watchers:
             self.executor.cancel_request(payload)
             self._notify(payload, finished=True)

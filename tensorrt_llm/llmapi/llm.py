@@ -168,36 +168,30 @@ class LLM:
     ) -> list[dict]:
         """Prefill each prompt (target and drafter KV, first token, first drafts) and keep its KV
         for a generation server; returns the JSON ``disaggregated_params`` per prompt."""
-        transceiver = self._require_transceiver()
-        made = [self._make_request(p, sampling_params or SamplingParams()) for p in inputs]
-        for request, _ in made:
+        self._require_transceiver()
+        made = [self._make_request(p, sampling_params or SamplingParams())[0] for p in inputs]
+        for request in made:
             request.context_only = True
             self.executor.enqueue_request(request)
         while self.executor.has_work:
             self.executor.step()
-        params = []
-        for request, _ in made:
-            if (
-                request.finish_reason != "context_done"
-            ):  # finished outright (EOS, max_tokens=1, error)
-                params.append(
-                    {
-                        "request_type": "finished",
-                        "output_token_ids": request.output_token_ids,
-                        "finish_reason": request.finish_reason,
-                    }
-                )
-                continue
-            params.append(
-                {
-                    "request_type": "context_only",
-                    "prompt_token_ids": request.prompt_token_ids,
-                    "first_token": request.output_token_ids[0],
-                    "draft_tokens": list(request.py_draft_tokens),
-                    **transceiver.export(request.request_id),
-                }
-            )
-        return params
+        return [self.context_result(request) for request in made]
+
+    def context_result(self, request: LlmRequest) -> dict:
+        """The ``disaggregated_params`` of a context-only request that ran (JSON-serialisable)."""
+        if request.finish_reason != "context_done":  # it ended outright (EOS at once, an error)
+            return {
+                "request_type": "finished",
+                "output_token_ids": request.output_token_ids,
+                "finish_reason": request.finish_reason,
+            }
+        return {
+            "request_type": "context_only",
+            "prompt_token_ids": request.prompt_token_ids,
+            "first_token": request.output_token_ids[0],
+            "draft_tokens": list(request.py_draft_tokens),
+            **self._require_transceiver().export(request.request_id),
+        }
 
     def release_pulled(self) -> int:
         """Free context-only requests whose KV a generation server has pulled (or timed out)."""
@@ -208,47 +202,53 @@ class LLM:
         ]
         return self.executor.release_transferred(pulled)
 
+    def generation_only_request(self, ctx: dict, params: SamplingParams):
+        """A request resuming after a context server's prefill, and the function that loads its
+        prompt KV: allocate slots in every KV manager, then pull over NIXL the blocks not already in
+        this server's prefix cache. Returns ``(request, load_kv)``."""
+        transceiver = self._require_transceiver()
+        if ctx.get("request_type") not in ("context_only", "generation_only"):
+            raise ValueError(
+                f"disaggregated_params.request_type={ctx.get('request_type')!r}: expected a context server's "
+                "'context_only' result (sent as 'generation_only')"
+            )
+        request, _ = self._make_request(list(ctx["prompt_token_ids"]), params)
+        request.output_token_ids = [int(ctx["first_token"])]
+        request.py_draft_tokens = [int(t) for t in ctx["draft_tokens"]]
+
+        def load_kv(req: LlmRequest) -> int:
+            transceiver.check_peer(ctx)
+            tpb = self.kv_cache_manager.tokens_per_block
+            reused = 0
+            for manager in self.executor.resource_manager.resource_managers.values():
+                got = manager.add_sequence(req.request_id, req.prompt_token_ids, req.cache_salt)
+                reused = got if manager is self.kv_cache_manager else reused
+                if not manager.resize_sequence(req.request_id, req.prompt_len):
+                    raise ValueError(
+                        f"request {req.request_id}: no KV slots for its {req.prompt_len}-token prompt"
+                    )
+            req.num_reused_tokens = reused
+            transceiver.pull(
+                req.request_id, ctx, math.ceil(req.prompt_len / tpb), start_block=reused // tpb
+            )
+            return req.prompt_len - reused
+
+        return request, load_kv
+
     def generate_from_context(
         self, disaggregated_params: list[dict], sampling_params: SamplingParams | None = None
     ) -> list[RequestOutput]:
-        """Decode requests whose prompt was prefilled by a context server: pull their KV over NIXL
-        (only the blocks not already in this server's prefix cache), then generate."""
-        transceiver = self._require_transceiver()
-        params = sampling_params or SamplingParams()
+        """Decode requests whose prompts a context server prefilled (see ``generation_only_request``)."""
         made = []
         for ctx in disaggregated_params:
-            request, _ = self._make_request(list(ctx["prompt_token_ids"]), params)
-            request.output_token_ids = [ctx["first_token"]]
-            request.py_draft_tokens = list(ctx["draft_tokens"])
-
-            def load_kv(req: LlmRequest, ctx=ctx) -> int:
-                transceiver.check_peer(ctx)
-                tpb = self.kv_cache_manager.tokens_per_block
-                reused = 0
-                for manager in self.executor.resource_manager.resource_managers.values():
-                    got = manager.add_sequence(req.request_id, req.prompt_token_ids, req.cache_salt)
-                    reused = got if manager is self.kv_cache_manager else reused
-                    if not manager.resize_sequence(req.request_id, req.prompt_len):
-                        raise ValueError(
-                            f"request {req.request_id}: no KV slots for its {req.prompt_len}-token prompt"
-                        )
-                req.num_reused_tokens = reused
-                transceiver.pull(
-                    req.request_id, ctx, math.ceil(req.prompt_len / tpb), start_block=reused // tpb
-                )
-                return req.prompt_len - reused
-
+            request, load_kv = self.generation_only_request(
+                ctx, sampling_params or SamplingParams()
+            )
             self.executor.enqueue_generation_only(request, load_kv)
-            self._check_first_token(request)
             made.append(request)
         while self.executor.has_work:
             self.executor.step()
         return [self._output(r, None) for r in made]
-
-    def _check_first_token(self, request: LlmRequest) -> None:
-        self.executor._check_stop(request, request.output_token_ids[-1])
-        if request.is_finished:
-            self.executor._release(request)
 
     def _output(self, request: LlmRequest, prompt: str | None) -> RequestOutput:
         tokens = list(request.output_token_ids)

@@ -27,6 +27,9 @@ class _SamplingFields(OpenAIBaseModel):
     n: int = Field(default=1, ge=1, le=1)
     user: str | None = None
     ignore_eos: bool = False
+    # Disaggregated serving: {"request_type": "context_only"} asks a context server to prefill and
+    # keep the KV; a generation server gets the context server's result as "generation_only".
+    disaggregated_params: dict | None = None
 
 
 class CompletionRequest(_SamplingFields):

@@ -56,13 +56,16 @@ class Snapshot:
     stop_reason: int | str | None
     text_limit: int | None
     avg_decoded_tokens_per_iter: float | None
+    disaggregated_params: dict | None = None
 
 
 class OpenAIServer:
     def __init__(self, llm: LLM, model_name: str) -> None:
         self.llm = llm
         self.model_name = model_name
-        self.engine = EngineLoop(llm.executor)
+        self.engine = EngineLoop(
+            llm.executor, llm.release_pulled if llm.transceiver is not None else None
+        )
         self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "errors": 0}
         self.app = FastAPI(title="trtllm-serve")
         self._routes()
@@ -146,14 +149,37 @@ class OpenAIServer:
 
     async def _serve(self, body, token_ids: list[int], request: Request, chat: bool):
         params = self._params(body)
+        disagg = body.disaggregated_params
+        if disagg is not None and self.llm.transceiver is None:
+            raise ServerError(
+                400,
+                "this server has no cache_transceiver_config; it cannot serve disaggregated requests",
+                param="disaggregated_params",
+            )
+        load_kv = None
         try:
-            llm_request, _ = self.llm._make_request(token_ids, params)
-        except (ValueError, TypeError) as exc:
-            raise ServerError(400, str(exc), param="prompt" if not chat else "messages") from None
+            if disagg is not None and disagg.get("request_type") == "generation_only":
+                llm_request, load_kv = self.llm.generation_only_request(disagg, params)
+                token_ids = llm_request.prompt_token_ids
+            else:
+                llm_request, _ = self.llm._make_request(token_ids, params)
+                if disagg is not None:
+                    if disagg.get("request_type") != "context_only":
+                        raise ValueError(
+                            f"disaggregated_params.request_type={disagg.get('request_type')!r}"
+                        )
+                    llm_request.context_only = True
+                    body.stream = False  # a context server answers once, with the KV handle
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ServerError(
+                400,
+                str(exc),
+                param="disaggregated_params" if disagg else ("messages" if chat else "prompt"),
+            ) from None
         self.counters["requests"] += 1
         self.counters["prompt_tokens"] += len(token_ids)
         rid = new_id("chatcmpl" if chat else "cmpl")
-        updates = self._run(llm_request, request)
+        updates = self._run(llm_request, request, load_kv)
         if body.stream:
             return StreamingResponse(
                 self._sse(rid, updates, params, chat, len(token_ids), body),
@@ -185,7 +211,7 @@ class OpenAIServer:
             "total_tokens": len(token_ids) + len(last.token_ids),
         }
         kind = "chat.completion" if chat else "text_completion"
-        return {
+        reply = {
             "id": rid,
             "object": kind,
             "created": now(),
@@ -193,14 +219,20 @@ class OpenAIServer:
             "choices": [choice],
             "usage": usage,
         }
+        if last.disaggregated_params is not None:
+            reply["disaggregated_params"] = last.disaggregated_params
+        return reply
 
-    async def _run(self, llm_request: LlmRequest, request: Request) -> AsyncIterator[Snapshot]:
+    async def _run(
+        self, llm_request: LlmRequest, request: Request, load_kv=None
+    ) -> AsyncIterator[Snapshot]:
         """Submit, then yield a snapshot after every step that touched the request. Leaving early
         (a disconnected client, a cancelled task) cancels the request and frees its slots."""
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue[Snapshot] = asyncio.Queue()
 
-        def on_update(req: LlmRequest, finished: bool) -> None:
+        def on_update(req: LlmRequest, finished: bool) -> None:  # on the engine thread
+            handle = self.llm.context_result(req) if finished and req.context_only else None
             snap = Snapshot(
                 list(req.output_token_ids),
                 finished,
@@ -208,10 +240,14 @@ class OpenAIServer:
                 req.stop_reason,
                 req.text_limit,
                 req.avg_decoded_tokens_per_iter,
+                handle,
             )
             loop.call_soon_threadsafe(updates.put_nowait, snap)
 
-        self.engine.submit(llm_request, on_update)
+        if load_kv is None:
+            self.engine.submit(llm_request, on_update)
+        else:
+            self.engine.submit_generation_only(llm_request, load_kv, on_update)
         finished = False
         try:
             while not finished:
@@ -294,6 +330,12 @@ class OpenAIServer:
             f"trtllm_prefix_reuse_hits_total {kv.num_reused_blocks}",
             "# TYPE trtllm_prefix_reused_tokens_total counter",
             f"trtllm_prefix_reused_tokens_total {stats.num_reused_tokens}",
+            "# TYPE trtllm_context_tokens_computed_total counter",
+            f"trtllm_context_tokens_computed_total {stats.num_context_tokens_computed}",
+            "# TYPE trtllm_transferred_tokens_total counter",
+            f"trtllm_transferred_tokens_total {stats.num_transferred_tokens}",
+            "# TYPE trtllm_held_for_transfer gauge",
+            f"trtllm_held_for_transfer {len(self.llm.executor.held_for_transfer)}",
             "# TYPE trtllm_draft_kv_mode gauge",
             f'trtllm_draft_kv_mode{{mode="{mode}"}} 1',
         ]

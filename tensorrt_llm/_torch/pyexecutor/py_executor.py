@@ -125,6 +125,11 @@ class PyExecutor:
         request.state = LlmRequestState.GENERATION_IN_PROGRESS
         self._admitted.add(request.request_id)
         self.active.append(request)
+        self._check_stop(
+            request, request.output_token_ids[-1]
+        )  # the context server's token may end it
+        if request.is_finished:
+            self._release(request)
 
     def step(self) -> list[LlmRequest]:
         """Run one iteration; returns the requests that finished in it (already freed)."""

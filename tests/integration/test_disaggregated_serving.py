@@ -1,0 +1,119 @@
+"""Three processes on loopback: a router, a context server and a generation server (NIXL over UCX,
+DRAM), against an aggregated server, all on the bundled model with Eagle3 and the unified cache."""
+
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+pytest.importorskip("nixl")
+pytestmark = pytest.mark.slow
+QUESTIONS = [
+    "Ann has 58 cups. Ann gets 67 more cups. How many cups does Ann have now?",
+    "Ben has 93 pens. Ben gives away 45 pens. How many pens does Ben have left?",
+    "Remember this list: red moon 4821 fish gold",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not become healthy")
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("disagg")
+    (tmp / "worker.yaml").write_text(
+        "cache_transceiver_config:\n  backend: NIXL\nkv_cache_config:\n  max_tokens: 65536\n"
+    )
+    ports = {name: free_port() for name in ("ctx", "gen", "router", "agg")}
+    (tmp / "disagg.yaml").write_text(
+        f"hostname: 127.0.0.1\nport: {ports['router']}\n"
+        f"context_servers:\n  urls: ['127.0.0.1:{ports['ctx']}']\n"
+        f"generation_servers:\n  urls: ['127.0.0.1:{ports['gen']}']\n"
+    )
+    serve = [sys.executable, "-m", "tensorrt_llm.commands.serve"]
+    commands = {
+        "ctx": serve
+        + ["--config", str(tmp / "worker.yaml"), "--device", "cpu", "--port", str(ports["ctx"])],
+        "gen": serve
+        + ["--config", str(tmp / "worker.yaml"), "--device", "cpu", "--port", str(ports["gen"])],
+        "agg": serve + ["--device", "cpu", "--port", str(ports["agg"])],
+        "router": serve + ["disaggregated", "-c", str(tmp / "disagg.yaml")],
+    }
+    procs = {
+        n: subprocess.Popen(c, stdout=open(tmp / f"{n}.log", "w"), stderr=subprocess.STDOUT)
+        for n, c in commands.items()
+    }
+    urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
+    try:
+        for name in ("ctx", "gen", "agg", "router"):
+            wait_healthy(urls[name], procs[name])
+        yield urls
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            proc.wait(timeout=30)
+
+
+def ask(url: str, question: str, stream: bool = False) -> str:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    messages = [{"role": "user", "content": question}]
+    if stream:
+        chunks = client.chat.completions.create(
+            model="target", messages=messages, temperature=0, max_tokens=80, stream=True
+        )
+        return "".join(c.choices[0].delta.content or "" for c in chunks)
+    return (
+        client.chat.completions.create(
+            model="target", messages=messages, temperature=0, max_tokens=80
+        )
+        .choices[0]
+        .message.content
+    )
+
+
+def test_disaggregated_replies_equal_aggregated_and_the_kv_really_moved(deployment):
+    for q in QUESTIONS:
+        expected = ask(deployment["agg"], q)
+        assert ask(deployment["router"], q) == expected
+        assert ask(deployment["router"], q, stream=True) == expected
+    gen, ctx = deployment["gen"], deployment["ctx"]
+    assert (
+        metric(gen, "trtllm_context_tokens_computed_total") == 0
+    )  # no prefill on the generation server
+    assert metric(gen, "trtllm_transferred_tokens_total") > 0
+    assert metric(ctx, "trtllm_context_tokens_computed_total") > 0
+    deadline = time.time() + 10
+    while time.time() < deadline and metric(ctx, "trtllm_held_for_transfer"):
+        time.sleep(0.2)  # released once pulled
+    for url in (ctx, gen):
+        assert metric(url, "trtllm_held_for_transfer") == 0
+        assert metric(url, 'trtllm_kv_cache_slots{state="used"}') == 0
