@@ -1,6 +1,7 @@
 """Three processes on loopback: a router, a context server and a generation server (NIXL over UCX,
 DRAM), against an aggregated server, all on the bundled model with Eagle3 and the unified cache."""
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -67,20 +68,22 @@ def deployment(tmp_path_factory):
         "agg": serve + ["--device", "cpu", "--port", str(ports["agg"])],
         "router": serve + ["disaggregated", "-c", str(tmp / "disagg.yaml")],
     }
-    procs = {
-        n: subprocess.Popen(c, stdout=open(tmp / f"{n}.log", "w"), stderr=subprocess.STDOUT)
-        for n, c in commands.items()
-    }
     urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
-    try:
-        for name in ("ctx", "gen", "agg", "router"):
-            wait_healthy(urls[name], procs[name])
-        yield urls
-    finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            proc.wait(timeout=30)
+    with contextlib.ExitStack() as stack:
+        logs = {n: stack.enter_context(open(tmp / f"{n}.log", "w")) for n in commands}
+        procs = {
+            n: subprocess.Popen(c, stdout=logs[n], stderr=subprocess.STDOUT)
+            for n, c in commands.items()
+        }
+        try:
+            for name in ("ctx", "gen", "agg", "router"):
+                wait_healthy(urls[name], procs[name])
+            yield urls
+        finally:
+            for proc in procs.values():
+                proc.terminate()
+            for proc in procs.values():
+                proc.wait(timeout=30)
 
 
 def ask(url: str, question: str, stream: bool = False) -> str:
