@@ -53,6 +53,31 @@ def make_llm_factory(args):
     return make
 
 
+def deployment_options_factory(args):
+    """The LLM options of the context and generation servers for a draft KV mode."""
+
+    def options(mode: str | None) -> dict:
+        spec = None
+        if mode is not None:
+            spec = {
+                "decoding_type": "Eagle3",
+                "max_draft_len": args.max_draft_len,
+                "speculative_model": args.speculative_model,
+                "draft_kv_cache": mode,
+            }
+        return {
+            "model": args.model,
+            "max_batch_size": args.max_batch_size,
+            "kv_cache_config": {
+                "tokens_per_block": args.tokens_per_block,
+                "max_tokens": args.kv_max_tokens,
+            },
+            "speculative_config": spec,
+        }
+
+    return options
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trtllm-eval", description=__doc__.splitlines()[0])
     parser.add_argument("task", choices=TASKS)
@@ -73,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--out-dir", type=Path, default=Path("eval_out"))
+    parser.add_argument(
+        "--no-disaggregated",
+        action="store_true",
+        help="al-table: skip the disaggregated deployments",
+    )
     args = parser.parse_args(argv)
     args.model = args.model or bundled_target()
     args.speculative_model = args.speculative_model or str(BUNDLED_DRAFT)
@@ -95,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out_dir,
             progress,
             settings,
+            None if args.no_disaggregated else deployment_options_factory(args),
         )
         print(f"wrote {args.out_dir}/al_table.md, al_table.json, al_per_turn.png")
         return 0 if summary["outputs_identical_in_every_mode"] else 1

@@ -26,6 +26,7 @@ def build_server(
     from tensorrt_llm.serve.openai_server import OpenAIServer
 
     options = load_yaml_options(config) if config else {}
+    model = model or options.pop("model", None)
     if model is None:
         model = bundled_target()
         options.setdefault(

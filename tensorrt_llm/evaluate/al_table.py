@@ -11,7 +11,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tensorrt_llm.evaluate.runner import run_gsm8k, run_multiturn_copy, training_questions
+from tensorrt_llm.evaluate.runner import (
+    run_gsm8k,
+    run_gsm8k_http,
+    run_multiturn_copy,
+    run_multiturn_copy_http,
+    training_questions,
+)
 
 MODES = (("target only", None), ("Eagle3 separate", "separate"), ("Eagle3 unified", "unified"))
 
@@ -24,9 +30,12 @@ def build_al_table(
     out_dir: Path,
     progress: Callable[[str], None] = print,
     settings: dict | None = None,
+    deployment_options: Callable[[str | None], dict] | None = None,
 ) -> dict:
     """``make_llm(mode)`` builds an LLM for a draft KV mode (None: no speculation); ``settings``
-    (tokens per block, draft length, device) are recorded with the results."""
+    (tokens per block, draft length, device) are recorded with the results. With
+    ``deployment_options(mode)`` (the servers' LLM options) every mode also runs disaggregated:
+    a router, a context and a generation server started on loopback, driven over HTTP."""
     exclude = training_questions(model_dir)
     results = {}
     outputs = {}
@@ -44,16 +53,44 @@ def build_al_table(
             "cold_al": turns[0].al,
             "reused_al": sum(t.al for t in turns[1:]) / 3,
         }
-        outputs[label] = [gsm8k["token_ids"]] + [t.token_ids for t in turns]
+        outputs[label] = [gsm8k["texts"]] + [t.texts for t in turns]
         llm.shutdown()
+        if deployment_options is None:
+            continue
+        from tensorrt_llm.evaluate.deployment import disaggregated_deployment
+
+        progress(f"== {label}, disaggregated")
+        with disaggregated_deployment(
+            deployment_options(mode), device=(settings or {}).get("device", "cpu")
+        ) as urls:
+            gsm8k = run_gsm8k_http(urls["router"], num_gsm8k, exclude, progress)
+            turns = run_multiturn_copy_http(
+                urls["router"], num_conversations, exclude, urls["ctx"], progress
+            )
+        key = f"{label}, disaggregated"
+        results[key] = {
+            "gsm8k_accuracy": gsm8k["accuracy"],
+            "gsm8k_al": gsm8k["al"],
+            "copy_al_per_turn": [t.al for t in turns],
+            "copy_exact_per_turn": [t.exact for t in turns],
+            "copy_reused_tokens_per_turn": [t.reused_tokens for t in turns],
+            "cold_al": turns[0].al,
+            "reused_al": sum(t.al for t in turns[1:]) / 3,
+        }
+        outputs[key] = [gsm8k["texts"]] + [t.texts for t in turns]
     reference = outputs[MODES[0][0]]
-    identical = all(outputs[label] == reference for label, _ in MODES)
+    identical = all(texts == reference for texts in outputs.values())
     unified, separate = results["Eagle3 unified"], results["Eagle3 separate"]
     summary = {
         "modes": results,
         "outputs_identical_in_every_mode": identical,
         "unified_reused_minus_cold": unified["reused_al"] - unified["cold_al"],
         "unified_minus_separate_reused": unified["reused_al"] - separate["reused_al"],
+        "disaggregated_minus_aggregated_gsm8k_al": {
+            label: results[f"{label}, disaggregated"]["gsm8k_al"] - results[label]["gsm8k_al"]
+            for label, _ in MODES
+            if f"{label}, disaggregated" in results
+        },
         "num_gsm8k": num_gsm8k,
         "num_conversations": num_conversations,
         "settings": settings or {},
@@ -80,6 +117,18 @@ def markdown(summary: dict) -> str:
         f"Target outputs identical in every mode: {'yes' if summary['outputs_identical_in_every_mode'] else 'NO'}.",
         f"Unified, reused minus cold: {summary['unified_reused_minus_cold']:+.2f}. "
         f"Unified minus separate on reused turns: {summary['unified_minus_separate_reused']:+.2f}.",
+        *(
+            [
+                "Disaggregated minus aggregated gsm8k-tiny AL: "
+                + ", ".join(
+                    f"{k} {v:+.2f}"
+                    for k, v in summary["disaggregated_minus_aggregated_gsm8k_al"].items()
+                )
+                + "."
+            ]
+            if summary["disaggregated_minus_aggregated_gsm8k_al"]
+            else []
+        ),
         f"({summary['num_gsm8k']} gsm8k-tiny problems, {summary['num_conversations']} four-turn conversations, greedy; "
         + ", ".join(f"{k}={v}" for k, v in summary["settings"].items())
         + ".)",
@@ -99,9 +148,19 @@ def plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
-    for label, r in summary["modes"].items():
-        ax.plot([1, 2, 3, 4], r["copy_al_per_turn"], marker="o", label=label)
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    for i, (label, r) in enumerate(summary["modes"].items()):
+        style = "--" if "disaggregated" in label else "-"
+        color = f"C{[name for name, _ in MODES].index(label.split(',')[0])}"
+        ax.plot(
+            [1, 2, 3, 4],
+            r["copy_al_per_turn"],
+            style,
+            marker="o",
+            color=color,
+            label=label,
+            alpha=0.9 - 0.1 * (i % 2),
+        )
     reused = summary["modes"]["Eagle3 unified"]["copy_reused_tokens_per_turn"]
     ax.set_xticks(
         [1, 2, 3, 4], [f"{t}\n({n} reused)" for t, n in zip([1, 2, 3, 4], reused, strict=True)]
@@ -110,7 +169,7 @@ def plot(summary: dict, path: Path) -> None:
     ax.set_ylabel("acceptance length (AL)")
     ax.set_ylim(0.8, 4.2)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left")
+    ax.legend(loc="lower left", fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -31,6 +31,7 @@ class TurnResult:
     exact: float  # fraction of replies equal to the reference
     reused_tokens: int
     token_ids: list[list[int]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
 
 
 def _mean_al(outputs) -> float:
@@ -72,6 +73,7 @@ def run_gsm8k(llm, count: int, exclude: set[str], progress: Callable[[str], None
         "al": _mean_al(outputs),
         "num_samples": len(correct),
         "token_ids": [o.outputs[0].token_ids for o in outputs],
+        "texts": [o.outputs[0].text for o in outputs],
     }
     progress(f"gsm8k-tiny: {sum(correct)}/{len(correct)} correct, AL {result['al']:.3f}")
     return result
@@ -123,6 +125,7 @@ def run_multiturn_copy(
             exact=sum(exact) / len(exact),
             reused_tokens=llm.executor.stats.num_reused_tokens - before,
             token_ids=[o.outputs[0].token_ids for o in outputs],
+            texts=[o.outputs[0].text for o in outputs],
         )
         turns.append(turn)
         progress(
@@ -130,4 +133,55 @@ def run_multiturn_copy(
         )
         for history, o in zip(histories, outputs, strict=True):
             history.append({"role": "assistant", "content": o.outputs[0].text})
+    return turns
+
+
+def run_gsm8k_http(
+    url: str, count: int, exclude: set[str], progress: Callable[[str], None] = print
+) -> dict:
+    """gsm8k-tiny through an OpenAI-compatible endpoint (a disaggregated router, say)."""
+    from tensorrt_llm.evaluate.deployment import chat_many
+
+    problems = held_out(gsm8k_tiny, count, EVAL_SEED, exclude)
+    replies = chat_many(url, [messages[:1] for messages, _ in problems], GREEDY.max_tokens)
+    correct = [
+        parse_answer(r["text"]) == answer for r, (_, answer) in zip(replies, problems, strict=True)
+    ]
+    result = {
+        "accuracy": sum(correct) / len(correct),
+        "al": sum(r["al"] for r in replies) / len(replies),
+        "num_samples": len(correct),
+        "texts": [r["text"] for r in replies],
+    }
+    progress(f"gsm8k-tiny via {url}: {sum(correct)}/{len(correct)} correct, AL {result['al']:.3f}")
+    return result
+
+
+def run_multiturn_copy_http(
+    url: str, count: int, exclude: set[str], reuse_url: str, progress: Callable[[str], None] = print
+) -> list[TurnResult]:
+    """multiturn-copy through an endpoint; ``reuse_url``'s /metrics counts prefix-cache hits."""
+    from tensorrt_llm.evaluate.deployment import chat_many, metric
+
+    convs = held_out(multiturn_copy, count, EVAL_SEED + 2, exclude)
+    histories: list[list[dict]] = [[] for _ in convs]
+    turns = []
+    for t in range(4):
+        for history, conv in zip(histories, convs, strict=True):
+            history.append(conv[2 * t])
+        before = metric(reuse_url, "trtllm_prefix_reused_tokens_total")
+        replies = chat_many(url, histories, GREEDY.max_tokens)
+        exact = [r["text"] == c[2 * t + 1]["content"] for r, c in zip(replies, convs, strict=True)]
+        turn = TurnResult(
+            al=sum(r["al"] for r in replies) / len(replies),
+            exact=sum(exact) / len(exact),
+            reused_tokens=int(metric(reuse_url, "trtllm_prefix_reused_tokens_total") - before),
+            texts=[r["text"] for r in replies],
+        )
+        turns.append(turn)
+        progress(
+            f"multiturn-copy turn {t + 1} via {url}: AL {turn.al:.3f}, exact {turn.exact:.2f}, reused {turn.reused_tokens} tokens"
+        )
+        for history, r in zip(histories, replies, strict=True):
+            history.append({"role": "assistant", "content": r["text"]})
     return turns

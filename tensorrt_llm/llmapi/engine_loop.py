@@ -13,6 +13,7 @@ import queue
 import threading
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
@@ -42,6 +43,12 @@ class EngineLoop:
     ) -> None:
         """Queue a request whose prompt KV ``load_kv`` pulls from a context server."""
         self._commands.put(("generation_only", (request, load_kv), on_update))
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run ``fn`` on the loop's thread between steps (a consistent view of the executor)."""
+        future: Future = Future()
+        self._commands.put(("call", fn, future))
+        return future
 
     def cancel(self, request_id: int) -> None:
         self._commands.put(("cancel", request_id, None))
@@ -91,6 +98,11 @@ class EngineLoop:
                 callback(request, True)
                 return
             self._watchers[request.request_id] = (request, callback)
+        elif kind == "call":
+            try:
+                callback.set_result(payload())
+            except Exception as exc:
+                callback.set_exception(exc)
         elif kind == "cancel" and payload in self._watchers:
             self.executor.cancel_request(payload)
             self._notify(payload, finished=True)

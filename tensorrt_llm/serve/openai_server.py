@@ -96,6 +96,31 @@ class OpenAIServer:
         async def health():
             return {"status": "ok"}
 
+        @app.get("/kv_cache")
+        async def kv_cache():
+            """KV slot counts and ``check_integrity()`` of every manager, taken between steps."""
+
+            def inspect():
+                managers = self.llm.executor.resource_manager.resource_managers
+                report = {}
+                for kind, manager in managers.items():
+                    manager.check_integrity()
+                    stats = manager.get_kv_cache_stats()
+                    report[kind.value] = {
+                        "free": stats.num_free_slots,
+                        "used": stats.num_used_slots,
+                        "cached": stats.num_cached_slots,
+                        "live_requests": len(manager.impl.live_caches),
+                    }
+                report["held_for_transfer"] = len(self.llm.executor.held_for_transfer)
+                report["active_requests"] = len(self.llm.executor.active)
+                return report
+
+            try:
+                return await asyncio.wrap_future(self.engine.call(inspect))
+            except AssertionError as exc:
+                return error_response(500, f"KV cache integrity: {exc}", "server_error")
+
         @app.get("/v1/models")
         async def models():
             return {

@@ -1,5 +1,6 @@
 """The AL gates on the bundled checkpoint (a fixed subset, CPU): accuracy, losslessness, the
-unified cache's AL on cold and reused turns, and the separate manager's measurable drop."""
+unified cache's AL on cold and reused turns, the separate manager's measurable drop, and the same
+through a real disaggregated deployment (router, context and generation server processes)."""
 
 import json
 
@@ -52,3 +53,12 @@ def test_reuse_costs_the_unified_drafter_nothing_and_the_separate_one_a_lot(tabl
     assert unified["reused_al"] >= unified["cold_al"] - 0.05
     assert separate["reused_al"] <= unified["reused_al"] - 0.2
     assert separate["cold_al"] == pytest.approx(unified["cold_al"])  # same until reuse kicks in
+
+
+def test_disaggregated_unified_keeps_al_and_separate_loses_it(table):
+    modes = table[1]["modes"]
+    unified, unified_disagg = modes["Eagle3 unified"], modes["Eagle3 unified, disaggregated"]
+    separate_disagg = modes["Eagle3 separate, disaggregated"]
+    assert abs(unified_disagg["gsm8k_al"] - unified["gsm8k_al"]) <= 0.05
+    assert separate_disagg["gsm8k_al"] <= unified_disagg["gsm8k_al"] - 0.1
+    assert unified_disagg["gsm8k_accuracy"] >= 0.9 and separate_disagg["gsm8k_accuracy"] >= 0.9

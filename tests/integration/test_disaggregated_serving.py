@@ -120,3 +120,63 @@ def test_disaggregated_replies_equal_aggregated_and_the_kv_really_moved(deployme
     for url in (ctx, gen):
         assert metric(url, "trtllm_held_for_transfer") == 0
         assert metric(url, 'trtllm_kv_cache_slots{state="used"}') == 0
+
+
+def test_a_hundred_mixed_requests_with_cancellations_leave_no_slot_held(deployment):
+    router = deployment["router"]
+    jobs = []
+    for i in range(100):
+        question = QUESTIONS[i % len(QUESTIONS)] + f" ({i})"
+        jobs.append((i, question))
+
+    def run(job):
+        i, question = job
+        messages = [{"role": "user", "content": question}]
+        if i % 4 == 0:  # cancelled mid-stream: read one event, then hang up
+            with httpx.stream(
+                "POST",
+                router + "/v1/chat/completions",
+                json={"messages": messages, "max_tokens": 200, "stream": True, "ignore_eos": True},
+                timeout=120,
+            ) as reply:
+                for _ in reply.iter_lines():
+                    break
+            return "cancelled"
+        if i % 4 == 1:
+            text = ask(router, question, stream=True)
+        elif i % 4 == 2:
+            reply = httpx.post(
+                router + "/v1/completions",
+                json={
+                    "prompt": f"<|user|>{question}<|end|><|assistant|>",
+                    "max_tokens": 40,
+                    "temperature": 0,
+                },
+                timeout=120,
+            )
+            text = reply.json()["choices"][0]["text"]
+        else:
+            text = ask(router, question)
+        return text
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(run, jobs))
+    assert results.count("cancelled") == 25 and all(isinstance(r, str) for r in results)
+    deadline = time.time() + 30
+    reports = {}
+    while time.time() < deadline:
+        reports = {
+            name: httpx.get(deployment[name] + "/kv_cache", timeout=30).json()
+            for name in ("ctx", "gen")
+        }
+        if all(
+            r["KV_CACHE_MANAGER"]["used"] == 0 and r["held_for_transfer"] == 0
+            for r in reports.values()
+        ):
+            break
+        time.sleep(0.5)
+    for name, report in reports.items():  # each report ran check_integrity() on that server
+        assert report["KV_CACHE_MANAGER"]["used"] == 0, (name, report)
+        assert report["held_for_transfer"] == 0 and report["active_requests"] == 0, (name, report)

@@ -248,9 +248,7 @@ class KVCacheManagerV2(BaseResourceManager):
         if request_id in self._caches:
             raise ValueError(f"request {request_id} already has a KV cache")
         if not self._free_rows:
-            raise RuntimeError(
-                f"more than max_batch_size={self.max_batch_size} live requests in the KV cache"
-            )
+            self._grow_rows()
         if len(prompt_tokens) > self.max_seq_len:
             raise ValueError(
                 f"request {request_id}: prompt of {len(prompt_tokens)} tokens exceeds max_seq_len={self.max_seq_len}"
@@ -261,6 +259,22 @@ class KVCacheManagerV2(BaseResourceManager):
         self._row_lengths[request_id] = 0
         self._sync_row(request_id)
         return cache.num_reused_tokens
+
+    def _grow_rows(self) -> None:
+        """Double the host block table: live sequences can outnumber the batch (requests held
+        for a disaggregated transfer, say); only the scheduled ones are ever copied to a kernel."""
+        table = self.host_kv_cache_block_offsets
+        rows = table.shape[1]
+        grown = torch.zeros(
+            table.shape[0],
+            2 * rows,
+            *table.shape[2:],
+            dtype=table.dtype,
+            pin_memory=table.is_pinned(),
+        )
+        grown[:, :rows] = table
+        self.host_kv_cache_block_offsets = grown
+        self._free_rows = list(range(2 * rows - 1, rows - 1, -1))
 
     def resize_sequence(self, request_id: int, capacity: int) -> AllocationResult:
         result = self._caches[request_id].resize(capacity)

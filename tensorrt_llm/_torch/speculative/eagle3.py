@@ -58,6 +58,19 @@ def rejection_accept(
     return drafts + [int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator))]
 
 
+def sample_match_accept(
+    drafts: list[int], target_probs: torch.Tensor, generator: torch.Generator | None
+) -> list[int]:
+    """Acceptance without the drafter's distribution (drafts made elsewhere, e.g. by a context
+    server): draw from p at each position and keep the draft while the draw equals it. The output
+    follows p exactly; acceptance is lower than rejection sampling's."""
+    for j, d in enumerate(drafts):
+        token = int(torch.multinomial(target_probs[j], 1, generator=generator))
+        if token != d:
+            return drafts[:j] + [token]
+    return drafts + [int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator))]
+
+
 class Eagle3OneModelWorker:
     def __init__(
         self,
@@ -164,9 +177,12 @@ class Eagle3OneModelWorker:
                     tokens = greedy_accept(drafts, logits.argmax(dim=-1).tolist())
                 else:
                     target = filtered_probs(logits, req.sampling_params).cpu()
-                    tokens = rejection_accept(
-                        drafts, torch.stack(req.py_draft_probs), target, req.generator
-                    )
+                    if len(req.py_draft_probs) == len(drafts):
+                        tokens = rejection_accept(
+                            drafts, torch.stack(req.py_draft_probs), target, req.generator
+                        )
+                    else:  # drafts made on a context server: their q stayed there
+                        tokens = sample_match_accept(drafts, target, req.generator)
                 new_tokens.append(tokens)
                 num_accepted.append(len(tokens) - 1)
         return new_tokens, num_accepted
