@@ -44,15 +44,7 @@ def build_al_table(
         llm = make_llm(mode)
         gsm8k = run_gsm8k(llm, num_gsm8k, exclude, progress)
         turns = run_multiturn_copy(llm, num_conversations, exclude, progress)
-        results[label] = {
-            "gsm8k_accuracy": gsm8k["accuracy"],
-            "gsm8k_al": gsm8k["al"],
-            "copy_al_per_turn": [t.al for t in turns],
-            "copy_exact_per_turn": [t.exact for t in turns],
-            "copy_reused_tokens_per_turn": [t.reused_tokens for t in turns],
-            "cold_al": turns[0].al,
-            "reused_al": sum(t.al for t in turns[1:]) / 3,
-        }
+        results[label] = _row(gsm8k, turns)
         outputs[label] = [gsm8k["texts"]] + [t.texts for t in turns]
         llm.shutdown()
         if deployment_options is None:
@@ -68,15 +60,7 @@ def build_al_table(
                 urls["router"], num_conversations, exclude, urls["ctx"], progress
             )
         key = f"{label}, disaggregated"
-        results[key] = {
-            "gsm8k_accuracy": gsm8k["accuracy"],
-            "gsm8k_al": gsm8k["al"],
-            "copy_al_per_turn": [t.al for t in turns],
-            "copy_exact_per_turn": [t.exact for t in turns],
-            "copy_reused_tokens_per_turn": [t.reused_tokens for t in turns],
-            "cold_al": turns[0].al,
-            "reused_al": sum(t.al for t in turns[1:]) / 3,
-        }
+        results[key] = _row(gsm8k, turns)
         outputs[key] = [gsm8k["texts"]] + [t.texts for t in turns]
     reference = outputs[MODES[0][0]]
     identical = all(texts == reference for texts in outputs.values())
@@ -101,6 +85,18 @@ def build_al_table(
     plot(summary, out_dir / "al_per_turn.png")
     progress(markdown(summary))
     return summary
+
+
+def _row(gsm8k: dict, turns: list) -> dict:
+    return {
+        "gsm8k_accuracy": gsm8k["accuracy"],
+        "gsm8k_al": gsm8k["al"],
+        "copy_al_per_turn": [t.al for t in turns],
+        "copy_exact_per_turn": [t.exact for t in turns],
+        "copy_reused_tokens_per_turn": [t.reused_tokens for t in turns],
+        "cold_al": turns[0].al,
+        "reused_al": sum(t.al for t in turns[1:]) / 3,
+    }
 
 
 def markdown(summary: dict) -> str:

@@ -2,7 +2,6 @@
 DRAM), against an aggregated server, all on the bundled model with Eagle3 and the unified cache."""
 
 import contextlib
-import socket
 import subprocess
 import sys
 import time
@@ -11,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from tensorrt_llm.evaluate.deployment import free_port, metric, wait_healthy
+
 pytest.importorskip("nixl")
 pytestmark = pytest.mark.slow
 QUESTIONS = [
@@ -18,33 +19,6 @@ QUESTIONS = [
     "Ben has 93 pens. Ben gives away 45 pens. How many pens does Ben have left?",
     "Remember this list: red moon 4821 fish gold",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} did not become healthy")
-
-
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise KeyError(name)
 
 
 @pytest.fixture(scope="module")
