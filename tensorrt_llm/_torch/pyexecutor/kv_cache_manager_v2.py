@@ -403,6 +403,15 @@ class KVCacheManagerV2(BaseResourceManager):
         """Host-table row of each request (one C-level map over the batch)."""
         return torch.tensor(list(map(self._rows.__getitem__, request_ids)), dtype=torch.long)
 
+    def batch_rows_checked(
+        self, request_ids: Sequence[int], beam_width: int, num_seqs: int | None
+    ) -> torch.Tensor:
+        """Host-table rows of the first ``num_seqs`` requests (all if None); beam width 1 only."""
+        if beam_width != 1:
+            raise ValueError(f"beam_width={beam_width}: only 1 is supported")
+        n = len(request_ids) if num_seqs is None else num_seqs
+        return self.batch_rows(request_ids[:n])
+
     def copy_batch_block_offsets(
         self,
         dst_tensor: torch.Tensor,
@@ -414,10 +423,8 @@ class KVCacheManagerV2(BaseResourceManager):
         """Gather the batch's rows of ``host_kv_cache_block_offsets`` into ``dst_tensor[:, :n]``
         (``[num_pools, >= n, 2, max_blocks_per_seq]``) in one indexed copy."""
         del num_contexts
-        if beam_width != 1:
-            raise ValueError(f"beam_width={beam_width}: only 1 is supported")
-        n = len(request_ids) if num_seqs is None else num_seqs
-        rows = self.batch_rows(request_ids[:n])
+        rows = self.batch_rows_checked(request_ids, beam_width, num_seqs)
+        n = rows.numel()
         src = self.host_kv_cache_block_offsets.index_select(1, rows)
         dst_tensor[:, :n].copy_(src, non_blocking=dst_tensor.device.type == "cuda")
 

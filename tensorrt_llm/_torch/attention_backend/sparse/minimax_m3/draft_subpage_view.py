@@ -167,10 +167,8 @@ class MiniMaxM3DraftSubpageView:
         """Expand the batch's slot rows into K/V page rows, ``dst[0, :n]`` ``[n, 2, max_blocks * subdiv]``,
         in one broadcast over the rows (no per-row Python loop)."""
         del num_contexts
-        if beam_width != 1:
-            raise ValueError(f"beam_width={beam_width}: only 1 is supported")
-        n = len(request_ids) if num_seqs is None else num_seqs
-        rows = self._manager.batch_rows(request_ids[:n])
+        rows = self._manager.batch_rows_checked(request_ids, beam_width, num_seqs)
+        n = rows.numel()
         slots = self._manager.host_kv_cache_block_offsets[0, rows, 0].long()  # [n, max_blocks]
         pages = slots[:, None, :, None] * self.slot_units + self._lane_offsets[None, :, None, :]
         dst_tensor[0, :n, :, : self.max_blocks_per_seq].copy_(
