@@ -21,14 +21,18 @@ import torch
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
     MiniMaxM3KVCacheManagerV2,
 )
-from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig
+from tensorrt_llm._torch.pyexecutor.config import (
+    KvCacheLayer,
+    KVCacheManagerV2Config,
+    KvCacheOptions,
+)
 
 
-def naive_copy(view, dst: torch.Tensor, request_ids: list[int]) -> None:
-    """The per-row version: expand each request's slot list on its own."""
+def naive_copy(manager, view, dst: torch.Tensor, request_ids: list[int]) -> None:
+    """The per-row version: expand each request's slot list (the manager's) on its own."""
     lanes = torch.arange(view.subdiv)
     for row, rid in enumerate(request_ids):
-        slots = torch.tensor(view.get_cache(rid).block_table, dtype=torch.long)
+        slots = torch.tensor(manager.get_cache(rid).block_table, dtype=torch.long)
         k = (slots[:, None] * view.slot_units + lanes).reshape(-1)
         dst[0, row, 0, : k.numel()] = k
         dst[0, row, 1, : k.numel()] = k + view.subdiv
@@ -41,20 +45,16 @@ def naive_copy(view, dst: torch.Tensor, request_ids: list[int]) -> None:
 
 
 def build(batch: int, max_seq_len: int, device: str):
+    # three target layers (1 KV head; index-K on layers 1 and 2), then a 2-KV-head draft layer
+    layers = (
+        KvCacheLayer(1, 8),
+        KvCacheLayer(1, 8, index_head_dim=8),
+        KvCacheLayer(1, 8, index_head_dim=8),
+        KvCacheLayer(2, 8, is_draft=True),
+    )
+    options = KvCacheOptions(128, "float16", max_tokens=batch * max_seq_len // 4 + 128 * batch)
     manager = MiniMaxM3KVCacheManagerV2(
-        KvCacheConfig(max_tokens=batch * max_seq_len // 4 + 128 * batch),
-        num_layers=3,
-        num_kv_heads=[1, 1, 1, 2],
-        head_dim=8,
-        tokens_per_block=128,
-        max_seq_len=max_seq_len,
-        max_batch_size=batch,
-        dtype=torch.float16,
-        spec_config=Eagle3DecodingConfig(max_draft_len=3),
-        sparse_layer_ids=[1, 2],
-        index_head_dim=8,
-        num_one_model_draft_layers=1,
-        device=device,
+        KVCacheManagerV2Config(layers, max_seq_len, batch, options, max_draft_len=3, device=device)
     )
     rng = random.Random(batch)
     for rid in range(batch):  # lengths up to a quarter of max_seq_len
@@ -99,12 +99,14 @@ def main() -> None:
         fast = torch.zeros(shape, dtype=torch.int32, device=args.device)
         slow = torch.zeros(shape, dtype=torch.int32, device=args.device)
         view.copy_batch_block_offsets(fast, ids)
-        naive_copy(view, slow, ids)
+        naive_copy(manager, view, slow, ids)
         assert torch.equal(fast, slow), "the two versions disagree"
         t_fast = time_us(
             lambda v=view, d=fast, r=ids: v.copy_batch_block_offsets(d, r), args.device
         )
-        t_slow = time_us(lambda v=view, d=slow, r=ids: naive_copy(v, d, r), args.device)
+        t_slow = time_us(
+            lambda m=manager, v=view, d=slow, r=ids: naive_copy(m, v, d, r), args.device
+        )
         print(f"{batch:>6} {t_fast:>14.1f} {t_slow:>11.1f} {t_slow / t_fast:>21.2f}")
 
 

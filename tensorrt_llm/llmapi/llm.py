@@ -76,14 +76,11 @@ class LLM:
         self.tokenizer = TransformersTokenizer.from_pretrained(args.tokenizer or args.model)
         self.eos_token_id = config.eos_token_id
         self.max_seq_len = args.max_seq_len or config.max_position_embeddings
+        executor_config = args.to_executor_config(
+            self.max_seq_len, str(dtype).removeprefix("torch."), str(self.device)
+        )
         self.executor = create_py_executor(
-            self.model,
-            config,
-            args,
-            self.max_seq_len,
-            dtype,
-            self.device,
-            detokenize=self.tokenizer.decode,
+            self.model, executor_config, detokenize=self.tokenizer.decode
         )
         self.kv_cache_manager = self.executor.kv_cache_manager
         self.transceiver = None

@@ -12,6 +12,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tensorrt_llm._torch.pyexecutor.config import KvCacheOptions, PyExecutorConfig
+from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
+
 
 class StrictBaseModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
@@ -54,6 +57,24 @@ class Eagle3DecodingConfig(StrictBaseModel):
     # transferred; kept to measure what the unified cache buys).
     draft_kv_cache: Literal["unified", "separate"] = "unified"
 
+    def to_runtime(self) -> Eagle3SpecConfig:
+        """The runtime's speculative config; one-model Eagle3 with a drafter checkpoint only."""
+        if not self.eagle3_one_model:
+            raise ValueError(
+                "speculative_config.eagle3_one_model=False: only one-model Eagle3 is supported"
+            )
+        if self.speculative_model is None:
+            raise ValueError(
+                "speculative_config.speculative_model is required (the Eagle3 checkpoint directory)"
+            )
+        return Eagle3SpecConfig(
+            max_draft_len=self.max_draft_len,
+            speculative_model=self.speculative_model,
+            num_eagle_layers=self.num_eagle_layers,
+            eagle3_layers_to_capture=self.eagle3_layers_to_capture,
+            draft_kv_cache=self.draft_kv_cache,
+        )
+
 
 class CacheTransceiverConfig(StrictBaseModel):
     """Makes a server a context or generation server of a disaggregated deployment."""
@@ -77,6 +98,8 @@ class TorchLlmArgs(StrictBaseModel):
     enable_chunked_prefill: bool = True
     speculative_config: Eagle3DecodingConfig | None = None
     cache_transceiver_config: CacheTransceiverConfig | None = None
+    # The attention backend (upstream's key): "VANILLA" is the torch reference (the CPU path).
+    attn_backend: Literal["VANILLA"] = "VANILLA"
 
     @classmethod
     def from_kwargs(cls, extra_llm_api_options: str | Path | None = None, **kwargs) -> TorchLlmArgs:
@@ -91,6 +114,31 @@ class TorchLlmArgs(StrictBaseModel):
                 )
             kwargs = {**{k: v for k, v in kwargs.items() if v is not None}, **options}
         return cls(**kwargs)
+
+    def to_executor_config(
+        self, max_seq_len: int, model_dtype: str, device: str
+    ) -> PyExecutorConfig:
+        """Translate into the runtime's config, once, at the creation site. ``model_dtype`` is the
+        resolved weight dtype (the KV cache's under ``kv_cache_config.dtype: auto``)."""
+        kv = self.kv_cache_config
+        return PyExecutorConfig(
+            max_batch_size=self.max_batch_size,
+            max_num_tokens=self.max_num_tokens,
+            max_seq_len=max_seq_len,
+            kv_cache=KvCacheOptions(
+                tokens_per_block=kv.tokens_per_block,
+                dtype=model_dtype if kv.dtype == "auto" else kv.dtype,
+                max_tokens=kv.max_tokens,
+                free_gpu_memory_fraction=kv.free_gpu_memory_fraction,
+                enable_block_reuse=kv.enable_block_reuse,
+            ),
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            speculative=(
+                None if self.speculative_config is None else self.speculative_config.to_runtime()
+            ),
+            attn_backend=self.attn_backend,
+            device=device,
+        )
 
 
 def load_yaml_options(path: str | Path) -> dict:

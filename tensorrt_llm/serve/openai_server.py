@@ -17,7 +17,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
-from tensorrt_llm._torch.speculative import utils as spec_utils
 from tensorrt_llm.llmapi.engine_loop import EngineLoop
 from tensorrt_llm.llmapi.llm import LLM
 from tensorrt_llm.sampling_params import SamplingParams
@@ -333,9 +332,8 @@ class OpenAIServer:
     def _metrics(self) -> str:
         stats = self.llm.executor.stats
         kv = self.llm.kv_cache_manager.get_kv_cache_stats()
-        mode = spec_utils._resolved_mode or (
-            "target only" if self.llm.executor.spec_worker is None else "unresolved"
-        )
+        worker = self.llm.executor.spec_worker
+        mode = "target only" if worker is None else worker.draft_kv_mode or "unresolved"
         lines = [
             "# TYPE trtllm_requests_total counter",
             f"trtllm_requests_total {self.counters['requests']}",

@@ -19,9 +19,19 @@ import torch
 
 
 class PagedKVCache(Protocol):
-    tokens_per_block: int
-    max_blocks_per_seq: int
+    """Every member an attention op (or a kernel launcher) may read from the manager attached to
+    the step's metadata. Implemented by ``KVCacheManagerV2`` (pages = slots) and by
+    ``MiniMaxM3DraftSubpageView`` (pages = 32-token sub-pages of the same slots)."""
+
+    tokens_per_block: int  # tokens per kernel page
+    max_blocks_per_seq: int  # block-table entries per row
     num_pools: int
+    blocks_in_primary_pool: int  # pages addressable from the pool base, in this object's page units
+
+    @property
+    def kv_cache_pool_pointers(self) -> torch.Tensor:
+        """``[num_pools, 2]`` int64: each pool's base address (page 0), and 0."""
+        ...
 
     def get_kv_pages(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -35,3 +45,15 @@ class PagedKVCache(Protocol):
         num_contexts: int = 0,
         num_seqs: int | None = None,
     ) -> None: ...
+
+
+PAGED_KV_CACHE_MEMBERS = (
+    "tokens_per_block",
+    "max_blocks_per_seq",
+    "num_pools",
+    "blocks_in_primary_pool",
+    "kv_cache_pool_pointers",
+    "get_kv_pages",
+    "layer_pool_index",
+    "copy_batch_block_offsets",
+)

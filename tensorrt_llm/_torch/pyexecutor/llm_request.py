@@ -75,6 +75,13 @@ class LlmRequest:
     def is_last_context_chunk(self) -> bool:
         return self.context_current_position + self.context_chunk_size >= self.prompt_len
 
+    def skip_reused_prefix(self, num_tokens: int) -> None:
+        """Start prefill after ``num_tokens`` prompt tokens whose KV came from the prefix cache."""
+        self.num_reused_tokens = num_tokens
+        if self.context_current_position < num_tokens:
+            self.context_chunk_size = min(self.context_chunk_size, self.prompt_len - num_tokens)
+            self.context_current_position = num_tokens
+
     def get_tokens(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 

@@ -136,10 +136,12 @@ class PyExecutor:
         batch = self.scheduler.schedule(self.active, self._admitted)
         if batch.batch_size == 0:
             return []
-        first_chunks = [r for r in batch.context_requests if r.context_current_position == 0]
         try:
             self.resource_manager.prepare_resources(batch)
-            self.stats.num_reused_tokens += sum(r.num_reused_tokens for r in first_chunks)
+            for req in batch.context_requests:
+                if req.request_id in batch.reused_tokens:
+                    req.skip_reused_prefix(batch.reused_tokens[req.request_id])
+                    self.stats.num_reused_tokens += req.num_reused_tokens
             output = self.model_engine.forward(batch)
             self._update_requests(batch, output)
             self.resource_manager.update_resources(batch)

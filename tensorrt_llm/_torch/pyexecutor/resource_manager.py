@@ -7,12 +7,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tensorrt_llm._torch.speculative.utils import get_num_spec_layers
+from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
     from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-    from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig
 
 
 class ResourceManagerType(enum.Enum):
@@ -89,7 +88,7 @@ class ResourceManager:
 def get_pp_layers(
     num_layers: int,
     mapping: object | None = None,
-    spec_config: Eagle3DecodingConfig | None = None,
+    spec_config: Eagle3SpecConfig | None = None,
     layer_mask: Sequence[bool] | None = None,
 ) -> tuple[list[int], int]:
     """The layer ids this rank holds KV for, and the total layer count.
@@ -104,7 +103,7 @@ def get_pp_layers(
         total = len(layer_mask)
         layers = [i for i, keep in enumerate(layer_mask) if keep]
     else:
-        total = num_layers + get_num_spec_layers(spec_config)
+        total = num_layers + (spec_config.num_draft_layers if spec_config is not None else 0)
         layers = list(range(total))
     if not layers:
         raise ValueError(f"no local layers: num_layers={num_layers}, layer_mask={layer_mask}")

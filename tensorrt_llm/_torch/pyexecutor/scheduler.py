@@ -9,9 +9,17 @@ Admission is first-come first-served: a request that does not fit blocks those b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
-from tensorrt_llm._torch.pyexecutor.resource_manager import BaseResourceManager
+
+
+class KvCapacity(Protocol):
+    """What admission reads from the KV cache manager."""
+
+    def get_needed_resource_to_completion(self, request: LlmRequest) -> int: ...
+
+    def get_num_free_blocks(self) -> int: ...
 
 
 @dataclass
@@ -20,6 +28,9 @@ class ScheduledRequests:
     generation_requests: list[LlmRequest] = field(default_factory=list)
     # Requests the resource managers could not serve this step; the scheduler retries them.
     paused_requests: list[LlmRequest] = field(default_factory=list)
+    # Reported by the KV cache manager in prepare_resources: request id -> prompt tokens whose KV
+    # came from the prefix cache (the executor skips them; the scheduler's fields stay as chosen).
+    reused_tokens: dict[int, int] = field(default_factory=dict)
 
     @property
     def all_requests(self) -> list[LlmRequest]:
@@ -29,13 +40,20 @@ class ScheduledRequests:
     def batch_size(self) -> int:
         return len(self.context_requests) + len(self.generation_requests)
 
+    def pause(self, requests: list[LlmRequest]) -> None:
+        """Move ``requests`` out of this step's batch into ``paused_requests``."""
+        ids = {id(r) for r in requests}
+        self.context_requests = [r for r in self.context_requests if id(r) not in ids]
+        self.generation_requests = [r for r in self.generation_requests if id(r) not in ids]
+        self.paused_requests.extend(requests)
+
 
 class GuaranteedNoEvictScheduler:
     def __init__(
         self,
         max_batch_size: int,
         max_num_tokens: int,
-        kv_cache_manager: BaseResourceManager,
+        kv_cache_manager: KvCapacity,
         enable_chunked_prefill: bool = True,
     ) -> None:
         self.max_batch_size = max_batch_size

@@ -25,9 +25,8 @@ from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager
 from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler, filtered_probs
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-from tensorrt_llm._torch.speculative.interface import StepTokens
-from tensorrt_llm._torch.speculative.utils import resolve_draft_kv_cache_manager
-from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig
+from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig, StepTokens
+from tensorrt_llm._torch.speculative.utils import DraftKvModeTracker
 
 
 def greedy_accept(drafts: list[int], target_argmax: list[int]) -> list[int]:
@@ -74,7 +73,7 @@ def sample_match_accept(
 class Eagle3OneModelWorker:
     def __init__(
         self,
-        spec_config: Eagle3DecodingConfig,
+        spec_config: Eagle3SpecConfig,
         draft_model: Eagle3DraftModel,
         resource_manager: ResourceManager,
         sampler: TorchSampler,
@@ -85,13 +84,19 @@ class Eagle3OneModelWorker:
         self.resource_manager = resource_manager
         self.sampler = sampler
         self.vocab_size = vocab_size
+        self._draft_kv = DraftKvModeTracker()
+
+    @property
+    def draft_kv_mode(self) -> str | None:
+        """Where the drafter's KV was found at the last dispatch (None before the first)."""
+        return self._draft_kv.mode
 
     @property
     def max_draft_len(self) -> int:
         return self.spec_config.max_draft_len
 
     def get_draft_kv_cache_manager(self):
-        return resolve_draft_kv_cache_manager(self.resource_manager)
+        return self._draft_kv.resolve(self.resource_manager)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledRequests, out: ForwardOutput) -> StepTokens:

@@ -14,3 +14,38 @@ class StepTokens:
     new_tokens: list[list[int]]
     next_drafts: list[list[int]]
     num_accepted: list[int | None]
+
+
+DRAFT_KV_CACHE_MODES = ("unified", "separate")
+
+
+@dataclass(frozen=True)
+class Eagle3SpecConfig:
+    """One-model Eagle3 as the runtime sees it (``Eagle3DecodingConfig`` translated).
+
+    ``draft_kv_cache``: ``"unified"`` keeps the drafter's KV in the target's slots (read through the
+    sub-page view); ``"separate"`` gives it a second manager that mirrors requests, never reuses and
+    is not transferred (kept to measure what the unified cache buys).
+    """
+
+    max_draft_len: int
+    speculative_model: str
+    num_eagle_layers: int = 1
+    eagle3_layers_to_capture: tuple[int, ...] | None = None
+    draft_kv_cache: str = "unified"
+
+    def __post_init__(self) -> None:
+        if self.max_draft_len < 1 or self.num_eagle_layers < 1:
+            raise ValueError(
+                f"max_draft_len={self.max_draft_len} and num_eagle_layers={self.num_eagle_layers} "
+                "must be >= 1"
+            )
+        if self.draft_kv_cache not in DRAFT_KV_CACHE_MODES:
+            raise ValueError(
+                f"draft_kv_cache={self.draft_kv_cache!r}: expected one of {DRAFT_KV_CACHE_MODES}"
+            )
+
+    @property
+    def num_draft_layers(self) -> int:
+        """Draft layers appended to the target's KV cache."""
+        return self.num_eagle_layers

@@ -1,33 +1,21 @@
-"""Helpers shared by the speculative-decoding workers, the creation site and the resource managers."""
+"""Where the drafter's KV lives: decided once at the creation site, resolved from the registered
+resources at dispatch."""
 
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
 
+from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
+from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 from tensorrt_llm.logger import logger
 
-if TYPE_CHECKING:
-    from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager
-    from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig
-
-
-def get_num_spec_layers(spec_config: Eagle3DecodingConfig | None) -> int:
-    """Draft layers a one-model speculative config appends to the target's KV cache (0 otherwise)."""
-    if spec_config is None or not spec_config.eagle3_one_model:
-        return 0
-    return spec_config.num_eagle_layers
-
-
-def get_num_extra_kv_tokens(spec_config: Eagle3DecodingConfig | None) -> int:
-    """Positions a sequence may hold beyond its length within one step: the verify window
-    (``max_draft_len`` drafts) plus the draft chain run after acceptance (up to ``max_draft_len - 1``
-    more positions past the accepted tokens)."""
-    return 0 if spec_config is None else 2 * spec_config.max_draft_len
+SEPARATE_MODE = "separate draft KV cache manager"
+VIEW_MODE = "target manager's draft sub-page view"
+DIRECT_MODE = "none (the drafter attends the target manager directly)"
 
 
 def _should_create_separate_draft_kv_cache(
-    spec_config: Eagle3DecodingConfig | None, manager_cls: type
+    spec_config: Eagle3SpecConfig | None, manager_cls: type
 ) -> bool:
     """Decided once, at the creation site; everything downstream trusts the registered resource.
 
@@ -36,18 +24,15 @@ def _should_create_separate_draft_kv_cache(
     (``speculative_config.draft_kv_cache: separate``); otherwise a manager class that supports shared
     draft layers gets them.
     """
-    if get_num_spec_layers(spec_config) == 0:
+    if spec_config is None or spec_config.num_draft_layers == 0:
         return False
     if spec_config.draft_kv_cache == "separate":
         return True
     return not manager_cls.supports_shared_draft_layers
 
 
-_resolved_mode: str | None = None
-
-
-def resolve_draft_kv_cache_manager(resource_manager: ResourceManager):
-    """The manager the draft loop attends through.
+def resolve_draft_kv(resource_manager: ResourceManager) -> tuple[object | None, str]:
+    """The manager the draft loop attends through, and the mode's name.
 
     1. a registered ``DRAFT_KV_CACHE_MANAGER`` (separate mode) wins;
     2. else the target manager's ``draft_subpage_view``, if its class defines one. The class is probed
@@ -55,30 +40,38 @@ def resolve_draft_kv_cache_manager(resource_manager: ResourceManager):
        building the view propagates instead of silently meaning "no view";
     3. else ``None``: the drafter attends the target manager as it is.
     """
-    from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
-
     separate = resource_manager.get_resource_manager(ResourceManagerType.DRAFT_KV_CACHE_MANAGER)
     if separate is not None:
-        _log_mode("separate draft KV cache manager")
-        return separate
+        return separate, SEPARATE_MODE
     target = resource_manager.get_resource_manager(ResourceManagerType.KV_CACHE_MANAGER)
     if target is not None and isinstance(
         inspect.getattr_static(type(target), "draft_subpage_view", None), property
     ):
         view = target.draft_subpage_view
         if view is not None:
-            _log_mode("target manager's draft sub-page view")
-            return view
-    _log_mode("none (the drafter attends the target manager directly)")
-    return None
+            return view, VIEW_MODE
+    return None, DIRECT_MODE
+
+
+def resolve_draft_kv_cache_manager(resource_manager: ResourceManager):
+    """The manager the draft loop attends through (see ``resolve_draft_kv``)."""
+    return resolve_draft_kv(resource_manager)[0]
 
 
 def get_draft_kv_cache_manager(resource_manager: ResourceManager):
     return resolve_draft_kv_cache_manager(resource_manager)
 
 
-def _log_mode(mode: str) -> None:
-    global _resolved_mode
-    if mode != _resolved_mode:
-        logger.info("[unified-kv] draft KV resolved: %s", mode)
-        _resolved_mode = mode
+class DraftKvModeTracker:
+    """Resolves at each dispatch and remembers the mode (``mode``: None before the first); logs
+    the mode at the first dispatch and at every change."""
+
+    def __init__(self) -> None:
+        self.mode: str | None = None
+
+    def resolve(self, resource_manager: ResourceManager):
+        manager, mode = resolve_draft_kv(resource_manager)
+        if mode != self.mode:
+            logger.info("[unified-kv] draft KV resolved: %s", mode)
+            self.mode = mode
+        return manager

@@ -1,12 +1,9 @@
 """Tiny MiniMax-M3 configs and managers shared by the _torch tests."""
 
-import torch
-
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
-    MiniMaxM3KVCacheManagerV2,
-)
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config
-from tensorrt_llm.llmapi.llm_args import KvCacheConfig
+from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
+from tensorrt_llm._torch.pyexecutor.config import KvCacheOptions, PyExecutorConfig
+from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
 
 TINY = dict(
     vocab_size=64,
@@ -32,25 +29,20 @@ def tiny_config(**overrides) -> MiniMaxM3Config:
     return MiniMaxM3Config.from_dict({**TINY, **overrides})
 
 
-def m3_manager(
-    cfg: MiniMaxM3Config,
-    tokens_per_block=4,
-    max_tokens=512,
-    max_seq_len=128,
-    max_batch_size=4,
-    **kw,
-):
-    return MiniMaxM3KVCacheManagerV2(
-        KvCacheConfig(max_tokens=max_tokens, **kw),
-        num_layers=cfg.num_hidden_layers,
-        num_kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-        tokens_per_block=tokens_per_block,
-        max_seq_len=max_seq_len,
+def executor_config(
+    tokens_per_block=4, max_tokens=512, max_seq_len=128, max_batch_size=4, spec=None, **kv
+) -> PyExecutorConfig:
+    """A float32 CPU runtime config for tests (``kv``: more ``KvCacheOptions`` fields)."""
+    return PyExecutorConfig(
         max_batch_size=max_batch_size,
-        dtype=torch.float32,
-        sparse_layer_ids=cfg.sparse_layer_ids,
-        index_head_dim=cfg.sparse_attention_config.index_head_dim
-        if cfg.sparse_attention_config
-        else 0,
+        max_num_tokens=2048,
+        max_seq_len=max_seq_len,
+        kv_cache=KvCacheOptions(tokens_per_block, "float32", max_tokens, **kv),
+        speculative=spec,
     )
+
+
+def m3_manager(cfg: MiniMaxM3Config, **kw):
+    """The target KV cache manager the creation site builds for ``cfg`` (see ``executor_config``)."""
+    managers = create_kv_cache_managers(cfg, executor_config(**kw))
+    return managers[ResourceManagerType.KV_CACHE_MANAGER]

@@ -6,6 +6,7 @@ import logging
 import pytest
 import torch
 
+from tensorrt_llm._torch.attention_backend.interface import PAGED_KV_CACHE_MEMBERS
 from tensorrt_llm._torch.attention_backend.reference import paged_attention
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
     MiniMaxM3KVCacheManagerV2,
@@ -15,11 +16,14 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.draft_subpage_view 
     MiniMaxM3DraftSubpageView,
 )
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.pyexecutor.config import (
+    KvCacheLayer,
+    KVCacheManagerV2Config,
+    KvCacheOptions,
+)
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
-from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig
 from tensorrt_llm.runtime.kv_cache_manager_v2 import AttentionLayerConfig
 
-EAGLE = Eagle3DecodingConfig(max_draft_len=3)
 DRAFT = 2  # layers 0 (dense) and 1 (sparse), then the draft layer
 # Hand layout (tokens_per_block 128, head_dim 8, fp16, alignment 256, 32-token kernel pages):
 #   L0 K@0 V@4096 | L1 K@8192 V@12288 | L1 index-K@16384 (2048 B) | draft K@18432 V@26624 (8192 B each)
@@ -27,22 +31,27 @@ DRAFT = 2  # layers 0 (dense) and 1 (sparse), then the draft layer
 SLOT, DRAFT_K, DRAFT_KV_BYTES, UNITS = 34816, 18432, 8192, 17
 
 
-def m3_manager(num_slots=16, heads=(2, 2, 4), num_layers=2, sparse_layer_ids=(1,), **kw):
-    return MiniMaxM3KVCacheManagerV2(
-        KvCacheConfig(max_tokens=128 * num_slots),
-        num_layers=num_layers,
-        num_kv_heads=list(heads),
-        head_dim=8,
-        tokens_per_block=128,
+def hand_config(num_slots=16, heads=(2, 2, 4), index_layers=(1,), **kw) -> KVCacheManagerV2Config:
+    """Target layers of ``heads[:-1]`` KV heads (index-K of dim 8 on ``index_layers``), then a
+    draft layer of ``heads[-1]``; head_dim 8, fp16, 128-token blocks, max_draft_len 3."""
+    layers = tuple(
+        KvCacheLayer(
+            h, 8, index_head_dim=8 if i in index_layers else 0, is_draft=i == len(heads) - 1
+        )
+        for i, h in enumerate(heads)
+    )
+    return KVCacheManagerV2Config(
+        layers=layers,
         max_seq_len=1024,
         max_batch_size=4,
-        dtype=torch.float16,
-        spec_config=EAGLE,
-        sparse_layer_ids=sparse_layer_ids,
-        index_head_dim=8,
-        num_one_model_draft_layers=1,
+        options=KvCacheOptions(128, "float16", max_tokens=128 * num_slots),
+        max_draft_len=3,
         **kw,
     )
+
+
+def m3_manager(**kw):
+    return MiniMaxM3KVCacheManagerV2(hand_config(**kw))
 
 
 def test_layout_and_view_geometry_match_the_hand_computation():
@@ -60,7 +69,17 @@ def test_layout_and_view_geometry_match_the_hand_computation():
     assert view.max_blocks_per_seq == mgr.max_blocks_per_seq * 4
     assert view.blocks_in_primary_pool == (16 * SLOT - DRAFT_K) // 2048  # its own page units
     assert view.kv_cache_pool_pointers.tolist() == [[mgr.pools[0].data_ptr() + DRAFT_K, 0]]
-    assert view.tokens_per_block != mgr.tokens_per_block and view.slot_bytes() == SLOT  # delegation
+    assert view.tokens_per_block != mgr.tokens_per_block
+
+
+def test_the_view_declares_the_paged_kv_contract_and_nothing_of_the_manager():
+    view = m3_manager().draft_subpage_view
+    for name in PAGED_KV_CACHE_MEMBERS:
+        getattr(view, name)  # every member the attention side reads is the view's own
+    for name in ("kv_cache_pool_mapping", "host_kv_cache_block_offsets", "get_cache", "slot_bytes"):
+        with pytest.raises(AttributeError):
+            getattr(view, name)  # the manager's 128-token data is not reachable through the view
+    assert not hasattr(type(view), "__getattr__")
 
 
 def test_expansion_of_chosen_slots_and_clamped_padding():
@@ -120,20 +139,10 @@ def test_a_multi_pool_cache_is_refused_with_a_clear_error():
                 depends_on_next_token=self.is_draft_layer(layer_id),
             )
 
-    mgr = TwoLifeCycles(
-        KvCacheConfig(max_tokens=1024),
-        num_layers=2,
-        num_kv_heads=2,
-        head_dim=8,
-        tokens_per_block=128,
-        max_seq_len=512,
-        max_batch_size=2,
-        dtype=torch.float16,
-        spec_config=EAGLE,
-    )
+    mgr = TwoLifeCycles(hand_config(num_slots=8, heads=(2, 2, 2), index_layers=()))
     assert mgr.num_pools == 2
     with pytest.raises(ValueError, match="single-pool KV cache; this one has 2 pools"):
-        MiniMaxM3DraftSubpageView(mgr, [2], 32)
+        MiniMaxM3DraftSubpageView(mgr.host_block_table, mgr.layout, mgr.pools, [2], 128, 32)
 
 
 def test_drafter_writes_through_the_view_land_in_the_raw_slot_layout_and_nothing_else_changes():
@@ -171,18 +180,15 @@ def test_derive_shared_draft_layout_under_both_creation_conventions():
         assert layout.num_target_layers == 60 and layout.draft_layer_ids == (60,)
     with pytest.raises(ValueError, match="num_layers=59"):
         derive_shared_draft_layout(59, heads, 1)
-    mgr_t = m3_manager(num_layers=2)
-    mgr_x = m3_manager(num_layers=3)
-    for mgr in (mgr_t, mgr_x):
-        assert mgr.pp_layers == [0, 1, 2] and mgr.local_draft_layer_ids == (2,)
-        assert (
-            mgr.sparse_layer_ids == (1,)
-            and mgr.layout.has(1, "index_key")
-            and not mgr.layout.has(2, "index_key")
-        )
-    assert m3_manager(sparse_layer_ids=[1, 2]).sparse_layer_ids == (
-        1,
-    )  # a draft layer is never sparse
+    mgr = m3_manager()
+    assert mgr.pp_layers == [0, 1, 2] and mgr.local_draft_layer_ids == (2,)
+    assert (
+        mgr.sparse_layer_ids == (1,)
+        and mgr.layout.has(1, "index_key")
+        and not mgr.layout.has(2, "index_key")
+    )
+    with pytest.raises(ValueError, match=r"draft layers \[2\] cannot have an index-K buffer"):
+        m3_manager(index_layers=(1, 2))  # a draft layer is never sparse
 
 
 def test_the_property_is_lazy_cached_and_none_for_a_draft_manager(caplog):
@@ -197,18 +203,5 @@ def test_the_property_is_lazy_cached_and_none_for_a_draft_manager(caplog):
         "draft subpage view active: draft_layers=[2] subdiv=4 tokens_per_block=32" in m
         for m in messages
     )
-    draft_only = MiniMaxM3KVCacheManagerV2(
-        KvCacheConfig(max_tokens=1024, enable_block_reuse=False),
-        num_layers=2,
-        num_kv_heads=[2, 2, 4],
-        head_dim=8,
-        tokens_per_block=128,
-        max_seq_len=512,
-        max_batch_size=2,
-        dtype=torch.float16,
-        spec_config=EAGLE,
-        is_draft=True,
-        layer_mask=[False, False, True],
-        num_one_model_draft_layers=1,
-    )
+    draft_only = m3_manager(num_slots=8, local_layer_ids=(2,), is_draft=True)
     assert draft_only.draft_subpage_view is None

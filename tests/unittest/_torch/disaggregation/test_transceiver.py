@@ -5,34 +5,30 @@ import json
 
 import pytest
 import torch
+from m3_helpers import executor_config, tiny_config
 
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
-    MiniMaxM3KVCacheManagerV2,
-)
 from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
-from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
-from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig
+from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
+from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
+from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 
 pytest.importorskip("nixl")
-EAGLE = Eagle3DecodingConfig(max_draft_len=3)
 PROMPT = list(range(300))
 
 
-def unified(draft_heads=4):
-    return MiniMaxM3KVCacheManagerV2(
-        KvCacheConfig(max_tokens=128 * 8),
-        num_layers=2,
-        num_kv_heads=[2, 2, draft_heads],
-        head_dim=8,
-        tokens_per_block=128,
-        max_seq_len=1024,
-        max_batch_size=2,
-        dtype=torch.float16,
-        spec_config=EAGLE,
-        sparse_layer_ids=[1],
-        index_head_dim=8,
-        num_one_model_draft_layers=1,
+def managers(draft_kv_cache="unified", draft_heads=4):
+    """What the creation site builds for a 2-layer M3 (layer 1 sparse) with a drafter of
+    ``draft_heads`` KV heads: 8 slots of 128 tokens."""
+    spec = Eagle3SpecConfig(3, "unused", draft_kv_cache=draft_kv_cache)
+    runtime = executor_config(128, max_tokens=1024, max_seq_len=1024, max_batch_size=2, spec=spec)
+    built = create_kv_cache_managers(tiny_config(num_hidden_layers=2), runtime, (draft_heads, 8))
+    return built[ResourceManagerType.KV_CACHE_MANAGER], built.get(
+        ResourceManagerType.DRAFT_KV_CACHE_MANAGER
     )
+
+
+def unified(draft_heads=4):
+    return managers("unified", draft_heads)[0]
 
 
 def prefilled(manager, seed):
@@ -80,31 +76,8 @@ def test_an_incompatible_peer_is_refused_with_the_difference():
 
 
 def test_separate_mode_moves_the_target_only():
-    def managers(seed=None):
-        common = dict(
-            num_layers=2,
-            num_kv_heads=[2, 2, 4],
-            head_dim=8,
-            tokens_per_block=128,
-            max_seq_len=1024,
-            max_batch_size=2,
-            dtype=torch.float16,
-            spec_config=EAGLE,
-        )
-        target = MiniMaxM3KVCacheManagerV2(
-            KvCacheConfig(max_tokens=1024),
-            layer_mask=[True, True, False],
-            sparse_layer_ids=[1],
-            index_head_dim=8,
-            num_one_model_draft_layers=1,
-            **common,
-        )
-        draft = KVCacheManagerV2(
-            KvCacheConfig(max_tokens=1024, enable_block_reuse=False),
-            is_draft=True,
-            layer_mask=[False, False, True],
-            **common,
-        )
+    def prefilled_pair(seed=None):
+        target, draft = managers("separate")
         for m in (target, draft):
             m.add_sequence(0, PROMPT)
             m.resize_sequence(0, len(PROMPT))
@@ -114,8 +87,8 @@ def test_separate_mode_moves_the_target_only():
                 )
         return target, draft
 
-    ctx_target, ctx_draft = managers(seed=3)
-    gen_target, gen_draft = managers()
+    ctx_target, ctx_draft = prefilled_pair(seed=3)
+    gen_target, gen_draft = prefilled_pair()
     sender, receiver = (
         KvCacheTransceiver(ctx_target, "ctx-sep"),
         KvCacheTransceiver(gen_target, "gen-sep"),

@@ -3,13 +3,14 @@ the paged cache at the same positions."""
 
 import pytest
 import torch
-from m3_helpers import tiny_config
+from m3_helpers import executor_config, tiny_config
 
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_minimaxm3
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config, ttt_logits
-from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
-from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig
+from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
+from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
+from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 
 STEPS = 4  # max_draft_len + 1
 
@@ -37,19 +38,11 @@ def test_training_steps_equal_chained_drafting(start):
         _, captured = target(ids, capture_layers=(0, 1, 2))
         train = ttt_logits(draft, captured, ids, STEPS)
 
-        manager = KVCacheManagerV2(
-            KvCacheConfig(max_tokens=256),
-            num_layers=3,
-            num_kv_heads=[2, 2, 2, 4],
-            head_dim=8,
-            tokens_per_block=4,
-            max_seq_len=64,
-            max_batch_size=1,
-            dtype=torch.float32,
-            spec_config=Eagle3DecodingConfig(max_draft_len=3),
-            is_draft=True,
-            layer_mask=[False] * 3 + [True],
-        )
+        # the drafter's own manager (separate mode), so its KV is addressed like any layer's
+        spec = Eagle3SpecConfig(3, "unused", draft_kv_cache="separate")
+        runtime = executor_config(max_tokens=256, max_seq_len=64, max_batch_size=1, spec=spec)
+        managers = create_kv_cache_managers(cfg, runtime, draft_geometry=(4, 8))
+        manager = managers[ResourceManagerType.DRAFT_KV_CACHE_MANAGER]
         manager.add_sequence(0, ids[0].tolist())
         assert manager.resize_sequence(0, start + STEPS)
         md = TrtllmAttentionMetadata(manager, [0], [start + 1], [0], num_contexts=1)

@@ -3,6 +3,11 @@
 import pytest
 import torch
 
+from tensorrt_llm._torch.pyexecutor.config import (
+    KvCacheLayer,
+    KVCacheManagerV2Config,
+    KvCacheOptions,
+)
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.resource_manager import (
@@ -11,23 +16,24 @@ from tensorrt_llm._torch.pyexecutor.resource_manager import (
     get_pp_layers,
 )
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig
+from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 
 TPB = 4
-EAGLE = Eagle3DecodingConfig(max_draft_len=3)
+EAGLE = Eagle3SpecConfig(max_draft_len=3, speculative_model="unused")
 
 
-def make(max_tokens=64, spec_config=None, heads=2, reuse=True, max_batch_size=4, max_seq_len=32):
+def make(max_tokens=64, draft=False, heads=(2, 2), reuse=True, max_batch_size=4, max_seq_len=32):
+    """Two target layers (head_dim 8, fp16), then a draft layer when ``draft`` (max_draft_len 3);
+    ``heads`` gives each layer's KV heads."""
+    layers = tuple(KvCacheLayer(h, 8, is_draft=i >= 2) for i, h in enumerate(heads))
     return KVCacheManagerV2(
-        KvCacheConfig(max_tokens=max_tokens, enable_block_reuse=reuse),
-        num_layers=2,
-        num_kv_heads=heads,
-        head_dim=8,
-        tokens_per_block=TPB,
-        max_seq_len=max_seq_len,
-        max_batch_size=max_batch_size,
-        dtype=torch.float16,
-        spec_config=spec_config,
+        KVCacheManagerV2Config(
+            layers=layers,
+            max_seq_len=max_seq_len,
+            max_batch_size=max_batch_size,
+            options=KvCacheOptions(TPB, "float16", max_tokens, enable_block_reuse=reuse),
+            max_draft_len=3 if draft else 0,
+        )
     )
 
 
@@ -42,6 +48,8 @@ def run_context(mgr, *requests):
     batch = ScheduledRequests(context_requests=list(requests))
     mgr.prepare_resources(batch)
     for req in batch.context_requests:
+        if req.request_id in batch.reused_tokens:
+            req.skip_reused_prefix(batch.reused_tokens[req.request_id])
         req.context_current_position += req.context_chunk_size
         if req.context_current_position == req.prompt_len:
             req.output_token_ids.append(1000 + req.request_id)
@@ -54,8 +62,6 @@ def run_context(mgr, *requests):
 def test_get_pp_layers_appends_one_model_draft_layers():
     assert get_pp_layers(3) == ([0, 1, 2], 3)
     assert get_pp_layers(3, spec_config=EAGLE) == ([0, 1, 2, 3], 4)
-    two_model = Eagle3DecodingConfig(max_draft_len=3, eagle3_one_model=False)
-    assert get_pp_layers(3, spec_config=two_model) == ([0, 1, 2], 3)
     assert get_pp_layers(3, spec_config=EAGLE, layer_mask=[True, False, True, True]) == (
         [0, 2, 3],
         4,
@@ -63,7 +69,7 @@ def test_get_pp_layers_appends_one_model_draft_layers():
 
 
 def test_draft_layer_with_its_own_geometry_is_a_zero_copy_view_at_the_documented_offset():
-    mgr = make(spec_config=EAGLE, heads=[2, 2, 4])
+    mgr = make(draft=True, heads=[2, 2, 4])
     assert mgr.pp_layers == [0, 1, 2] and mgr.is_draft_layer(2) and not mgr.is_draft_layer(1)
     # alignment 256: L0 K@0 V@128, L1 K@256 V@384, draft K@512 (4 heads: 256 B) V@768; slot 1024
     assert mgr.slot_bytes() == 1024
@@ -86,12 +92,14 @@ def test_sizes_and_limits():
     mgr = make(max_tokens=30)
     assert mgr.blocks_in_primary_pool == 8  # ceil(30 / 4)
     assert mgr.max_blocks_per_seq == 8  # ceil(32 / 4)
-    assert make(spec_config=EAGLE).max_blocks_per_seq == 10  # + 2 * max_draft_len positions
+    assert make(draft=True, heads=[2, 2, 2]).max_blocks_per_seq == 10  # + 2 * max_draft_len
     assert mgr.get_max_resource_count() == 8
-    with pytest.raises(
-        ValueError, match="num_kv_heads has 2 entries but the KV cache has 3 layers"
-    ):
-        make(spec_config=EAGLE, heads=[2, 2])
+    with pytest.raises(ValueError, match="draft layers must follow every target layer"):
+        KVCacheManagerV2Config(
+            layers=(KvCacheLayer(2, 8, is_draft=True), KvCacheLayer(2, 8)),
+            max_seq_len=32,
+            max_batch_size=1,
+        )
     with pytest.raises(ValueError, match="exceeds max_seq_len=32"):
         mgr.add_sequence(0, list(range(33)))
 
@@ -164,6 +172,9 @@ def test_reused_prefix_skips_prefill_of_its_tokens():
     again = context_request(1, list(range(11)) + [42, 43])
     batch = ScheduledRequests(context_requests=[again])
     mgr.prepare_resources(batch)
+    assert batch.reused_tokens == {1: 8}  # reported; the scheduler's choice is left as it was
+    assert (again.context_current_position, again.context_chunk_size) == (0, 13)
+    again.skip_reused_prefix(batch.reused_tokens[1])
     assert again.num_reused_tokens == 8
     assert (again.context_current_position, again.context_chunk_size) == (8, 5)
     assert mgr.get_batch_cache_indices([1])[0][:2] == [0, 1]
@@ -171,7 +182,7 @@ def test_reused_prefix_skips_prefill_of_its_tokens():
 
 
 def test_draft_kv_of_a_block_is_not_reused_when_the_next_token_differs():
-    mgr = make(spec_config=EAGLE, heads=[2, 2, 4])
+    mgr = make(draft=True, heads=[2, 2, 4])
     shared = [11, 12, 13, 14]
     first = context_request(0, shared + [1, 2])
     run_context(mgr, first)
@@ -182,13 +193,14 @@ def test_draft_kv_of_a_block_is_not_reused_when_the_next_token_differs():
     batch = ScheduledRequests(context_requests=[second])
     mgr.prepare_resources(batch)
     mgr.check_integrity()
-    assert second.num_reused_tokens == 0
+    assert batch.reused_tokens == {}
     slot_b = mgr.get_batch_cache_indices([1])[0][0]
     assert slot_b != slot_a
     assert not mgr.get_buffers(2)[slot_b].eq(3.0).any()
     third = context_request(2, shared + [1, 7])
-    mgr.prepare_resources(ScheduledRequests(context_requests=[third]))
-    assert third.num_reused_tokens == 4 and mgr.get_batch_cache_indices([2])[0][0] == slot_a
+    batch = ScheduledRequests(context_requests=[third])
+    mgr.prepare_resources(batch)
+    assert batch.reused_tokens == {2: 4} and mgr.get_batch_cache_indices([2])[0][0] == slot_a
 
 
 def test_resource_manager_registry_drives_every_manager():

@@ -3,31 +3,34 @@
 import pytest
 import torch
 
+from tensorrt_llm._torch.pyexecutor.config import (
+    KvCacheLayer,
+    KVCacheManagerV2Config,
+    KvCacheOptions,
+)
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig
 
 pytestmark = pytest.mark.gpu
 
 
-def make(kv_cache_config):
-    return KVCacheManagerV2(
-        kv_cache_config,
-        num_layers=2,
-        num_kv_heads=[2, 2, 4],
-        head_dim=64,
-        tokens_per_block=128,
+def make(**options):
+    """Two target layers and a 4-KV-head draft layer, head_dim 64, bf16, on the GPU."""
+    layers = (KvCacheLayer(2, 64), KvCacheLayer(2, 64), KvCacheLayer(4, 64, is_draft=True))
+    config = KVCacheManagerV2Config(
+        layers=layers,
         max_seq_len=1024,
         max_batch_size=8,
-        dtype=torch.bfloat16,
-        spec_config=Eagle3DecodingConfig(max_draft_len=3),
+        options=KvCacheOptions(128, "bfloat16", **options),
+        max_draft_len=3,
         device="cuda",
     )
+    return KVCacheManagerV2(config)
 
 
 def test_device_pools_views_and_block_offsets():
-    mgr = make(KvCacheConfig(max_tokens=128 * 64))
+    mgr = make(max_tokens=128 * 64)
     assert mgr.pools[0].is_cuda and mgr.host_kv_cache_block_offsets.is_pinned()
     draft = mgr.get_buffers(2)
     assert draft.is_cuda and draft.shape == (64, 2, 128, 4, 64)
@@ -43,7 +46,7 @@ def test_device_pools_views_and_block_offsets():
     ids = [4, 1, 3, 0, 2]
     mgr.copy_batch_block_offsets(dst, ids, 1, 5, 5)
     torch.cuda.synchronize()
-    expect = mgr.host_kv_cache_block_offsets[:, mgr.batch_rows(ids)]
+    expect = mgr.host_kv_cache_block_offsets[:, mgr.host_block_table.batch_rows(ids)]
     assert torch.equal(dst[:, :5].cpu(), expect)
     draft[mgr.get_batch_cache_indices([3])[0][0], 0].fill_(1.5)
     assert mgr.pools[0].view(torch.bfloat16).eq(1.5).sum().item() == 128 * 4 * 64
@@ -52,7 +55,7 @@ def test_device_pools_views_and_block_offsets():
 
 
 def test_pool_sized_from_free_device_memory():
-    mgr = make(KvCacheConfig(free_gpu_memory_fraction=0.01))
+    mgr = make(free_gpu_memory_fraction=0.01)
     free, _ = torch.cuda.mem_get_info()
     slot = mgr.slot_bytes()
     assert mgr.blocks_in_primary_pool * slot <= 0.011 * (free + mgr.pools[0].numel())

@@ -3,31 +3,27 @@
 import logging
 
 import pytest
-import torch
+from m3_helpers import executor_config, tiny_config
 
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3 import cache_manager as m3
+from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.speculative import utils
-from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig
+from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 
-EAGLE = Eagle3DecodingConfig(max_draft_len=3)
-COMMON = dict(
-    head_dim=8, tokens_per_block=128, max_seq_len=512, max_batch_size=2, dtype=torch.float16
-)
+EAGLE = Eagle3SpecConfig(max_draft_len=3, speculative_model="unused")
+SEPARATE = Eagle3SpecConfig(3, "unused", draft_kv_cache="separate")
 
 
-def target(cls=m3.MiniMaxM3KVCacheManagerV2, **kw):
-    extra = {"num_one_model_draft_layers": 1} if cls is m3.MiniMaxM3KVCacheManagerV2 else {}
-    return cls(
-        KvCacheConfig(max_tokens=1024),
-        num_layers=2,
-        num_kv_heads=[2, 2, 4],
-        spec_config=EAGLE,
-        **extra,
-        **COMMON,
-        **kw,
-    )
+def build(cls=m3.MiniMaxM3KVCacheManagerV2, spec=EAGLE):
+    """The creation site's managers for a 2-layer M3 and a 4-KV-head drafter, by manager class."""
+    runtime = executor_config(128, max_tokens=1024, max_seq_len=512, max_batch_size=2, spec=spec)
+    return create_kv_cache_managers(tiny_config(num_hidden_layers=2), runtime, (4, 8), cls)
+
+
+def target(cls=m3.MiniMaxM3KVCacheManagerV2):
+    return build(cls)[ResourceManagerType.KV_CACHE_MANAGER]
 
 
 def registry(target_manager, draft_manager=None):
@@ -38,16 +34,9 @@ def registry(target_manager, draft_manager=None):
 
 
 def test_a_registered_separate_manager_wins():
-    separate = KVCacheManagerV2(
-        KvCacheConfig(max_tokens=1024, enable_block_reuse=False),
-        num_layers=2,
-        num_kv_heads=[2, 2, 4],
-        spec_config=EAGLE,
-        is_draft=True,
-        layer_mask=[False, False, True],
-        **COMMON,
-    )
-    assert utils.resolve_draft_kv_cache_manager(registry(target(), separate)) is separate
+    managers = build(spec=SEPARATE)
+    separate = managers[ResourceManagerType.DRAFT_KV_CACHE_MANAGER]
+    assert utils.resolve_draft_kv_cache_manager(ResourceManager(managers)) is separate
 
 
 def test_the_target_view_is_the_fallback_and_both_lookups_agree():
@@ -71,11 +60,14 @@ def test_a_view_construction_error_propagates(monkeypatch):
 
 
 def test_resolution_is_logged_at_first_dispatch_and_at_every_change(caplog, monkeypatch):
-    monkeypatch.setattr(utils, "_resolved_mode", None)
-    plain, shared = registry(target(KVCacheManagerV2)), registry(target())
+    plain = registry(build(KVCacheManagerV2, spec=None)[ResourceManagerType.KV_CACHE_MANAGER])
+    shared = registry(target())
+    tracker = utils.DraftKvModeTracker()
+    assert tracker.mode is None
     with caplog.at_level(logging.INFO, logger="tensorrt_llm"):
         for resources in (shared, shared, plain, shared):
-            utils.resolve_draft_kv_cache_manager(resources)
+            tracker.resolve(resources)
+    assert tracker.mode == utils.VIEW_MODE
     lines = [r.getMessage() for r in caplog.records if "draft KV resolved" in r.getMessage()]
     assert lines == [
         "[unified-kv] draft KV resolved: target manager's draft sub-page view",
@@ -85,8 +77,7 @@ def test_resolution_is_logged_at_first_dispatch_and_at_every_change(caplog, monk
 
 
 def test_separate_creation_is_decided_once_from_the_config_and_the_manager_class():
-    separate = Eagle3DecodingConfig(max_draft_len=3, draft_kv_cache="separate")
     assert not utils._should_create_separate_draft_kv_cache(EAGLE, m3.MiniMaxM3KVCacheManagerV2)
-    assert utils._should_create_separate_draft_kv_cache(separate, m3.MiniMaxM3KVCacheManagerV2)
+    assert utils._should_create_separate_draft_kv_cache(SEPARATE, m3.MiniMaxM3KVCacheManagerV2)
     assert utils._should_create_separate_draft_kv_cache(EAGLE, KVCacheManagerV2)
     assert not utils._should_create_separate_draft_kv_cache(None, KVCacheManagerV2)

@@ -16,6 +16,7 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.draft_subpage_view 
     MiniMaxM3DraftSubpageView,
     resolve_subpage_tokens,
 )
+from tensorrt_llm._torch.pyexecutor.config import KVCacheManagerV2Config
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm.logger import logger
 
@@ -52,42 +53,26 @@ def derive_shared_draft_layout(
 class MiniMaxM3KVCacheManagerV2(KVCacheManagerV2):
     supports_shared_draft_layers = True
 
-    def __init__(
-        self,
-        *args,
-        num_layers: int,
-        num_kv_heads: int | Sequence[int],
-        sparse_layer_ids: Sequence[int] = (),
-        index_head_dim: int = 0,
-        num_one_model_draft_layers: int = 0,
-        **kwargs,
-    ) -> None:
-        if isinstance(num_kv_heads, int):
-            shared = SharedDraftLayout(
-                num_layers, tuple(range(num_layers, num_layers + num_one_model_draft_layers))
-            )
-        else:
-            shared = derive_shared_draft_layout(
-                num_layers, num_kv_heads, num_one_model_draft_layers
-            )
-        self.shared_draft_layout = shared
-        # never a draft layer, whatever the caller passed
-        self.sparse_layer_ids = tuple(
-            sorted(i for i in sparse_layer_ids if i < shared.num_target_layers)
+    def __init__(self, config: KVCacheManagerV2Config) -> None:
+        shared = derive_shared_draft_layout(
+            config.num_layers,
+            [layer.num_kv_heads for layer in config.layers],
+            config.num_draft_layers,
         )
-        self.index_head_dim = index_head_dim
-        if self.sparse_layer_ids and index_head_dim <= 0:
+        self.shared_draft_layout = shared
+        bad = [i for i in shared.draft_layer_ids if config.layers[i].index_head_dim]
+        if bad:
             raise ValueError(
-                f"index_head_dim={index_head_dim} must be positive when there are sparse layers"
+                f"draft layers {bad} cannot have an index-K buffer (MSA is target-only)"
             )
-        tokens_per_block = kwargs.get("tokens_per_block", 128)
+        self.sparse_layer_ids = tuple(
+            i for i, layer in enumerate(config.layers) if layer.index_head_dim
+        )
         self.draft_subpage_tokens = (
-            resolve_subpage_tokens(tokens_per_block) if shared.draft_layer_ids else None
+            resolve_subpage_tokens(config.tokens_per_block) if shared.draft_layer_ids else None
         )
         self._draft_subpage_view: MiniMaxM3DraftSubpageView | None = None
-        super().__init__(
-            *args, num_layers=shared.num_target_layers, num_kv_heads=num_kv_heads, **kwargs
-        )
+        super().__init__(config)
         if self.local_draft_layer_ids:
             sparse = (
                 f"{self.sparse_layer_ids[0]}..{self.sparse_layer_ids[-1]}"
@@ -110,9 +95,6 @@ class MiniMaxM3KVCacheManagerV2(KVCacheManagerV2):
             return ()
         return tuple(i for i in self.pp_layers if i in self.shared_draft_layout.draft_layer_ids)
 
-    def _index_key(self, layer_id: int) -> tuple[int, int, str] | None:
-        return (1, self.index_head_dim, self.dtype) if layer_id in self.sparse_layer_ids else None
-
     def _storage_options(self) -> dict:
         # Pad slots so the draft buffers split into whole kernel pages (the view needs it).
         return (
@@ -127,6 +109,11 @@ class MiniMaxM3KVCacheManagerV2(KVCacheManagerV2):
             return None
         if self._draft_subpage_view is None:
             self._draft_subpage_view = MiniMaxM3DraftSubpageView(
-                self, self.local_draft_layer_ids, self.draft_subpage_tokens
+                self.host_block_table,
+                self.layout,
+                self.pools,
+                self.local_draft_layer_ids,
+                self.tokens_per_block,
+                self.draft_subpage_tokens,
             )
         return self._draft_subpage_view

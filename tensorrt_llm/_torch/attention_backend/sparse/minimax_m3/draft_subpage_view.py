@@ -15,24 +15,24 @@ the same bytes as a page space rooted at the draft layer's K of slot 0::
              ^ s*slot_units pages from the re-rooted base    ^ + subdiv pages
 
 Table entries past a row's blocks hold slot 0, so they expand to slot 0's pages: inert, since kernels
-never read past a row's length. The view owns no blocks; anything it does not define is the manager's.
+never read past a row's length. The view owns no blocks. It is built from what it reads (the host
+block table, the slot layout, the pool tensor, the draft layer ids) and declares every member the
+attention side reads (``PagedKVCache`` in ``attention_backend/interface.py``) and nothing else:
+reading any other name raises ``AttributeError`` instead of reaching the manager's 128-token data.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from tensorrt_llm import envs
 from tensorrt_llm.logger import logger
-from tensorrt_llm.runtime.kv_cache_manager_v2 import DataRole
+from tensorrt_llm.runtime.kv_cache_manager_v2 import DataRole, StorageLayout
 from tensorrt_llm.runtime.kv_cache_manager_v2.config import is_power_of_two
+from tensorrt_llm.runtime.kv_cache_manager_v2.host_block_table import HostBlockTable
 from tensorrt_llm.runtime.kv_cache_manager_v2.pool import torch_dtype
-
-if TYPE_CHECKING:
-    from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 
 DEFAULT_SUBPAGE_TOKENS = 32
 
@@ -52,44 +52,53 @@ def resolve_subpage_tokens(tokens_per_block: int) -> int:
 
 
 class MiniMaxM3DraftSubpageView:
+    __slots__ = (
+        "_host_table",
+        "_pool",
+        "_key_offsets",
+        "_geometry",
+        "_lane_offsets",
+        "draft_layer_ids",
+        "subpage_tokens",
+        "subdiv",
+        "page_bytes",
+        "slot_units",
+        "tokens_per_block",
+        "max_blocks_per_seq",
+        "blocks_in_primary_pool",
+    )
     num_pools = 1
 
     def __init__(
         self,
-        manager: KVCacheManagerV2,
+        host_table: HostBlockTable,
+        layout: StorageLayout,
+        pools: Sequence[torch.Tensor],
         draft_layer_ids: Sequence[int],
+        tokens_per_block: int,
         subpage_tokens: int = DEFAULT_SUBPAGE_TOKENS,
     ) -> None:
-        tpb = manager.tokens_per_block
+        """``host_table`` / ``layout`` / ``pools`` are the owning manager's (read, never written);
+        ``tokens_per_block`` is its logical block size."""
+        tpb = tokens_per_block
         if not draft_layer_ids:
             raise ValueError("a draft sub-page view needs at least one draft layer")
         if not is_power_of_two(subpage_tokens) or tpb % subpage_tokens:
             raise ValueError(
                 f"subpage_tokens={subpage_tokens} must be a power of two dividing tokens_per_block={tpb}"
             )
-        if manager.num_pools != 1:
+        if len(pools) != 1:
             raise ValueError(
-                f"the draft sub-page view needs a single-pool KV cache; this one has {manager.num_pools} pools"
+                f"the draft sub-page view needs a single-pool KV cache; this one has {len(pools)} pools"
             )
-        keys = []
-        for layer in draft_layer_ids:
-            pool, key = manager.layout.placement(layer, DataRole.KEY)
-            if pool.pool_index != 0:
-                raise ValueError(
-                    f"draft layer {layer} lives in pool {pool.pool_index}; the view needs it in pool 0"
-                )
-            keys.append(key)
-        if len({(k.size, k.num_heads, k.head_dim, k.dtype) for k in keys}) != 1:
-            raise ValueError(
-                f"draft layers {list(draft_layer_ids)} differ in geometry; one view cannot page them all"
-            )
-        key = keys[0]
-        self._manager = manager
+        key = _draft_key_placement(layout, draft_layer_ids)
+        self._host_table = host_table
+        self._pool = pools[0]
         self.draft_layer_ids = tuple(draft_layer_ids)
         self.subpage_tokens = subpage_tokens
         self.subdiv = tpb // subpage_tokens
         self.page_bytes = key.size // self.subdiv
-        slot_bytes = manager.layout.pools[0].slot_bytes
+        slot_bytes = layout.pools[0].slot_bytes
         if slot_bytes % self.page_bytes:
             raise ValueError(
                 f"slot_bytes={slot_bytes} is not a whole number of {subpage_tokens}-token draft pages "
@@ -97,13 +106,12 @@ class MiniMaxM3DraftSubpageView:
             )
         self.slot_units = slot_bytes // self.page_bytes
         self.tokens_per_block = subpage_tokens
-        self.max_blocks_per_seq = manager.max_blocks_per_seq * self.subdiv
-        pool_bytes = manager.pools[0].numel()
+        self.max_blocks_per_seq = host_table.max_blocks_per_seq * self.subdiv
         self._key_offsets = {
-            layer: k.offset for layer, k in zip(self.draft_layer_ids, keys, strict=True)
+            layer: layout.placement(layer, DataRole.KEY)[1].offset for layer in self.draft_layer_ids
         }
         # Pages from the re-rooted base (the first draft layer's K of slot 0) to the pool's end.
-        self.blocks_in_primary_pool = (pool_bytes - key.offset) // self.page_bytes
+        self.blocks_in_primary_pool = (self._pool.numel() - key.offset) // self.page_bytes
         self._geometry = (key.num_heads, key.head_dim, key.dtype, key.itemsize)
         # [2, subdiv]: page offsets of K (j) and V (subdiv + j) inside a slot
         self._lane_offsets = torch.stack(
@@ -119,17 +127,6 @@ class MiniMaxM3DraftSubpageView:
             self.page_bytes,
         )
 
-    def __getattr__(self, name: str):
-        # Reached for names the view lacks (delegated to the manager) and for view attributes whose
-        # descriptor raised AttributeError: those are re-run so the error propagates instead of being
-        # hidden behind the manager's attribute of the same name.
-        if name.startswith("__") or name == "_manager":
-            raise AttributeError(name)
-        for klass in type(self).__mro__:
-            if name in klass.__dict__:
-                return klass.__dict__[name].__get__(self, type(self))
-        return getattr(self._manager, name)
-
     # ---- the paged-KV contract ---------------------------------------------------------------
     def layer_pool_index(self, layer_idx: int) -> int:
         self._check_layer(layer_idx)
@@ -140,7 +137,7 @@ class MiniMaxM3DraftSubpageView:
         block table's lanes tell them apart)."""
         self._check_layer(layer_idx)
         heads, head_dim, dtype, itemsize = self._geometry
-        typed = self._manager.pools[0].view(torch_dtype(dtype)).view(-1)
+        typed = self._pool.view(torch_dtype(dtype)).view(-1)
         offset = self._key_offsets[layer_idx]
         num_pages = (typed.numel() * itemsize - offset) // self.page_bytes
         pages = typed.as_strided(
@@ -154,7 +151,7 @@ class MiniMaxM3DraftSubpageView:
     def kv_cache_pool_pointers(self) -> torch.Tensor:
         """``[1, 2]`` int64: the pool base re-rooted at the first draft layer's K, and 0."""
         first = self._key_offsets[self.draft_layer_ids[0]]
-        return torch.tensor([[self._manager.pools[0].data_ptr() + first, 0]], dtype=torch.int64)
+        return torch.tensor([[self._pool.data_ptr() + first, 0]], dtype=torch.int64)
 
     def copy_batch_block_offsets(
         self,
@@ -167,9 +164,8 @@ class MiniMaxM3DraftSubpageView:
         """Expand the batch's slot rows into K/V page rows, ``dst[0, :n]`` ``[n, 2, max_blocks * subdiv]``,
         in one broadcast over the rows (no per-row Python loop)."""
         del num_contexts
-        rows = self._manager.batch_rows_checked(request_ids, beam_width, num_seqs)
-        n = rows.numel()
-        slots = self._manager.host_kv_cache_block_offsets[0, rows, 0].long()  # [n, max_blocks]
+        slots = self._host_table.batch_slot_rows(request_ids, beam_width, num_seqs).long()
+        n = slots.shape[0]  # slots: [n, max_blocks]
         pages = slots[:, None, :, None] * self.slot_units + self._lane_offsets[None, :, None, :]
         dst_tensor[0, :n, :, : self.max_blocks_per_seq].copy_(
             pages.reshape(n, 2, self.max_blocks_per_seq),
@@ -184,3 +180,20 @@ class MiniMaxM3DraftSubpageView:
             raise KeyError(
                 f"layer {layer_idx} is not a draft layer of this view {list(self.draft_layer_ids)}"
             )
+
+
+def _draft_key_placement(layout: StorageLayout, draft_layer_ids: Sequence[int]):
+    """The draft layers' K buffer placement, checked: every draft layer in pool 0, one geometry."""
+    keys = []
+    for layer in draft_layer_ids:
+        pool, key = layout.placement(layer, DataRole.KEY)
+        if pool.pool_index != 0:
+            raise ValueError(
+                f"draft layer {layer} lives in pool {pool.pool_index}; the view needs it in pool 0"
+            )
+        keys.append(key)
+    if len({(k.size, k.num_heads, k.head_dim, k.dtype) for k in keys}) != 1:
+        raise ValueError(
+            f"draft layers {list(draft_layer_ids)} differ in geometry; one view cannot page them all"
+        )
+    return keys[0]
