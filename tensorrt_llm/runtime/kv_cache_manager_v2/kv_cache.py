@@ -31,19 +31,17 @@ full block is committed one token later than it would be without a drafter.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from tensorrt_llm.runtime.kv_cache_manager_v2.block_pool import BlockPool
+from tensorrt_llm.runtime.kv_cache_manager_v2.config import KVCacheManagerConfig
 from tensorrt_llm.runtime.kv_cache_manager_v2.radix_tree import (
     BlockKey,
     BlockNode,
     chained_block_key,
     num_keyable_blocks,
 )
-
-if TYPE_CHECKING:
-    from tensorrt_llm.runtime.kv_cache_manager_v2.manager import KVCacheManager
 
 
 class AllocationStatus(enum.Enum):
@@ -70,20 +68,27 @@ class AllocationResult:
 
 
 class KVCache:
-    """Created by ``KVCacheManager.create_kv_cache``; call ``close()`` when the sequence ends."""
+    """Created by ``KVCacheManager.create_kv_cache``; call ``close()`` when the sequence ends.
+
+    It allocates from and releases to ``pool`` under ``config``'s rules, and calls ``on_close``
+    (the manager's bookkeeping) once, when closed.
+    """
 
     def __init__(
         self,
-        manager: KVCacheManager,
+        pool: BlockPool,
+        config: KVCacheManagerConfig,
         cache_id: int,
         root: BlockKey,
         reused: Sequence[BlockNode],
         reused_tokens: Sequence[int],
+        on_close: Callable[[KVCache], None] | None = None,
     ) -> None:
-        self._manager = manager
-        self._pool = manager._pool
+        self._pool = pool
+        self._config = config
+        self._on_close = on_close
         self.id = cache_id
-        self.tokens_per_block = manager.tokens_per_block
+        self.tokens_per_block = config.tokens_per_block
         self._root = root
         self._slots: list[int] = [node.slot for node in reused]  # the block table
         self._nodes: list[BlockNode] = list(reused)  # committed blocks, a prefix of the table
@@ -163,7 +168,7 @@ class KVCache:
                 f"capacity={capacity} is below history_length={history}: cannot rewind past history"
             )
         num_blocks = -(-capacity // self.tokens_per_block)
-        max_blocks = self._manager.max_blocks_per_seq
+        max_blocks = self._config.max_blocks_per_seq
         if max_blocks is not None and num_blocks > max_blocks:
             raise ValueError(
                 f"capacity={capacity} needs {num_blocks} blocks, more than max_blocks_per_seq={max_blocks}"
@@ -198,12 +203,12 @@ class KVCache:
             )
         self._tokens.extend(int(t) for t in tokens)
         self._history = max(self._history, len(self._tokens))
-        if self._manager.config.enable_block_reuse:
+        if self._config.enable_block_reuse:
             self._commit_full_blocks()
 
     def _commit_full_blocks(self) -> None:
         tpb = self.tokens_per_block
-        successor_aware = self._manager.config.successor_aware
+        successor_aware = self._config.successor_aware
         for b in range(
             len(self._nodes), num_keyable_blocks(len(self._tokens), tpb, successor_aware)
         ):
@@ -233,7 +238,8 @@ class KVCache:
         self._slots.clear()
         self._nodes.clear()
         self._closed = True
-        self._manager._forget(self)
+        if self._on_close is not None:
+            self._on_close(self)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from tensorrt_llm.runtime.kv_cache_manager_v2.block_pool import BlockPool
 from tensorrt_llm.runtime.kv_cache_manager_v2.config import KVCacheManagerConfig
+from tensorrt_llm.runtime.kv_cache_manager_v2.integrity import check_integrity
 from tensorrt_llm.runtime.kv_cache_manager_v2.kv_cache import KVCache
 from tensorrt_llm.runtime.kv_cache_manager_v2.layout import StorageLayout, plan_storage
 from tensorrt_llm.runtime.kv_cache_manager_v2.radix_tree import (
@@ -120,11 +121,13 @@ class KVCacheManager:
         for node in matched:
             self._pool.acquire(node)
         cache = KVCache(
-            self,
+            self._pool,
+            self.config,
             self._next_id,
             root_key(reuse_scope),
             matched,
             tokens[: len(matched) * self.tokens_per_block],
+            on_close=self._forget,
         )
         self._caches[cache.id] = cache
         self._next_id += 1
@@ -160,6 +163,4 @@ class KVCacheManager:
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant; usable from tests after any step."""
-        from tensorrt_llm.runtime.kv_cache_manager_v2.integrity import check_manager
-
-        check_manager(self)
+        check_integrity(self._pool, self.live_caches, self.num_slots, self.tokens_per_block)

@@ -44,20 +44,30 @@ def new_manager():
 
 @pytest.fixture(autouse=True)
 def integrity_after_every_step(monkeypatch):
-    """Every engine call in these tests is followed by ``check_integrity()``."""
+    """Every engine call in these tests is followed by ``check_integrity()`` of every manager."""
     from tensorrt_llm.runtime.kv_cache_manager_v2.kv_cache import KVCache
 
-    def checked(cls, name, manager_of):
+    managers: list[KVCacheManager] = []
+    original_init = KVCacheManager.__init__
+
+    def recording_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        managers.append(self)
+
+    monkeypatch.setattr(KVCacheManager, "__init__", recording_init)
+
+    def checked(cls, name):
         original = getattr(cls, name)
 
         def wrapper(self, *args, **kwargs):
             result = original(self, *args, **kwargs)
-            manager_of(self, result).check_integrity()
+            for manager in managers:
+                manager.check_integrity()
             return result
 
         monkeypatch.setattr(cls, name, wrapper)
 
     for name in ("resize", "commit", "close"):
-        checked(KVCache, name, lambda cache, _: cache._manager)
+        checked(KVCache, name)
     for name in ("create_kv_cache", "evict"):
-        checked(KVCacheManager, name, lambda manager, _: manager)
+        checked(KVCacheManager, name)

@@ -1,0 +1,97 @@
+"""The package's shape: layers import downward only, no import circles, modules and functions of a
+size one can read in a sitting.
+
+Imports are read from the source (``ast``), every ``import`` statement included (also those under
+``if TYPE_CHECKING:`` and inside functions): a type-only dependency is still a dependency.
+"""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "tensorrt_llm"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(path: Path, known: dict[str, Path]) -> set[str]:
+    """Package modules ``path`` imports: ``from a.b import c`` names ``a.b.c`` when that is a module,
+    else ``a.b``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in known else node.module)
+    return {name for name in found if name in known}
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imported_modules(path, known) - {name} for name, path in known.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as a path ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_circle_and_accepts_a_tree():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_circles_among_package_modules():
+    assert find_cycle(import_graph()) is None
+
+
+def test_the_runtime_never_imports_the_user_layer():
+    offenders = [
+        f"{name} -> {dep}"
+        for name, deps in import_graph().items()
+        if name.startswith(("tensorrt_llm._torch", "tensorrt_llm.runtime"))
+        for dep in deps
+        if dep.startswith("tensorrt_llm.llmapi")
+    ]
+    assert offenders == []
+
+
+def test_modules_and_functions_stay_readable():
+    too_long = []
+    for name, path in modules().items():
+        source = path.read_text()
+        if (n := len(source.splitlines())) > MAX_MODULE_LINES:
+            too_long.append(f"module {name}: {n} lines")
+        for node in ast.walk(ast.parse(source)):
+            is_function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            if is_function and (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
+                too_long.append(f"function {name}.{node.name}: {n} lines")
+    assert too_long == []
