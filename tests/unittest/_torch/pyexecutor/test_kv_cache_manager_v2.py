@@ -215,3 +215,38 @@ def test_resource_manager_registry_drives_every_manager():
     registry.free_resources(req)
     registry.shutdown()
     assert mgr.get_kv_cache_stats().num_used_slots == 0
+
+
+def test_a_separate_draft_manager_reserves_past_the_targets_reused_prefix():
+    target = make()
+    layers = (KvCacheLayer(2, 8), KvCacheLayer(2, 8), KvCacheLayer(4, 8, is_draft=True))
+    draft = KVCacheManagerV2(
+        KVCacheManagerV2Config(
+            layers=layers,
+            max_seq_len=32,
+            max_batch_size=4,
+            options=KvCacheOptions(TPB, "float16", 64, enable_block_reuse=False),
+            local_layer_ids=(2,),
+            is_draft=True,
+        )
+    )
+    registry = ResourceManager(
+        {
+            ResourceManagerType.KV_CACHE_MANAGER: target,
+            ResourceManagerType.DRAFT_KV_CACHE_MANAGER: draft,
+        }
+    )
+    first = context_request(0, range(11))
+    batch = ScheduledRequests(context_requests=[first])
+    registry.prepare_resources(batch)
+    first.context_current_position = 11
+    registry.update_resources(batch)
+    registry.free_resources(first)
+    again = context_request(1, list(range(11)) + [42, 43], chunk=3)  # a 3-token first chunk
+    batch = ScheduledRequests(context_requests=[again])
+    registry.prepare_resources(batch)
+    assert batch.reused_tokens == {1: 8}  # the target's report; the draft manager reuses nothing
+    # both cover the chunk after the reused prefix: positions [8, 11)
+    assert target.get_cache(1).capacity == 11 and draft.get_cache(1).capacity == 11
+    target.check_integrity()
+    draft.check_integrity()
