@@ -64,8 +64,6 @@ class KVCacheManagerV2(BaseResourceManager):
         self.tokens_per_block = config.tokens_per_block
         self.dtype = config.options.dtype
         self.device = torch.device(config.device)
-        self.num_target_layers = config.num_target_layers
-        self.num_layers = config.num_layers
         self.pp_layers = list(config.layer_ids)
         self.max_blocks_per_seq = config.max_blocks_per_seq
 
