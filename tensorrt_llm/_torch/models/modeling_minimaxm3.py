@@ -32,6 +32,9 @@ from tensorrt_llm._torch.models.config_utils import (
     known_kwargs,
     read_config_json,
 )
+from tensorrt_llm._torch.modules.gated_mlp import GatedMLP
+from tensorrt_llm._torch.modules.rms_norm import RMSNorm
+from tensorrt_llm._torch.modules.rotary_embedding import apply_partial_rope
 
 MODEL_TYPE = "minimax_m3"
 ARCHITECTURE = "MiniMaxM3ForCausalLM"
@@ -114,33 +117,6 @@ class MiniMaxM3Config:
         if self.sparse_attention_config is None:
             return ()
         return tuple(range(self.sparse_attention_config.num_dense_layers, self.num_hidden_layers))
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
-
-
-def apply_partial_rope(
-    x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: float
-) -> torch.Tensor:
-    """Neox-style RoPE on the first ``rotary_dim`` dims of each head. ``x [..., T, H, D]``,
-    ``positions [..., T]``."""
-    half = rotary_dim // 2
-    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, half]
-    cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]  # [..., T, 1, half]
-    rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
-    x1, x2 = rot[..., :half], rot[..., half:]
-    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-    return torch.cat([rotated, rest], dim=-1)
 
 
 class Indexer(nn.Module):
@@ -238,24 +214,13 @@ class MiniMaxM3Attention(nn.Module):
         return self.o_proj(out.flatten(-2))
 
 
-class MiniMaxM3MLP(nn.Module):
-    def __init__(self, cfg: MiniMaxM3Config) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class MiniMaxM3DecoderLayer(nn.Module):
     def __init__(self, cfg: MiniMaxM3Config, layer_idx: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = MiniMaxM3Attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MiniMaxM3MLP(cfg)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, hidden, positions, metadata):
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, metadata)

@@ -30,7 +30,9 @@ from tensorrt_llm._torch.models.config_utils import (
     known_kwargs,
     read_config_json,
 )
-from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3MLP, RMSNorm, apply_partial_rope
+from tensorrt_llm._torch.modules.gated_mlp import GatedMLP
+from tensorrt_llm._torch.modules.rms_norm import RMSNorm
+from tensorrt_llm._torch.modules.rotary_embedding import apply_partial_rope
 
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -142,7 +144,7 @@ class Eagle3DraftModel(nn.Module):
         self.midlayer.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.midlayer.self_attn = Eagle3Attention(cfg, layer_idx)
         self.midlayer.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.midlayer.mlp = MiniMaxM3MLP(cfg)
+        self.midlayer.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
