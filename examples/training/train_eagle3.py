@@ -25,8 +25,8 @@ from tensorrt_llm._torch.models.checkpoint import load_minimaxm3, random_eagle3,
 from tensorrt_llm._torch.models.modeling_speculative import (  # noqa: E402
     Eagle3Config,
     default_layers_to_capture,
-    ttt_logits,
 )
+from tensorrt_llm._torch.training import ttt_logits, use_training_backend  # noqa: E402
 
 
 def main() -> None:
@@ -93,7 +93,7 @@ def main() -> None:
         ids, mask = batches.sample()
         ids, mask = ids.to(device), mask.to(device)
         with autocast:
-            with torch.no_grad():
+            with torch.no_grad(), use_training_backend(target):
                 hidden, captured = target(ids, capture_layers=layers)
                 target_probs = torch.softmax(target.compute_logits(hidden), dim=-1)  # [B, T, V]
             outputs = ttt_logits(draft, captured, ids, steps)

@@ -7,8 +7,9 @@ from m3_helpers import tiny_config
 
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_minimaxm3
-from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config, ttt_logits
+from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
+from tensorrt_llm._torch.training import ttt_logits, use_training_backend
 from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig
 
 STEPS = 4  # max_draft_len + 1
@@ -34,7 +35,8 @@ def test_training_steps_equal_chained_drafting(start):
     draft.embed_tokens = target.model.embed_tokens
     ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(start))
     with torch.no_grad():
-        _, captured = target(ids, capture_layers=(0, 1, 2))
+        with use_training_backend(target):
+            _, captured = target(ids, capture_layers=(0, 1, 2))
         train = ttt_logits(draft, captured, ids, STEPS)
 
         manager = KVCacheManagerV2(
