@@ -28,7 +28,7 @@ from common import (  # noqa: E402
     write_training_record,
 )
 
-from tensorrt_llm._torch.models.checkpoint import random_minimaxm3, save_pretrained  # noqa: E402
+from tensorrt_llm._torch.models.checkpoint import random_model, save_pretrained  # noqa: E402
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config  # noqa: E402
 from tensorrt_llm._torch.training import use_training_backend  # noqa: E402
 
@@ -79,7 +79,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     tokenizer = build_tokenizer()
     config = target_config(tokenizer.get_vocab_size(), tokenizer.token_to_id("<|end|>"), args)
-    model = random_minimaxm3(config, seed=args.seed, std=0.02).to(device).train()
+    model = random_model(config, seed=args.seed, std=0.02).to(device).train()
     print(f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {device}")
     batches = Batches(
         tokenizer, args.seed, args.conversations, args.batch_tokens, long_min_chars=700

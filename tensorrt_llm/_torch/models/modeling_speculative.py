@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -84,6 +84,30 @@ class Eagle3Config:
         if self.eagle3_layers_to_capture is not None:
             data["eagle3_layers_to_capture"] = list(self.eagle3_layers_to_capture)
         return data
+
+
+class Eagle3TargetConfig(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+
+class Eagle3TargetBody(Protocol):
+    @property
+    def embed_tokens(self) -> nn.Embedding: ...
+
+
+class Eagle3Target(Protocol):
+    """All the drafter needs of its target, whatever the architecture: the vocabulary and hidden
+    sizes it must match, and the token embedding it shares (``target.model.embed_tokens``)."""
+
+    @property
+    def config(self) -> Eagle3TargetConfig: ...
+
+    @property
+    def model(self) -> Eagle3TargetBody: ...
 
 
 def default_layers_to_capture(num_target_layers: int) -> tuple[int, ...]:

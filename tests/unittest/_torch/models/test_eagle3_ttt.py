@@ -6,7 +6,7 @@ import torch
 from m3_helpers import tiny_config
 
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
-from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_minimaxm3
+from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_model
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.training import ttt_logits, use_training_backend
@@ -18,7 +18,7 @@ STEPS = 4  # max_draft_len + 1
 @pytest.mark.parametrize("start", [0, 9, 30])
 def test_training_steps_equal_chained_drafting(start):
     cfg = tiny_config()
-    target = random_minimaxm3(cfg, seed=0, std=0.1)
+    target = random_model(cfg, seed=0, std=0.1)
     draft_cfg = Eagle3Config.from_dict(
         dict(
             hidden_size=32,
