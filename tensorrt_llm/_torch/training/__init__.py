@@ -3,11 +3,10 @@ MSA's dense warm-up and indexer loss) and Eagle3's training-time test."""
 
 from tensorrt_llm._torch.training.backend import TrainingAttentionBackend, use_training_backend
 from tensorrt_llm._torch.training.eagle3_ttt import ttt_logits
-from tensorrt_llm._torch.training.msa_dense import indexer_loss, msa_dense_attention
+from tensorrt_llm._torch.training.msa_dense import msa_dense_attention
 
 __all__ = [
     "TrainingAttentionBackend",
-    "indexer_loss",
     "msa_dense_attention",
     "ttt_logits",
     "use_training_backend",

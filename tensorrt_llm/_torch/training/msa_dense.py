@@ -30,7 +30,7 @@ def msa_dense_attention(
 
     With ``sparse`` each query attends only its selected blocks (a token mask from
     ``select_blocks``), else every earlier key. With ``want_indexer_loss`` also returns the indexer's
-    training loss (``indexer_loss``). Returns ``out [B, T, H, D]`` and the loss or ``None``.
+    training loss (``indexer_training_loss``). Returns ``out [B, T, H, D]`` and the loss or ``None``.
     """
     batch, length, num_heads, _ = q.shape
     bs = cfg.block_size
@@ -60,10 +60,10 @@ def msa_dense_attention(
     ).transpose(1, 2)
     if not want_indexer_loss:
         return out, None
-    return out, indexer_loss(qh, kh, token_scores, cfg, scale)
+    return out, indexer_training_loss(qh, kh, token_scores, cfg, scale)
 
 
-def indexer_loss(
+def indexer_training_loss(
     qh: torch.Tensor, kh: torch.Tensor, token_scores: torch.Tensor, cfg: MsaConfig, scale: float
 ) -> torch.Tensor:
     """The cross-entropy from the dense attention's mass per key block (averaged over heads, no
