@@ -21,12 +21,29 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).parent))
 from common import Batches, apply_preset, build_tokenizer, cosine_lr, write_training_record  # noqa: E402
 
-from tensorrt_llm._torch.models.checkpoint import load_minimaxm3, random_eagle3, save_pretrained  # noqa: E402
+from tensorrt_llm._torch.models.checkpoint import load_model, random_eagle3, save_pretrained  # noqa: E402
 from tensorrt_llm._torch.models.modeling_speculative import (  # noqa: E402
     Eagle3Config,
     default_layers_to_capture,
-    ttt_logits,
 )
+from tensorrt_llm._torch.training import ttt_logits, use_training_backend  # noqa: E402
+
+
+def draft_config(tcfg, layers: tuple[int, ...]) -> Eagle3Config:
+    return Eagle3Config.from_dict(
+        {
+            "hidden_size": tcfg.hidden_size,
+            "intermediate_size": 2 * tcfg.hidden_size,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,  # more than the target's: its blocks are sub-pages of the slot
+            "head_dim": tcfg.hidden_size // 4,
+            "vocab_size": tcfg.vocab_size,
+            "draft_vocab_size": tcfg.vocab_size,
+            "target_hidden_size": tcfg.hidden_size,
+            "rope_theta": tcfg.rope_theta,
+            "eagle3_layers_to_capture": list(layers),
+        }
+    )
 
 
 def main() -> None:
@@ -44,25 +61,12 @@ def main() -> None:
     device = apply_preset(args, {"cpu": (300, 8192, 10000), "gpu": (3500, 8192, 40000)})
 
     torch.manual_seed(args.seed)
-    target = load_minimaxm3(args.target, torch.float32, device)
+    target = load_model(args.target, torch.float32, device)
     for p in target.parameters():
         p.requires_grad_(False)
     tcfg = target.config
     layers = default_layers_to_capture(tcfg.num_hidden_layers)
-    config = Eagle3Config.from_dict(
-        {
-            "hidden_size": tcfg.hidden_size,
-            "intermediate_size": 2 * tcfg.hidden_size,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,  # more than the target's: its blocks are sub-pages of the slot
-            "head_dim": tcfg.hidden_size // 4,
-            "vocab_size": tcfg.vocab_size,
-            "draft_vocab_size": tcfg.vocab_size,
-            "target_hidden_size": tcfg.hidden_size,
-            "rope_theta": tcfg.rope_theta,
-            "eagle3_layers_to_capture": list(layers),
-        }
-    )
+    config = draft_config(tcfg, layers)
     draft = (
         random_eagle3(config, tcfg.num_hidden_layers, seed=args.seed, std=0.02).to(device).train()
     )
@@ -93,7 +97,7 @@ def main() -> None:
         ids, mask = batches.sample()
         ids, mask = ids.to(device), mask.to(device)
         with autocast:
-            with torch.no_grad():
+            with torch.no_grad(), use_training_backend(target):
                 hidden, captured = target(ids, capture_layers=layers)
                 target_probs = torch.softmax(target.compute_logits(hidden), dim=-1)  # [B, T, V]
             outputs = ttt_logits(draft, captured, ids, steps)

@@ -28,8 +28,9 @@ from common import (  # noqa: E402
     write_training_record,
 )
 
-from tensorrt_llm._torch.models.checkpoint import random_minimaxm3, save_pretrained  # noqa: E402
+from tensorrt_llm._torch.models.checkpoint import random_model, save_pretrained  # noqa: E402
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config  # noqa: E402
+from tensorrt_llm._torch.training import use_training_backend  # noqa: E402
 
 
 def target_config(vocab_size: int, eos_id: int, args) -> MiniMaxM3Config:
@@ -78,7 +79,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     tokenizer = build_tokenizer()
     config = target_config(tokenizer.get_vocab_size(), tokenizer.token_to_id("<|end|>"), args)
-    model = random_minimaxm3(config, seed=args.seed, std=0.02).to(device).train()
+    model = random_model(config, seed=args.seed, std=0.02).to(device).train()
     print(f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {device}")
     batches = Batches(
         tokenizer, args.seed, args.conversations, args.batch_tokens, long_min_chars=700
@@ -86,7 +87,6 @@ def main() -> None:
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01
     )
-    attention = [layer.self_attn for layer in model.model.layers]
     autocast = (
         torch.autocast("cuda", dtype=torch.bfloat16)
         if device.type == "cuda"
@@ -94,36 +94,33 @@ def main() -> None:
     )
     start = time.time()
     bar = tqdm(range(args.steps), desc="target", mininterval=2.0)
-    for step in bar:
-        for attn in attention:
-            attn.msa_sparse = step >= args.dense_fraction * args.steps
-            attn.train_indexer = True
-        for group in optimizer.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=50)
-        ids, mask = batches.sample()
-        ids, mask = ids.to(device), mask.to(device)
-        with autocast:
-            hidden, _ = model(ids)
-            logits = model.compute_logits(hidden[:, :-1])
-        ce = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
-        )
-        loss = (ce * mask[:, 1:].reshape(-1)).sum() / mask[:, 1:].sum()
-        indexer = sum(a.indexer_loss for a in attention if a.indexer_loss is not None)
-        total = loss + args.indexer_loss_weight * indexer
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if step % 25 == 0:
-            bar.set_postfix(
-                loss=f"{loss.item():.3f}",
-                indexer=f"{float(indexer.detach()) if torch.is_tensor(indexer) else 0.0:.3f}",
-                sparse=attention[-1].msa_sparse,
+    with use_training_backend(model, train_indexer=True) as backend:
+        for step in bar:
+            backend.msa_sparse = step >= args.dense_fraction * args.steps
+            for group in optimizer.param_groups:
+                group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=50)
+            ids, mask = batches.sample()
+            ids, mask = ids.to(device), mask.to(device)
+            with autocast:
+                hidden, _ = model(ids)
+                logits = model.compute_logits(hidden[:, :-1])
+            ce = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
             )
+            loss = (ce * mask[:, 1:].reshape(-1)).sum() / mask[:, 1:].sum()
+            indexer = backend.indexer_loss
+            total = loss + args.indexer_loss_weight * indexer
+            optimizer.zero_grad(set_to_none=True)
+            total.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            if step % 25 == 0:
+                bar.set_postfix(
+                    loss=f"{loss.item():.3f}",
+                    indexer=f"{float(indexer.detach()) if torch.is_tensor(indexer) else 0.0:.3f}",
+                    sparse=backend.msa_sparse,
+                )
     model.eval()
-    for attn in attention:
-        attn.msa_sparse, attn.train_indexer = True, False
     save_pretrained(model.to(torch.bfloat16), config, args.out)
     write_training_record(args, device, "train_target.py")
     save_tokenizer(tokenizer, args.out)

@@ -1,4 +1,5 @@
-"""Torch reference paged attention: the CPU path and the oracle for GPU kernels.
+"""Torch reference paged attention: the CPU path and the oracle for GPU kernels. Models reach it
+through ``VanillaAttentionBackend`` (``vanilla.py``, ``attn_backend="VANILLA"``), never directly.
 
 Every read and write goes through what the metadata's manager publishes (``interface.py``): page
 tensors, ``tokens_per_block`` and the block table. Nothing here knows a slot layout.

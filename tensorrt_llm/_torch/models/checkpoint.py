@@ -1,4 +1,7 @@
-"""HF-style checkpoints: ``config.json`` + ``model.safetensors`` in one directory."""
+"""HF-style checkpoints: ``config.json`` + ``model.safetensors`` in one directory.
+
+Loading is by architecture (``registry.py``): nothing here knows a particular model.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config, MiniMaxM3ForCausalLM
-from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config, Eagle3DraftModel
+from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
+from tensorrt_llm._torch.models.config_utils import read_config_json
+from tensorrt_llm._torch.models.modeling_speculative import (
+    Eagle3Config,
+    Eagle3DraftModel,
+    Eagle3Target,
+)
+from tensorrt_llm._torch.models.registry import ModelConfig, architecture_of, get_model_classes
 
 WEIGHTS = "model.safetensors"
 
@@ -48,11 +57,25 @@ def load_state_dict_into(model: torch.nn.Module, model_dir: str | Path, tied: bo
     model.load_state_dict(state, strict=not tied)
 
 
-def load_minimaxm3(
-    model_dir: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
-) -> MiniMaxM3ForCausalLM:
-    config = MiniMaxM3Config.from_pretrained(model_dir)
-    model = MiniMaxM3ForCausalLM(config)
+def load_config(model_dir: str | Path) -> ModelConfig:
+    """The config of the checkpoint in ``model_dir``, of the class its ``architectures[0]`` selects."""
+    data = read_config_json(model_dir, "model")
+    architecture = architecture_of(data, f"model={str(model_dir)!r}: config.json")
+    return get_model_classes(architecture).config_class.from_dict(data)
+
+
+def load_model(
+    model_dir: str | Path,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    attn_backend: str = "VANILLA",
+) -> torch.nn.Module:
+    """The model in ``model_dir``, of the class its ``architectures[0]`` selects, weights loaded
+    strictly, in eval mode; its config is ``model.config``. ``dtype`` defaults to the config's
+    ``torch_dtype``; ``attn_backend`` is a ``get_attention_backend`` name."""
+    config = load_config(model_dir)
+    model_class = get_model_classes(config.architectures[0]).model_class
+    model = model_class(config, get_attention_backend(attn_backend))
     load_state_dict_into(model, model_dir, config.tie_word_embeddings)
     dtype = dtype or getattr(torch, config.torch_dtype)
     return model.to(device=device, dtype=dtype).eval()
@@ -60,12 +83,14 @@ def load_minimaxm3(
 
 def load_eagle3(
     model_dir: str | Path,
-    target: MiniMaxM3ForCausalLM,
+    target: Eagle3Target,
     layer_idx: int,
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
+    attn_backend: str = "VANILLA",
 ) -> Eagle3DraftModel:
-    """An Eagle3 drafter whose KV layer id is ``layer_idx``, sharing the target's embedding."""
+    """An Eagle3 drafter whose KV layer id is ``layer_idx``, sharing the target's embedding.
+    ``dtype`` defaults to the embedding's."""
     config = Eagle3Config.from_pretrained(model_dir)
     if (
         config.vocab_size != target.config.vocab_size
@@ -76,10 +101,11 @@ def load_eagle3(
             f"target_hidden_size={config.target_hidden_size}; the target has {target.config.vocab_size}, "
             f"{target.config.hidden_size}"
         )
-    model = Eagle3DraftModel(config, layer_idx)
+    model = Eagle3DraftModel(config, layer_idx, get_attention_backend(attn_backend))
     load_state_dict_into(model, model_dir, tied=False)
-    model = model.to(device=device, dtype=dtype or next(target.parameters()).dtype).eval()
-    model.embed_tokens = target.model.embed_tokens
+    embed_tokens = target.model.embed_tokens
+    model = model.to(device=device, dtype=dtype or embed_tokens.weight.dtype).eval()
+    model.embed_tokens = embed_tokens
     return model
 
 
@@ -103,8 +129,16 @@ def random_eagle3(
     return _random_init(Eagle3DraftModel(config, layer_idx), seed, std)
 
 
-def random_minimaxm3(
-    config: MiniMaxM3Config, seed: int = 0, std: float = 0.02
-) -> MiniMaxM3ForCausalLM:
-    """A randomly initialised model (tests, and the starting point of training)."""
-    return _random_init(MiniMaxM3ForCausalLM(config), seed, std)
+def random_model(
+    config: ModelConfig, seed: int = 0, std: float = 0.02, attn_backend: str = "VANILLA"
+) -> torch.nn.Module:
+    """A randomly initialised model of the class ``config.architectures[0]`` selects (tests, and
+    the starting point of training)."""
+    model_class = get_model_classes(config.architectures[0]).model_class
+    return _random_init(model_class(config, get_attention_backend(attn_backend)), seed, std)
+
+
+# The M3-named entry points, for callers outside _torch/models that have not moved to the generic
+# ones (tensorrt_llm/llmapi/llm.py, tests/unittest/llmapi/llm_helpers.py).
+load_minimaxm3 = load_model
+random_minimaxm3 = random_model

@@ -1,9 +1,10 @@
 """MiniMax-M3 architecture at any size: dense first layers, MSA after; GQA, partial RoPE, QK RMSNorm.
 
-Two ways in:
-- ``forward(input_ids [B, T])`` with no metadata: the plain full-sequence forward (training, oracle);
-- ``forward(input_ids [num_tokens], position_ids, attn_metadata)``: the paged path, reading and
-  writing KV only through the manager attached to ``attn_metadata``.
+Every attention layer calls the model's ``attn_backend`` (``attention_backend/interface.py``):
+- ``forward(input_ids [num_tokens], position_ids, attn_metadata)`` on a paged backend (``VANILLA``,
+  the default) reads and writes KV only through the manager attached to ``attn_metadata``;
+- ``forward(input_ids [B, T])`` with no metadata runs whole sequences from position 0 under the
+  training backend (``tensorrt_llm._torch.training.use_training_backend``): training, and the oracle.
 
 Both return hidden states after the final norm; ``compute_logits`` applies the LM head. Hidden states
 of chosen layers can be captured (``capture_layers``) for an Eagle3 drafter.
@@ -17,21 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from tensorrt_llm._torch.attention_backend.reference import paged_attention
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
-    MsaConfig,
-    msa_dense_attention,
-    msa_paged_attention,
-)
+from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
 from tensorrt_llm._torch.models.config_utils import (
     check_positive_ints,
     known_kwargs,
     read_config_json,
 )
+from tensorrt_llm._torch.modules.gated_mlp import GatedMLP
+from tensorrt_llm._torch.modules.rms_norm import RMSNorm
+from tensorrt_llm._torch.modules.rotary_embedding import apply_partial_rope
 
 MODEL_TYPE = "minimax_m3"
 ARCHITECTURE = "MiniMaxM3ForCausalLM"
@@ -116,33 +116,6 @@ class MiniMaxM3Config:
         return tuple(range(self.sparse_attention_config.num_dense_layers, self.num_hidden_layers))
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
-
-
-def apply_partial_rope(
-    x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: float
-) -> torch.Tensor:
-    """Neox-style RoPE on the first ``rotary_dim`` dims of each head. ``x [..., T, H, D]``,
-    ``positions [..., T]``."""
-    half = rotary_dim // 2
-    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, half]
-    cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]  # [..., T, 1, half]
-    rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
-    x1, x2 = rot[..., :half], rot[..., half:]
-    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-    return torch.cat([rotated, rest], dim=-1)
-
-
 class Indexer(nn.Module):
     """MSA's light indexer: ``index_n_heads`` query heads, one shared key head, per-head weights."""
 
@@ -154,12 +127,13 @@ class Indexer(nn.Module):
         self.wk = nn.Linear(cfg.hidden_size, self.head_dim, bias=False)
         self.weights_proj = nn.Linear(cfg.hidden_size, self.num_heads, bias=False)
 
-    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> index_q ``[..., Hi, Di]``, index_w ``[..., Hi]``, index_k ``[..., 1, Di]``."""
+    def forward(self, hidden: torch.Tensor) -> MsaInputs:
+        """``hidden [..., hidden_size]`` -> index_q ``[..., Hi, Di]``, index_w ``[..., Hi]``,
+        index_k ``[..., 1, Di]``."""
         q = self.wq(hidden).unflatten(-1, (self.num_heads, self.head_dim))
         k = self.wk(hidden).unsqueeze(-2)
         w = self.weights_proj(hidden) / math.sqrt(self.num_heads)
-        return q, w, k
+        return MsaInputs(index_q=q, index_w=w, index_k=k)
 
 
 class MiniMaxM3Attention(nn.Module):
@@ -183,17 +157,13 @@ class MiniMaxM3Attention(nn.Module):
         self.is_sparse = layer_idx in cfg.sparse_layer_ids
         if self.is_sparse:
             self.indexer = Indexer(cfg)
-        # Training knobs of the no-cache path: MSA may attend densely (warm-up), and the indexer's
-        # loss is left in ``indexer_loss`` after each training forward.
-        self.msa_sparse = True
-        self.train_indexer = False
-        self.indexer_loss: torch.Tensor | None = None
 
     def forward(
         self,
         hidden: torch.Tensor,
         positions: torch.Tensor,
         metadata: TrtllmAttentionMetadata | None,
+        backend: AttentionBackend,
     ) -> torch.Tensor:
         q = self.q_proj(hidden).unflatten(-1, (self.num_heads, self.head_dim))  # [..., T, H, D]
         k = self.k_proj(hidden).unflatten(
@@ -205,48 +175,12 @@ class MiniMaxM3Attention(nn.Module):
         q = apply_partial_rope(q, positions, self.cfg.rotary_dim, self.cfg.rope_theta)
         k = apply_partial_rope(k, positions, self.cfg.rotary_dim, self.cfg.rope_theta)
         if self.is_sparse:
-            iq, iw, ik = self.indexer(hidden)
-            msa = self.cfg.sparse_attention_config
-            if metadata is None:
-                out, self.indexer_loss = msa_dense_attention(
-                    q,
-                    k,
-                    v,
-                    iq,
-                    iw,
-                    ik,
-                    msa,
-                    self.scale,
-                    self.msa_sparse,
-                    self.training and self.train_indexer,
-                )
-            else:
-                out = msa_paged_attention(
-                    self.layer_idx, q, k, v, iq, iw, ik, metadata, msa, self.scale
-                )
-        elif metadata is None:  # [B, T, ...] from position 0: plain causal attention
-            groups = self.num_heads // self.num_kv_heads
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                k.transpose(1, 2).repeat_interleave(groups, dim=1),
-                v.transpose(1, 2).repeat_interleave(groups, dim=1),
-                is_causal=True,
-                scale=self.scale,
-            ).transpose(1, 2)
+            msa = self.indexer(hidden)
+            cfg = self.cfg.sparse_attention_config
+            out = backend.msa_attention(self.layer_idx, q, k, v, msa, metadata, cfg, self.scale)
         else:
-            out = paged_attention(self.layer_idx, q, k, v, metadata, self.scale)
+            out = backend.attention(self.layer_idx, q, k, v, metadata, self.scale)
         return self.o_proj(out.flatten(-2))
-
-
-class MiniMaxM3MLP(nn.Module):
-    def __init__(self, cfg: MiniMaxM3Config) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class MiniMaxM3DecoderLayer(nn.Module):
@@ -255,10 +189,17 @@ class MiniMaxM3DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = MiniMaxM3Attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MiniMaxM3MLP(cfg)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, hidden, positions, metadata):
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, metadata)
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: TrtllmAttentionMetadata | None,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(hidden), positions, metadata, backend)
+        hidden = hidden + attn
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -273,9 +214,11 @@ class MiniMaxM3Model(nn.Module):
 
 
 class MiniMaxM3ForCausalLM(nn.Module):
-    def __init__(self, cfg: MiniMaxM3Config) -> None:
+    def __init__(self, cfg: MiniMaxM3Config, attn_backend: AttentionBackend | None = None) -> None:
         super().__init__()
         self.config = cfg
+        # Every attention layer calls it; replaceable (``use_training_backend``). Not a parameter.
+        self.attn_backend = attn_backend or get_attention_backend("VANILLA")
         self.model = MiniMaxM3Model(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -290,8 +233,8 @@ class MiniMaxM3ForCausalLM(nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Hidden states after the final norm, and the outputs of ``capture_layers`` (in that order).
 
-        Without metadata: ``input_ids [B, T]``, positions default to ``0..T-1``.
         With metadata: ``input_ids [num_tokens]``, positions default to ``attn_metadata.position_ids``.
+        Without (the training backend): ``input_ids [B, T]``, positions default to ``0..T-1``.
         """
         if position_ids is None:
             if attn_metadata is None:
@@ -303,7 +246,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
         hidden = self.model.embed_tokens(input_ids)
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, position_ids, attn_metadata)
+            hidden = layer(hidden, position_ids, attn_metadata, self.attn_backend)
             if i in capture_layers:
                 captured[i] = hidden
         return self.model.norm(hidden), [captured[i] for i in capture_layers]

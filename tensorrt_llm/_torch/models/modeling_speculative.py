@@ -17,20 +17,22 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from tensorrt_llm._torch.attention_backend.reference import causal_attention, paged_attention
+from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
 from tensorrt_llm._torch.models.config_utils import (
     check_positive_ints,
     known_kwargs,
     read_config_json,
 )
-from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3MLP, RMSNorm, apply_partial_rope
+from tensorrt_llm._torch.modules.gated_mlp import GatedMLP
+from tensorrt_llm._torch.modules.rms_norm import RMSNorm
+from tensorrt_llm._torch.modules.rotary_embedding import apply_partial_rope
 
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -84,6 +86,30 @@ class Eagle3Config:
         return data
 
 
+class Eagle3TargetConfig(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+
+class Eagle3TargetBody(Protocol):
+    @property
+    def embed_tokens(self) -> nn.Embedding: ...
+
+
+class Eagle3Target(Protocol):
+    """All the drafter needs of its target, whatever the architecture: the vocabulary and hidden
+    sizes it must match, and the token embedding it shares (``target.model.embed_tokens``)."""
+
+    @property
+    def config(self) -> Eagle3TargetConfig: ...
+
+    @property
+    def model(self) -> Eagle3TargetBody: ...
+
+
 def default_layers_to_capture(num_target_layers: int) -> tuple[int, ...]:
     """Low, middle and high target layers: (1, L/2 - 1, L - 4) as upstream, clamped for tiny models
     to three distinct layers where possible."""
@@ -112,37 +138,37 @@ class Eagle3Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, metadata: TrtllmAttentionMetadata | None
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: TrtllmAttentionMetadata | None,
+        backend: AttentionBackend,
     ) -> torch.Tensor:
+        """``x [..., 2H]`` -> ``[..., H]``."""
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
         k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         q = apply_partial_rope(q, positions, self.head_dim, self.rope_theta)
         k = apply_partial_rope(k, positions, self.head_dim, self.rope_theta)
-        if metadata is None:  # [B, T, ...]: the training path
-            out = torch.stack(
-                [
-                    causal_attention(q[b], k[b], v[b], positions[b], self.scale)
-                    for b in range(q.shape[0])
-                ]
-            )
-        else:
-            out = paged_attention(self.layer_idx, q, k, v, metadata, self.scale)
+        out = backend.attention(self.layer_idx, q, k, v, metadata, self.scale)
         return self.o_proj(out.flatten(-2))
 
 
 class Eagle3DraftModel(nn.Module):
-    def __init__(self, cfg: Eagle3Config, layer_idx: int) -> None:
+    def __init__(
+        self, cfg: Eagle3Config, layer_idx: int, attn_backend: AttentionBackend | None = None
+    ) -> None:
         super().__init__()
         self.config = cfg
         self.layer_idx = layer_idx
+        self.attn_backend = attn_backend or get_attention_backend("VANILLA")
         self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = nn.Module()
         self.midlayer.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.midlayer.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.midlayer.self_attn = Eagle3Attention(cfg, layer_idx)
         self.midlayer.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.midlayer.mlp = MiniMaxM3MLP(cfg)
+        self.midlayer.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
@@ -164,7 +190,7 @@ class Eagle3DraftModel(nn.Module):
         layer = self.midlayer
         embeds = self.embed_tokens(input_ids).to(features.dtype)
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(features)], dim=-1)
-        hidden = features + layer.self_attn(x, positions, attn_metadata)
+        hidden = features + layer.self_attn(x, positions, attn_metadata, self.attn_backend)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return hidden, self.lm_head(self.norm(hidden)).float()
 
@@ -178,57 +204,3 @@ class Eagle3DraftModel(nn.Module):
             probs
         )
         return out.scatter_(-1, index, probs)
-
-
-def ttt_logits(
-    draft: Eagle3DraftModel, captured: list[torch.Tensor], input_ids: torch.Tensor, num_steps: int
-) -> list[torch.Tensor]:
-    """Training-time test: every row ``s`` runs a whole draft chain started at position ``s``.
-
-    Step ``i`` at row ``s`` is chain step ``i`` of a draft that starts after position ``s``: input
-    token ``s + i + 1`` (teacher-forced: only drafts equal to it matter, the rest are rejected) at
-    position ``s + i``, features from the target (step 0) or the drafter's own step ``i - 1`` at row
-    ``s``. Its query sees step 0's keys at positions ``<= s`` and its own chain's keys (steps 1..i at
-    row ``s``), exactly the keys a real chained draft finds in its KV cache. Returns the draft logits
-    of every step, ``[B, T, draft_vocab]`` each; step ``i`` at row ``s`` predicts token ``s + i + 2``.
-    """
-    batch, length = input_ids.shape
-    attn = draft.midlayer.self_attn
-    layer = draft.midlayer
-    pos = torch.arange(length, device=input_ids.device)
-    hidden = draft.fuse(captured)
-    keys, values, outputs = [], [], []
-    for i in range(num_steps):
-        ids = torch.roll(
-            input_ids, -(i + 1), dims=1
-        )  # token s+i+1 at row s (wrapped rows are masked by the caller)
-        positions = (pos + i).expand(batch, length)
-        embeds = draft.embed_tokens(ids).to(hidden.dtype)
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
-        q = apply_partial_rope(
-            attn.q_proj(x).unflatten(-1, (attn.num_heads, attn.head_dim)),
-            positions,
-            attn.head_dim,
-            attn.rope_theta,
-        )
-        k = apply_partial_rope(
-            attn.k_proj(x).unflatten(-1, (attn.num_kv_heads, attn.head_dim)),
-            positions,
-            attn.head_dim,
-            attn.rope_theta,
-        )
-        keys.append(k)
-        values.append(attn.v_proj(x).unflatten(-1, (attn.num_kv_heads, attn.head_dim)))
-        # [T, (i + 1) T]: causal over step 0, the diagonal over each later step
-        eye = torch.eye(length, dtype=torch.bool, device=input_ids.device)
-        mask = torch.cat([pos[None, :] <= pos[:, None]] + [eye] * i, dim=1)
-        groups = attn.num_heads // attn.num_kv_heads
-        k_all = torch.cat(keys, dim=1).transpose(1, 2).repeat_interleave(groups, dim=1)
-        v_all = torch.cat(values, dim=1).transpose(1, 2).repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k_all, v_all, attn_mask=mask, scale=attn.scale
-        )
-        hidden = hidden + attn.o_proj(out.transpose(1, 2).flatten(-2))
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        outputs.append(draft.lm_head(draft.norm(hidden)).float())
-    return outputs

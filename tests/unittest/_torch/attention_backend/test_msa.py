@@ -8,14 +8,16 @@ import torch
 from m3_helpers import m3_manager, tiny_config
 
 from tensorrt_llm._torch.attention_backend.reference import causal_attention
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import msa_paged_attention
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaInputs
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
 
 CFG = tiny_config()
 MSA = CFG.sparse_attention_config  # block 8, top-2 blocks, 1 local block
 LAYER = 1  # a sparse layer
 H, HKV, D, HI, DI = 4, 2, 8, 2, 8
 SCALE = 1 / math.sqrt(D)
+BACKEND = get_attention_backend("VANILLA")
 
 
 def reference_msa(q, k, v, iq, iw, ik, positions):
@@ -64,9 +66,8 @@ def run_paged(x, manager, request_id, start, end):
     assert manager.resize_sequence(request_id, end)
     md = TrtllmAttentionMetadata(manager, [request_id], [end - start], [start], num_contexts=1)
     part = {n: t[start:end] for n, t in x.items()}
-    return msa_paged_attention(
-        LAYER, part["q"], part["k"], part["v"], part["iq"], part["iw"], part["ik"], md, MSA, SCALE
-    )
+    msa = MsaInputs(index_q=part["iq"], index_w=part["iw"], index_k=part["ik"])
+    return BACKEND.msa_attention(LAYER, part["q"], part["k"], part["v"], msa, md, MSA, SCALE)
 
 
 def dense(x):

@@ -6,11 +6,12 @@ import torch
 from m3_helpers import executor_config, tiny_config
 
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
-from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_minimaxm3
-from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config, ttt_logits
+from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_model
+from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config
 from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
+from tensorrt_llm._torch.training import ttt_logits, use_training_backend
 
 STEPS = 4  # max_draft_len + 1
 
@@ -18,7 +19,7 @@ STEPS = 4  # max_draft_len + 1
 @pytest.mark.parametrize("start", [0, 9, 30])
 def test_training_steps_equal_chained_drafting(start):
     cfg = tiny_config()
-    target = random_minimaxm3(cfg, seed=0, std=0.1)
+    target = random_model(cfg, seed=0, std=0.1)
     draft_cfg = Eagle3Config.from_dict(
         dict(
             hidden_size=32,
@@ -35,7 +36,8 @@ def test_training_steps_equal_chained_drafting(start):
     draft.embed_tokens = target.model.embed_tokens
     ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(start))
     with torch.no_grad():
-        _, captured = target(ids, capture_layers=(0, 1, 2))
+        with use_training_backend(target):
+            _, captured = target(ids, capture_layers=(0, 1, 2))
         train = ttt_logits(draft, captured, ids, STEPS)
 
         # the drafter's own manager (separate mode), so its KV is addressed like any layer's

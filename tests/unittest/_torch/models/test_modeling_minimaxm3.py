@@ -1,4 +1,4 @@
-"""The model on the paged cache equals the plain full-sequence forward."""
+"""The model on the paged cache equals the plain full-sequence forward (the training backend)."""
 
 import random
 from collections import deque
@@ -8,6 +8,7 @@ import torch
 from m3_helpers import m3_manager, tiny_config
 
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.training import use_training_backend
 
 
 def paged_step(model, manager, request_id, tokens, num_cached):
@@ -28,10 +29,10 @@ def scatter_free_slots(manager, seed=0):
 def test_paged_prefill_and_decode_equal_the_full_forward(tiny_model, chunks):
     cfg, model = tiny_model
     seq = torch.randint(0, cfg.vocab_size, (1, 42), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
+    with torch.no_grad(), use_training_backend(model):
         hidden, _ = model(seq)
         full = model.compute_logits(hidden)[0]  # [42, vocab]
-
+    with torch.no_grad():
         manager = m3_manager(cfg)
         scatter_free_slots(manager)
         tokens = seq[0].tolist()
@@ -61,9 +62,10 @@ def test_a_batch_of_mixed_sequences_equals_each_alone(tiny_model):
         )
         hidden, _ = model(torch.tensor(sum(prompts, [])), attn_metadata=md)
         batched = model.compute_logits(hidden).split([len(p) for p in prompts])
-        for p, got in zip(prompts, batched):
-            alone, _ = model(torch.tensor([p]))
-            torch.testing.assert_close(got, model.compute_logits(alone)[0], rtol=1e-4, atol=1e-4)
+        with use_training_backend(model):
+            alone = [model(torch.tensor([p]))[0] for p in prompts]
+        for got, hidden in zip(batched, alone):
+            torch.testing.assert_close(got, model.compute_logits(hidden)[0], rtol=1e-4, atol=1e-4)
 
 
 def test_config_errors_name_the_key():

@@ -19,12 +19,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from tensorrt_llm._torch.attention_backend.reference import (
-    gather_paged,
-    write_paged,
-)
+from tensorrt_llm._torch.attention_backend.reference import gather_paged, write_paged
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 
 
@@ -54,6 +50,20 @@ class MsaConfig:
             raise ValueError(
                 f"sparse_attention_config.num_dense_layers={self.num_dense_layers!r} must be >= 0"
             )
+
+
+@dataclass(frozen=True)
+class MsaInputs:
+    """What MSA's light indexer computed for the step's tokens (``...`` is the token dims of ``q``).
+
+    index_q: ``[..., index_n_heads, index_head_dim]``; index_w: ``[..., index_n_heads]`` (per-head
+    weights, already divided by ``sqrt(index_n_heads)``); index_k: ``[..., 1, index_head_dim]`` (the
+    one shared index-K head, cached per token like K).
+    """
+
+    index_q: torch.Tensor
+    index_w: torch.Tensor
+    index_k: torch.Tensor
 
 
 def index_scores(
@@ -129,21 +139,22 @@ def msa_paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    index_q: torch.Tensor,
-    index_w: torch.Tensor,
-    index_k: torch.Tensor,
+    msa: MsaInputs,
     metadata: TrtllmAttentionMetadata,
     cfg: MsaConfig,
     scale: float,
 ) -> torch.Tensor:
-    """Write K, V and index-K of the step into the cache, then MSA per query. ``index_k [n, 1, Di]``."""
+    """Write K, V and index-K of the step into the cache, then MSA per query.
+
+    q: ``[n, H, D]``; k, v: ``[n, Hkv, D]``; ``msa`` over the same ``n`` tokens (``index_k [n, 1, Di]``).
+    """
     manager = metadata.kv_cache_manager
     pool = manager.layer_pool_index(layer_idx)
     k_pages, v_pages = manager.get_kv_pages(layer_idx)
     ik_pages = manager.get_index_k_pages(layer_idx)
     write_paged(k_pages, metadata, pool, 0, k)
     write_paged(v_pages, metadata, pool, 1, v)
-    write_paged(ik_pages, metadata, pool, 0, index_k)
+    write_paged(ik_pages, metadata, pool, 0, msa.index_k)
     out = torch.empty_like(q)
     for seq in range(metadata.num_seqs):
         span = metadata.seq_token_slice(seq)
@@ -151,78 +162,7 @@ def msa_paged_attention(
         k_all = gather_paged(k_pages, metadata, pool, 0, seq)
         v_all = gather_paged(v_pages, metadata, pool, 1, seq)
         ik_all = gather_paged(ik_pages, metadata, pool, 0, seq)[:, 0]  # [L, Di]
-        selected = select_blocks(index_scores(index_q[span], index_w[span], ik_all), pos, cfg)
+        scores = index_scores(msa.index_q[span], msa.index_w[span], ik_all)  # [n_seq, L]
+        selected = select_blocks(scores, pos, cfg)
         out[span] = sparse_attention(q[span], k_all, v_all, pos, selected, cfg.block_size, scale)
     return out
-
-
-def msa_dense_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    index_q: torch.Tensor,
-    index_w: torch.Tensor,
-    index_k: torch.Tensor,
-    cfg: MsaConfig,
-    scale: float,
-    sparse: bool = True,
-    want_indexer_loss: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The no-cache path (training, full-sequence forward) over whole sequences from position 0.
-
-    ``q [B, T, H, D]``, ``k, v [B, T, Hkv, D]``, ``index_k [B, T, 1, Di]``. With ``sparse`` each query
-    attends only its selected blocks (a token mask from ``select_blocks``), else every earlier key.
-    With ``want_indexer_loss`` also returns the indexer's training loss: the cross-entropy from the
-    dense attention's mass per key block (averaged over heads, no gradient) to the softmax of the
-    indexer's block scores, over the blocks a query can see.
-    """
-    batch, length, num_heads, _ = q.shape
-    bs = cfg.block_size
-    num_blocks = -(-length // bs)
-    pos = torch.arange(length, device=q.device)
-    causal = pos[None, :] <= pos[:, None]  # [T, T]
-    dots = torch.einsum("bthd,bsd->bths", index_q.float(), index_k[:, :, 0].float()) / math.sqrt(
-        index_q.shape[-1]
-    )
-    token_scores = torch.einsum("bths,bth->bts", torch.relu(dots), index_w.float())  # [B, T, T]
-    if sparse:
-        selected = select_blocks(
-            token_scores.detach().reshape(batch * length, length), pos.repeat(batch), cfg
-        )
-        mask = (
-            selected.view(batch, length, num_blocks).repeat_interleave(bs, dim=-1)[..., :length]
-            & causal
-        )
-    else:
-        mask = causal.expand(batch, length, length)
-    groups = num_heads // k.shape[2]
-    qh = q.transpose(1, 2)  # [B, H, T, D]
-    kh = k.transpose(1, 2).repeat_interleave(groups, dim=1)
-    vh = v.transpose(1, 2).repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(
-        qh, kh, vh, attn_mask=mask[:, None], scale=scale
-    ).transpose(1, 2)
-    if not want_indexer_loss:
-        return out, None
-    with torch.no_grad():
-        probs = torch.softmax(
-            (qh.float() @ kh.float().transpose(-1, -2) * scale).masked_fill(~causal, float("-inf")),
-            -1,
-        )
-        mass = (
-            F.pad(probs.mean(dim=1), (0, num_blocks * bs - length))
-            .view(batch, length, num_blocks, bs)
-            .sum(-1)
-        )
-    padded = F.pad(
-        token_scores.masked_fill(~causal, float("-inf")),
-        (0, num_blocks * bs - length),
-        value=float("-inf"),
-    )
-    block_scores = padded.view(batch, length, num_blocks, bs).amax(-1)  # [B, T, num_blocks]
-    visible = (
-        torch.arange(num_blocks, device=q.device)[None, :] <= (pos // bs)[:, None]
-    )  # [T, num_blocks]
-    log_p = torch.log_softmax(block_scores.masked_fill(~visible, float("-inf")), dim=-1)
-    loss = -(mass * log_p.masked_fill(~visible, 0.0)).sum(-1).mean()
-    return out, loss

@@ -1,0 +1,64 @@
+"""AttentionBackend: the one seam between a model and its attention ops (``attn_backend``)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
+from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+
+
+class AttentionBackend(ABC):
+    """How a model's attention layers attend: the one seam between a model and its attention ops.
+
+    A model holds one backend (``attn_backend``) and calls it from every attention layer; it never
+    imports an attention op. Implementations differ in where the keys come from:
+
+    - paged backends (``VANILLA``, later ``TRITON``): ``q, k, v`` are the step's flattened tokens
+      ``[num_tokens, heads, head_dim]``; the call first writes the step's K and V (and index-K) at
+      the step's positions through ``metadata.kv_cache_manager`` (``PagedKVCache`` in ``interface.py``), then
+      attends each query to every cached key of its sequence at a position ``<=`` its own;
+    - the training backend (``tensorrt_llm._torch.training``): whole sequences ``[B, T, heads,
+      head_dim]`` from position 0, no cache, ``metadata`` is ``None``.
+
+    Both return ``[..., num_heads, head_dim]`` shaped like ``q`` (``num_heads`` a multiple of
+    ``num_kv_heads``: GQA). A backend may keep state between calls (the training backend collects
+    the indexer loss); it must not change a model's parameters.
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def attention(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        metadata: TrtllmAttentionMetadata | None,
+        scale: float,
+    ) -> torch.Tensor:
+        """Dense causal attention of layer ``layer_idx``.
+
+        q: ``[..., num_heads, head_dim]``; k, v: ``[..., num_kv_heads, head_dim]`` -> ``[..., num_heads,
+        head_dim]``. Scores are ``q . k * scale``.
+        """
+
+    @abstractmethod
+    def msa_attention(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        msa: MsaInputs,
+        metadata: TrtllmAttentionMetadata | None,
+        cfg: MsaConfig,
+        scale: float,
+    ) -> torch.Tensor:
+        """MiniMax sparse attention of layer ``layer_idx`` (``sparse/minimax_m3/msa.py``): each query
+        attends the key blocks its indexer scores select under ``cfg``. Shapes as ``attention``; a
+        paged backend also caches ``msa.index_k``."""

@@ -1,0 +1,55 @@
+"""VanillaAttentionBackend (``attn_backend="VANILLA"``): the torch reference behind the interface.
+
+The CPU path and the oracle every other backend is checked against. Paged only: every call reads
+and writes KV through the manager attached to the step's metadata (``reference.py``, ``msa.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
+from tensorrt_llm._torch.attention_backend.reference import paged_attention
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
+    MsaConfig,
+    MsaInputs,
+    msa_paged_attention,
+)
+from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+
+
+class VanillaAttentionBackend(AttentionBackend):
+    name = "VANILLA"
+
+    def attention(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        metadata: TrtllmAttentionMetadata | None,
+        scale: float,
+    ) -> torch.Tensor:
+        return paged_attention(layer_idx, q, k, v, self._paged(metadata), scale)
+
+    def msa_attention(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        msa: MsaInputs,
+        metadata: TrtllmAttentionMetadata | None,
+        cfg: MsaConfig,
+        scale: float,
+    ) -> torch.Tensor:
+        return msa_paged_attention(layer_idx, q, k, v, msa, self._paged(metadata), cfg, scale)
+
+    def _paged(self, metadata: TrtllmAttentionMetadata | None) -> TrtllmAttentionMetadata:
+        if metadata is None:
+            raise ValueError(
+                f"attn_backend={self.name!r} attends through the paged KV cache and needs "
+                "attn_metadata; a full-sequence forward without a cache runs under "
+                "tensorrt_llm._torch.training.use_training_backend(model)"
+            )
+        return metadata

@@ -1,0 +1,89 @@
+"""Models by architecture: ``config.json``'s ``architectures[0]`` selects the config class, the model
+class and the KV cache manager class.
+
+A second architecture is one new modeling file and one line in ``MODEL_REGISTRY``. Its classes
+follow the M3 ones:
+
+- config class: a frozen dataclass with ``from_dict(data)`` / ``to_dict()`` for ``config.json``, and
+  at least ``architectures``, ``vocab_size``, ``hidden_size``, ``tie_word_embeddings``,
+  ``torch_dtype`` (``ModelConfig``);
+- model class: ``model_class(config, attn_backend)``, an ``nn.Module`` with ``config``,
+  ``attn_backend``, ``model.embed_tokens``, ``forward(input_ids, position_ids=None,
+  attn_metadata=None, capture_layers=())`` -> ``(hidden, captured)`` and ``compute_logits(hidden)``;
+- KV cache manager class: a ``KVCacheManagerV2`` (the creation site builds it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from torch import nn
+
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
+    MiniMaxM3KVCacheManagerV2,
+)
+from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config, MiniMaxM3ForCausalLM
+from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
+
+
+class ModelConfig(Protocol):
+    """What the loaders read of a registered config class."""
+
+    @property
+    def architectures(self) -> tuple[str, ...]: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def tie_word_embeddings(self) -> bool: ...
+
+    @property
+    def torch_dtype(self) -> str: ...
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ModelClasses:
+    """The classes one architecture is built from."""
+
+    config_class: type[ModelConfig]
+    model_class: type[nn.Module]  # model_class(config, attn_backend)
+    kv_cache_manager_class: type[KVCacheManagerV2]
+
+
+MODEL_REGISTRY: dict[str, ModelClasses] = {
+    "MiniMaxM3ForCausalLM": ModelClasses(
+        MiniMaxM3Config, MiniMaxM3ForCausalLM, MiniMaxM3KVCacheManagerV2
+    ),
+}
+
+
+def get_model_classes(architecture: str) -> ModelClasses:
+    """The registered classes of ``architecture`` (``config.json``'s ``architectures[0]``)."""
+    classes = MODEL_REGISTRY.get(architecture)
+    if classes is None:
+        raise ValueError(
+            f"architectures[0]={architecture!r} is not a known architecture; "
+            f"known: {sorted(MODEL_REGISTRY)}"
+        )
+    return classes
+
+
+def architecture_of(data: dict[str, Any], where: str) -> str:
+    """``architectures[0]`` of a parsed ``config.json`` (``where`` names the file in errors)."""
+    architectures = data.get("architectures")
+    if not isinstance(architectures, list) or not architectures:
+        raise ValueError(
+            f"{where}: architectures={architectures!r}, expected a non-empty list such as "
+            f"{sorted(MODEL_REGISTRY)[:1]}"
+        )
+    return architectures[0]
