@@ -10,8 +10,7 @@ from pathlib import Path
 
 import torch
 
-from tensorrt_llm._torch.models.checkpoint import load_minimaxm3
-from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config
+from tensorrt_llm._torch.models.checkpoint import load_config, load_model
 from tensorrt_llm._torch.pyexecutor._util import create_py_executor
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm.bundled import bundled_target
@@ -64,7 +63,7 @@ class LLM:
             self.args = self.args.model_copy(update={"model": bundled_target()})
         args = self.args
         self.device = _resolve_device(args.device)
-        config = MiniMaxM3Config.from_pretrained(args.model)
+        config = load_config(args.model)
         if args.dtype != "auto":
             dtype = getattr(torch, args.dtype)
         else:
@@ -72,7 +71,7 @@ class LLM:
                 getattr(torch, config.torch_dtype) if self.device.type == "cuda" else torch.float32
             )
         self.model_config = config
-        self.model = load_minimaxm3(args.model, dtype, self.device)
+        self.model = load_model(args.model, dtype, self.device, args.attn_backend)
         self.tokenizer = TransformersTokenizer.from_pretrained(args.tokenizer or args.model)
         self.eos_token_id = config.eos_token_id
         self.max_seq_len = args.max_seq_len or config.max_position_embeddings

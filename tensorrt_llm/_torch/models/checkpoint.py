@@ -136,9 +136,3 @@ def random_model(
     the starting point of training)."""
     model_class = get_model_classes(config.architectures[0]).model_class
     return _random_init(model_class(config, get_attention_backend(attn_backend)), seed, std)
-
-
-# The M3-named entry points, for callers outside _torch/models that have not moved to the generic
-# ones (tensorrt_llm/llmapi/llm.py, tests/unittest/llmapi/llm_helpers.py).
-load_minimaxm3 = load_model
-random_minimaxm3 = random_model

@@ -32,6 +32,7 @@ from tensorrt_llm._torch.models.config_utils import (
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP
 from tensorrt_llm._torch.modules.rms_norm import RMSNorm
 from tensorrt_llm._torch.modules.rotary_embedding import apply_partial_rope
+from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer
 
 MODEL_TYPE = "minimax_m3"
 ARCHITECTURE = "MiniMaxM3ForCausalLM"
@@ -114,6 +115,18 @@ class MiniMaxM3Config:
         if self.sparse_attention_config is None:
             return ()
         return tuple(range(self.sparse_attention_config.num_dense_layers, self.num_hidden_layers))
+
+    def kv_cache_layers(self) -> tuple[KvCacheLayer, ...]:
+        """What each layer caches per token: K and V, plus one index-K head on MSA layers."""
+        msa, sparse = self.sparse_attention_config, set(self.sparse_layer_ids)
+        return tuple(
+            KvCacheLayer(
+                self.num_key_value_heads,
+                self.head_dim,
+                index_head_dim=msa.index_head_dim if i in sparse else 0,
+            )
+            for i in range(self.num_hidden_layers)
+        )
 
 
 class Indexer(nn.Module):

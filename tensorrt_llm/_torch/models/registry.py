@@ -4,9 +4,8 @@ class and the KV cache manager class.
 A second architecture is one new modeling file and one line in ``MODEL_REGISTRY``. Its classes
 follow the M3 ones:
 
-- config class: a frozen dataclass with ``from_dict(data)`` / ``to_dict()`` for ``config.json``, and
-  at least ``architectures``, ``vocab_size``, ``hidden_size``, ``tie_word_embeddings``,
-  ``torch_dtype`` (``ModelConfig``);
+- config class: a frozen dataclass with ``from_dict(data)`` / ``to_dict()`` for ``config.json``,
+  the fields ``ModelConfig`` lists, and ``kv_cache_layers()`` (what each layer caches per token);
 - model class: ``model_class(config, attn_backend)``, an ``nn.Module`` with ``config``,
   ``attn_backend``, ``model.embed_tokens``, ``forward(input_ids, position_ids=None,
   attn_metadata=None, capture_layers=())`` -> ``(hidden, captured)`` and ``compute_logits(hidden)``;
@@ -24,6 +23,7 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager impor
     MiniMaxM3KVCacheManagerV2,
 )
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config, MiniMaxM3ForCausalLM
+from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 
 
@@ -44,6 +44,17 @@ class ModelConfig(Protocol):
 
     @property
     def torch_dtype(self) -> str: ...
+
+    @property
+    def num_hidden_layers(self) -> int: ...
+
+    @property
+    def max_position_embeddings(self) -> int: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    def kv_cache_layers(self) -> tuple[KvCacheLayer, ...]: ...
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig: ...

@@ -11,12 +11,9 @@ import dataclasses
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
-    MiniMaxM3KVCacheManagerV2,
-)
 from tensorrt_llm._torch.models.checkpoint import load_eagle3
-from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config, MiniMaxM3ForCausalLM
 from tensorrt_llm._torch.models.modeling_speculative import default_layers_to_capture
+from tensorrt_llm._torch.models.registry import ModelConfig, get_model_classes
 from tensorrt_llm._torch.pyexecutor.config import (
     KvCacheLayer,
     KVCacheManagerV2Config,
@@ -37,40 +34,25 @@ from tensorrt_llm._torch.speculative.utils import _should_create_separate_draft_
 from tensorrt_llm.logger import logger
 
 
-def kv_cache_layers(
-    config: MiniMaxM3Config, draft_geometry: tuple[int, int] | None = None
-) -> tuple[KvCacheLayer, ...]:
-    """The model's layers as the KV cache sees them, then the one-model drafter's layer (with its
-    own ``(num_kv_heads, head_dim)``) if given."""
-    msa = config.sparse_attention_config
-    sparse = set(config.sparse_layer_ids)
-    layers = [
-        KvCacheLayer(
-            config.num_key_value_heads,
-            config.head_dim,
-            index_head_dim=msa.index_head_dim if i in sparse else 0,
-        )
-        for i in range(config.num_hidden_layers)
-    ]
-    if draft_geometry is not None:
-        layers.append(KvCacheLayer(*draft_geometry, is_draft=True))
-    return tuple(layers)
-
-
 def create_kv_cache_managers(
-    config: MiniMaxM3Config,
+    config: ModelConfig,
     executor_config: PyExecutorConfig,
     draft_geometry: tuple[int, int] | None = None,
-    manager_cls: type[KVCacheManagerV2] = MiniMaxM3KVCacheManagerV2,
+    manager_cls: type[KVCacheManagerV2] | None = None,
 ) -> dict[ResourceManagerType, KVCacheManagerV2]:
     """The target manager, plus a separate draft manager when that mode is chosen: the one factory
     of the creation site and the tests.
 
-    ``draft_geometry`` is the drafter's ``(num_kv_heads, head_dim)`` with one-model Eagle3.
+    ``draft_geometry`` is the drafter's ``(num_kv_heads, head_dim)`` with one-model Eagle3; its layer
+    follows the model's. ``manager_cls`` defaults to the architecture's (``registry.py``).
     """
+    if manager_cls is None:
+        manager_cls = get_model_classes(config.architectures[0]).kv_cache_manager_class
     spec = executor_config.speculative if draft_geometry is not None else None
-    layers = kv_cache_layers(config, draft_geometry)
-    num_target = config.num_hidden_layers
+    layers = config.kv_cache_layers()
+    num_target = len(layers)
+    if draft_geometry is not None:
+        layers += (KvCacheLayer(*draft_geometry, is_draft=True),)
     separate = _should_create_separate_draft_kv_cache(spec, manager_cls)
     mask = [True] * num_target + [False] * (len(layers) - num_target) if separate else None
     target_config = KVCacheManagerV2Config(
@@ -107,7 +89,7 @@ def create_kv_cache_managers(
 
 
 def create_py_executor(
-    model: MiniMaxM3ForCausalLM,
+    model: torch.nn.Module,
     executor_config: PyExecutorConfig,
     detokenize=None,
 ) -> PyExecutor:
@@ -118,7 +100,12 @@ def create_py_executor(
     if spec is not None:
         dtype = next(model.parameters()).dtype
         draft_model = load_eagle3(
-            spec.speculative_model, model, config.num_hidden_layers, dtype, device
+            spec.speculative_model,
+            model,
+            config.num_hidden_layers,
+            dtype,
+            device,
+            executor_config.attn_backend,
         )
     geometry = (
         None

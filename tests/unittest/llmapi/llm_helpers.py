@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from tensorrt_llm._torch.models.checkpoint import random_minimaxm3, save_pretrained
+from tensorrt_llm._torch.models.checkpoint import random_model, save_pretrained
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config
 from tensorrt_llm.tokenizer import build_char_tokenizer
 
@@ -34,7 +34,7 @@ def write_tiny_checkpoint(model_dir: Path, seed: int = 0, **overrides) -> Path:
             **overrides,
         }
     )
-    save_pretrained(random_minimaxm3(config, seed=seed, std=0.15), config, model_dir)
+    save_pretrained(random_model(config, seed=seed, std=0.15), config, model_dir)
     tokenizer.save(str(model_dir / "tokenizer.json"))
     return model_dir
 
