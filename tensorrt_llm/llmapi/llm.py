@@ -13,7 +13,7 @@ import torch
 from tensorrt_llm._torch.models.checkpoint import load_minimaxm3
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config
 from tensorrt_llm._torch.pyexecutor._util import create_py_executor
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm.bundled import bundled_target
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 from tensorrt_llm.logger import logger
@@ -28,7 +28,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     avg_decoded_tokens_per_iter: float | None = None
     generation_logits: torch.Tensor | None = None  # [num_tokens, vocab] if requested
@@ -179,7 +179,9 @@ class LLM:
 
     def context_result(self, request: LlmRequest) -> dict:
         """The ``disaggregated_params`` of a context-only request that ran (JSON-serialisable)."""
-        if request.finish_reason != "context_done":  # it ended outright (EOS at once, an error)
+        if (
+            request.finish_reason is not FinishReason.CONTEXT_DONE
+        ):  # it ended outright (EOS at once, an error)
             return {
                 "request_type": "finished",
                 "output_token_ids": request.output_token_ids,
@@ -254,7 +256,7 @@ class LLM:
         tokens = list(request.output_token_ids)
         visible = (
             tokens[:-1]
-            if request.finish_reason == "stop" and isinstance(request.stop_reason, int)
+            if request.finish_reason is FinishReason.STOP and isinstance(request.stop_reason, int)
             else tokens
         )
         text = self.tokenizer.decode(visible) if request.sampling_params.detokenize else ""

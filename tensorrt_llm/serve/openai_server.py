@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.speculative import utils as spec_utils
 from tensorrt_llm.llmapi.engine_loop import EngineLoop
 from tensorrt_llm.llmapi.llm import LLM
@@ -52,7 +52,7 @@ def error_response(status: int, message: str, kind: str, param: str | None = Non
 class Snapshot:
     token_ids: list[int]
     finished: bool
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     stop_reason: int | str | None
     text_limit: int | None
     avg_decoded_tokens_per_iter: float | None
@@ -213,7 +213,7 @@ class OpenAIServer:
         last = None
         async for snap in updates:
             last = snap
-        if last.finish_reason == "error":
+        if last.finish_reason is FinishReason.ERROR:
             self.counters["errors"] += 1
             raise ServerError(
                 400 if isinstance(last.stop_reason, str) else 500,
@@ -285,7 +285,7 @@ class OpenAIServer:
 
     def _text(self, snap: Snapshot) -> str:
         tokens = snap.token_ids
-        if snap.finish_reason == "stop" and isinstance(snap.stop_reason, int):
+        if snap.finish_reason is FinishReason.STOP and isinstance(snap.stop_reason, int):
             tokens = tokens[:-1]
         text = self.llm.tokenizer.decode(tokens)
         return text if snap.text_limit is None else text[: snap.text_limit]
@@ -306,7 +306,7 @@ class OpenAIServer:
         sent = ""
         first = True
         async for snap in updates:
-            if snap.finish_reason == "error":
+            if snap.finish_reason is FinishReason.ERROR:
                 self.counters["errors"] += 1
                 yield f"data: {json.dumps(ErrorResponse(error=ErrorInfo(message=str(snap.stop_reason), type='server_error', code=500)).model_dump())}\n\n"
                 break
