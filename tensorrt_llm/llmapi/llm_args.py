@@ -12,6 +12,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
+
 
 class StrictBaseModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
@@ -59,7 +61,7 @@ class CacheTransceiverConfig(StrictBaseModel):
     """Makes a server a context or generation server of a disaggregated deployment."""
 
     backend: Literal["NIXL"] = "NIXL"
-    transfer_timeout_s: float = Field(default=60.0, gt=0)
+    transfer_timeout_s: float = Field(default=DEFAULT_TRANSFER_TIMEOUT_S, gt=0)
 
 
 class TorchLlmArgs(StrictBaseModel):

@@ -78,6 +78,7 @@ class PromptKvPull:
             self.handle,
             num_blocks=math.ceil(request.prompt_len / tokens_per_block),
             start_block=reused // tokens_per_block,
+            timeout_s=self.executor.transfer_timeout_s,
         )
         return request.prompt_len - reused
 

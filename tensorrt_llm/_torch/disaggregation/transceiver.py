@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import time
 
+from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.disaggregation.params import (
     LayoutFingerprint,
     PoolFingerprint,
@@ -94,7 +95,7 @@ class KvCacheTransceiver:
         handle: TransferHandle,
         num_blocks: int,
         start_block: int = 0,
-        timeout_s: float = 30.0,
+        timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S,
     ) -> int:
         """READ blocks ``[start_block, num_blocks)`` of the peer's request into this manager's slots
         of ``request_id`` (already allocated). Returns the bytes moved."""

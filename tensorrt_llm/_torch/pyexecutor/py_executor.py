@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
@@ -56,7 +57,7 @@ class PyExecutor:
         self.detokenize = detokenize
         self.active: list[LlmRequest] = []
         self.held_for_transfer: dict[int, tuple[LlmRequest, float]] = {}
-        self.transfer_timeout_s = 60.0
+        self.transfer_timeout_s = DEFAULT_TRANSFER_TIMEOUT_S  # how long held KV waits for a pull
         self._admitted: set[int] = set()
         self.stats = ExecutorStats()
 

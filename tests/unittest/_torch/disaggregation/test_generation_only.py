@@ -2,21 +2,24 @@
 transceiver: the first token and drafts come from the params, slots are allocated for the whole
 prompt, and only the blocks the local prefix cache lacks are pulled."""
 
+import inspect
 from types import SimpleNamespace
 
 import pytest
 import torch
 from disagg_helpers import context_reply, handle
 
+from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.disaggregation.generation_only import (
     PromptKvPull,
     check_resumable,
     resume_from_context,
 )
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
+from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
-from tensorrt_llm.llmapi.llm_args import KvCacheConfig
+from tensorrt_llm.llmapi.llm_args import CacheTransceiverConfig, KvCacheConfig
 
 PROMPT = list(range(300))  # 2 full blocks of 128 tokens and a partial one
 
@@ -77,12 +80,12 @@ def test_a_cold_prompt_is_pulled_whole_and_a_cached_prefix_is_not_pulled_again()
     manager = ex.kv_cache_manager
     cold = LlmRequest(request_id=0, prompt_token_ids=PROMPT, max_new_tokens=8)
     assert PromptKvPull(ex, transceiver, handle())(cold) == 300
-    assert transceiver.pulls == [(0, 7, 0, 3, None)]
+    assert transceiver.pulls == [(0, 7, 0, 3, 5.0)]
     manager.commit_sequence(0, 300, PROMPT)  # what the executor does once the KV is final
     manager.free_sequence(0)
     warm = LlmRequest(request_id=1, prompt_token_ids=PROMPT, max_new_tokens=8)
     assert PromptKvPull(ex, transceiver, handle(request_id=8))(warm) == 300 - 256
-    assert warm.num_reused_tokens == 256 and transceiver.pulls[1] == (1, 8, 2, 3, None)
+    assert warm.num_reused_tokens == 256 and transceiver.pulls[1] == (1, 8, 2, 3, 5.0)
     assert len(manager.get_batch_cache_indices([1])[0]) == 3
     manager.check_integrity()
 
@@ -93,3 +96,9 @@ def test_an_incompatible_peer_is_refused_before_any_slot_is_taken():
     with pytest.raises(ValueError, match="incompatible KV cache layout on peer 'ctx'"):
         PromptKvPull(ex, RecordingTransceiver(refuse=True), handle())(request)
     assert ex.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
+
+
+def test_the_config_and_the_pull_share_one_transfer_timeout_default():
+    assert CacheTransceiverConfig().transfer_timeout_s == DEFAULT_TRANSFER_TIMEOUT_S
+    pull = inspect.signature(KvCacheTransceiver.pull).parameters["timeout_s"]
+    assert pull.default == DEFAULT_TRANSFER_TIMEOUT_S
