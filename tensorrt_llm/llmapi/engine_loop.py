@@ -3,7 +3,7 @@
 Every call into the executor happens on the loop's thread. Other threads hand it commands (submit,
 cancel) through a queue and get progress back through a callback, invoked on the loop's thread
 after each step with the request (its tokens so far) and whether it finished. A step that raises
-ends (and frees) only the requests of that batch, with ``finish_reason == "error"``; the loop keeps
+ends (and frees) only the requests of that batch, with ``FinishReason.ERROR``; the loop keeps
 serving the others.
 """
 
@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.logger import logger
 
@@ -85,7 +85,7 @@ class EngineLoop:
             try:
                 self.executor.enqueue_request(payload)
             except ValueError as exc:
-                payload.finish("error", str(exc))
+                payload.finish(FinishReason.ERROR, str(exc))
                 callback(payload, True)
                 return
             self._watchers[payload.request_id] = (payload, callback)
@@ -94,7 +94,7 @@ class EngineLoop:
             try:
                 self.executor.enqueue_generation_only(request, load_kv)
             except Exception as exc:  # a bad peer or no slots: this request ends, the loop goes on
-                request.finish("error", str(exc))
+                request.finish(FinishReason.ERROR, str(exc))
                 callback(request, True)
                 return
             self._watchers[request.request_id] = (request, callback)

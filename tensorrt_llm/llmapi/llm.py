@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import itertools
-import math
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from tensorrt_llm._torch.disaggregation import context_only, generation_only
+from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
+from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
+from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
 from tensorrt_llm._torch.models.checkpoint import load_config, load_model
 from tensorrt_llm._torch.pyexecutor._util import create_py_executor
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm.bundled import bundled_target
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 from tensorrt_llm.logger import logger
@@ -27,7 +30,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     avg_decoded_tokens_per_iter: float | None = None
     generation_logits: torch.Tensor | None = None  # [num_tokens, vocab] if requested
@@ -82,10 +85,8 @@ class LLM:
             self.model, executor_config, detokenize=self.tokenizer.decode
         )
         self.kv_cache_manager = self.executor.kv_cache_manager
-        self.transceiver = None
+        self.transceiver: KvCacheTransceiver | None = None
         if args.cache_transceiver_config is not None:
-            from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
-
             self.executor.transfer_timeout_s = args.cache_transceiver_config.transfer_timeout_s
             self.transceiver = KvCacheTransceiver(
                 self.kv_cache_manager, f"trtllm-{uuid.uuid4().hex[:12]}"
@@ -154,16 +155,16 @@ class LLM:
         return outputs[0] if single else outputs
 
     # ---- disaggregated serving ------------------------------------------------------------------
-    def _require_transceiver(self):
+    def _require_transceiver(self) -> KvCacheTransceiver:
         if self.transceiver is None:
             raise ValueError("disaggregated serving needs cache_transceiver_config (backend: NIXL)")
         return self.transceiver
 
     def generate_context_only(
         self, inputs: list[PromptInputs], sampling_params: SamplingParams | None = None
-    ) -> list[dict]:
+    ) -> list[DisaggregatedParams]:
         """Prefill each prompt (target and drafter KV, first token, first drafts) and keep its KV
-        for a generation server; returns the JSON ``disaggregated_params`` per prompt."""
+        for a generation server; returns the ``disaggregated_params`` per prompt."""
         self._require_transceiver()
         made = [self._make_request(p, sampling_params or SamplingParams())[0] for p in inputs]
         for request in made:
@@ -173,72 +174,36 @@ class LLM:
             self.executor.step()
         return [self.context_result(request) for request in made]
 
-    def context_result(self, request: LlmRequest) -> dict:
-        """The ``disaggregated_params`` of a context-only request that ran (JSON-serialisable)."""
-        if request.finish_reason != "context_done":  # it ended outright (EOS at once, an error)
-            return {
-                "request_type": "finished",
-                "output_token_ids": request.output_token_ids,
-                "finish_reason": request.finish_reason,
-            }
-        return {
-            "request_type": "context_only",
-            "prompt_token_ids": request.prompt_token_ids,
-            "first_token": request.output_token_ids[0],
-            "draft_tokens": list(request.py_draft_tokens),
-            **self._require_transceiver().export(request.request_id),
-        }
+    def context_result(self, request: LlmRequest) -> DisaggregatedParams:
+        """The ``disaggregated_params`` of a context-only request that ran."""
+        return context_only.context_result(request, self._require_transceiver())
 
     def release_pulled(self) -> int:
         """Free context-only requests whose KV a generation server has pulled (or timed out)."""
-        pulled = [
-            int(m.split(":", 1)[1])
-            for m in self._require_transceiver().pulled_requests()
-            if m.startswith("pulled:")
-        ]
-        return self.executor.release_transferred(pulled)
+        return context_only.release_pulled(self.executor, self._require_transceiver())
 
-    def generation_only_request(self, ctx: dict, params: SamplingParams):
-        """A request resuming after a context server's prefill, and the function that loads its
-        prompt KV: allocate slots in every KV manager, then pull over NIXL the blocks not already in
-        this server's prefix cache. Returns ``(request, load_kv)``."""
+    def generation_only_request(
+        self, disaggregated_params: DisaggregatedParams | dict, sampling_params: SamplingParams
+    ) -> tuple[LlmRequest, PromptKvPull]:
+        """A request resuming after a context server's prefill, and the ``load_kv`` that pulls its
+        prompt KV when the executor admits it (see ``generation_only.resume_from_context``)."""
         transceiver = self._require_transceiver()
-        if ctx.get("request_type") not in ("context_only", "generation_only"):
-            raise ValueError(
-                f"disaggregated_params.request_type={ctx.get('request_type')!r}: expected a context server's "
-                "'context_only' result (sent as 'generation_only')"
-            )
-        request, _ = self._make_request(list(ctx["prompt_token_ids"]), params)
-        request.output_token_ids = [int(ctx["first_token"])]
-        request.py_draft_tokens = [int(t) for t in ctx["draft_tokens"]]
-
-        def load_kv(req: LlmRequest) -> int:
-            transceiver.check_peer(ctx)
-            tpb = self.kv_cache_manager.tokens_per_block
-            reused = 0
-            for manager in self.executor.resource_manager.resource_managers.values():
-                got = manager.add_sequence(req.request_id, req.prompt_token_ids, req.cache_salt)
-                reused = got if manager is self.kv_cache_manager else reused
-                if not manager.resize_sequence(req.request_id, req.prompt_len):
-                    raise ValueError(
-                        f"request {req.request_id}: no KV slots for its {req.prompt_len}-token prompt"
-                    )
-            req.num_reused_tokens = reused
-            transceiver.pull(
-                req.request_id, ctx, math.ceil(req.prompt_len / tpb), start_block=reused // tpb
-            )
-            return req.prompt_len - reused
-
+        params = DisaggregatedParams.model_validate(disaggregated_params)
+        generation_only.check_resumable(params)
+        request, _ = self._make_request(list(params.prompt_token_ids), sampling_params)
+        load_kv = generation_only.resume_from_context(request, params, self.executor, transceiver)
         return request, load_kv
 
     def generate_from_context(
-        self, disaggregated_params: list[dict], sampling_params: SamplingParams | None = None
+        self,
+        disaggregated_params: list[DisaggregatedParams | dict],
+        sampling_params: SamplingParams | None = None,
     ) -> list[RequestOutput]:
         """Decode requests whose prompts a context server prefilled (see ``generation_only_request``)."""
         made = []
-        for ctx in disaggregated_params:
+        for params in disaggregated_params:
             request, load_kv = self.generation_only_request(
-                ctx, sampling_params or SamplingParams()
+                params, sampling_params or SamplingParams()
             )
             self.executor.enqueue_generation_only(request, load_kv)
             made.append(request)
@@ -250,7 +215,7 @@ class LLM:
         tokens = list(request.output_token_ids)
         visible = (
             tokens[:-1]
-            if request.finish_reason == "stop" and isinstance(request.stop_reason, int)
+            if request.finish_reason is FinishReason.STOP and isinstance(request.stop_reason, int)
             else tokens
         )
         text = self.tokenizer.decode(visible) if request.sampling_params.detokenize else ""

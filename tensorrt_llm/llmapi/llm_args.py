@@ -12,6 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.pyexecutor.config import KvCacheOptions, PyExecutorConfig
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 
@@ -80,7 +81,7 @@ class CacheTransceiverConfig(StrictBaseModel):
     """Makes a server a context or generation server of a disaggregated deployment."""
 
     backend: Literal["NIXL"] = "NIXL"
-    transfer_timeout_s: float = Field(default=60.0, gt=0)
+    transfer_timeout_s: float = Field(default=DEFAULT_TRANSFER_TIMEOUT_S, gt=0)
 
 
 class TorchLlmArgs(StrictBaseModel):

@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
+
 
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -29,7 +31,7 @@ class _SamplingFields(OpenAIBaseModel):
     ignore_eos: bool = False
     # Disaggregated serving: {"request_type": "context_only"} asks a context server to prefill and
     # keep the KV; a generation server gets the context server's result as "generation_only".
-    disaggregated_params: dict | None = None
+    disaggregated_params: DisaggregatedParams | None = None
 
 
 class CompletionRequest(_SamplingFields):

@@ -16,7 +16,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
+from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm.llmapi.engine_loop import EngineLoop
 from tensorrt_llm.llmapi.llm import LLM
 from tensorrt_llm.sampling_params import SamplingParams
@@ -51,11 +53,11 @@ def error_response(status: int, message: str, kind: str, param: str | None = Non
 class Snapshot:
     token_ids: list[int]
     finished: bool
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     stop_reason: int | str | None
     text_limit: int | None
     avg_decoded_tokens_per_iter: float | None
-    disaggregated_params: dict | None = None
+    disaggregated_params: DisaggregatedParams | None = None
 
 
 class OpenAIServer:
@@ -171,35 +173,41 @@ class OpenAIServer:
         except ValueError as exc:
             raise ServerError(400, str(exc)) from None
 
-    async def _serve(self, body, token_ids: list[int], request: Request, chat: bool):
-        params = self._params(body)
-        disagg = body.disaggregated_params
-        if disagg is not None and self.llm.transceiver is None:
+    def _llm_request(
+        self, body, token_ids: list[int], params: SamplingParams
+    ) -> tuple[LlmRequest, PromptKvPull | None]:
+        """The request to run, and for a ``generation_only`` one the ``load_kv`` of its prompt."""
+        disagg: DisaggregatedParams | None = body.disaggregated_params
+        if disagg is None:
+            return self.llm._make_request(token_ids, params)[0], None
+        if self.llm.transceiver is None:
             raise ServerError(
                 400,
                 "this server has no cache_transceiver_config; it cannot serve disaggregated requests",
                 param="disaggregated_params",
             )
-        load_kv = None
+        if disagg.request_type is RequestType.GENERATION_ONLY:
+            return self.llm.generation_only_request(disagg, params)
+        if disagg.request_type is not RequestType.CONTEXT_ONLY:
+            raise ValueError(
+                f"disaggregated_params.request_type={disagg.request_type.value!r}: a server takes "
+                "'context_only' or 'generation_only'"
+            )
+        llm_request, _ = self.llm._make_request(token_ids, params)
+        llm_request.context_only = True
+        body.stream = False  # a context server answers once, with the KV handle
+        return llm_request, None
+
+    async def _serve(self, body, token_ids: list[int], request: Request, chat: bool):
+        params = self._params(body)
         try:
-            if disagg is not None and disagg.get("request_type") == "generation_only":
-                llm_request, load_kv = self.llm.generation_only_request(disagg, params)
-                token_ids = llm_request.prompt_token_ids
-            else:
-                llm_request, _ = self.llm._make_request(token_ids, params)
-                if disagg is not None:
-                    if disagg.get("request_type") != "context_only":
-                        raise ValueError(
-                            f"disaggregated_params.request_type={disagg.get('request_type')!r}"
-                        )
-                    llm_request.context_only = True
-                    body.stream = False  # a context server answers once, with the KV handle
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ServerError(
-                400,
-                str(exc),
-                param="disaggregated_params" if disagg else ("messages" if chat else "prompt"),
-            ) from None
+            llm_request, load_kv = self._llm_request(body, token_ids, params)
+        except (ValueError, TypeError) as exc:
+            param = "messages" if chat else "prompt"
+            if body.disaggregated_params is not None:
+                param = "disaggregated_params"
+            raise ServerError(400, str(exc), param=param) from None
+        token_ids = llm_request.prompt_token_ids
         self.counters["requests"] += 1
         self.counters["prompt_tokens"] += len(token_ids)
         rid = new_id("chatcmpl" if chat else "cmpl")
@@ -212,7 +220,7 @@ class OpenAIServer:
         last = None
         async for snap in updates:
             last = snap
-        if last.finish_reason == "error":
+        if last.finish_reason is FinishReason.ERROR:
             self.counters["errors"] += 1
             raise ServerError(
                 400 if isinstance(last.stop_reason, str) else 500,
@@ -244,7 +252,7 @@ class OpenAIServer:
             "usage": usage,
         }
         if last.disaggregated_params is not None:
-            reply["disaggregated_params"] = last.disaggregated_params
+            reply["disaggregated_params"] = last.disaggregated_params.to_json()
         return reply
 
     async def _run(
@@ -256,7 +264,7 @@ class OpenAIServer:
         updates: asyncio.Queue[Snapshot] = asyncio.Queue()
 
         def on_update(req: LlmRequest, finished: bool) -> None:  # on the engine thread
-            handle = self.llm.context_result(req) if finished and req.context_only else None
+            result = self.llm.context_result(req) if finished and req.context_only else None
             snap = Snapshot(
                 list(req.output_token_ids),
                 finished,
@@ -264,7 +272,7 @@ class OpenAIServer:
                 req.stop_reason,
                 req.text_limit,
                 req.avg_decoded_tokens_per_iter,
-                handle,
+                result,
             )
             loop.call_soon_threadsafe(updates.put_nowait, snap)
 
@@ -284,7 +292,7 @@ class OpenAIServer:
 
     def _text(self, snap: Snapshot) -> str:
         tokens = snap.token_ids
-        if snap.finish_reason == "stop" and isinstance(snap.stop_reason, int):
+        if snap.finish_reason is FinishReason.STOP and isinstance(snap.stop_reason, int):
             tokens = tokens[:-1]
         text = self.llm.tokenizer.decode(tokens)
         return text if snap.text_limit is None else text[: snap.text_limit]
@@ -305,7 +313,7 @@ class OpenAIServer:
         sent = ""
         first = True
         async for snap in updates:
-            if snap.finish_reason == "error":
+            if snap.finish_reason is FinishReason.ERROR:
                 self.counters["errors"] += 1
                 yield f"data: {json.dumps(ErrorResponse(error=ErrorInfo(message=str(snap.stop_reason), type='server_error', code=500)).model_dump())}\n\n"
                 break

@@ -1,10 +1,11 @@
 """The disaggregated router: context server first, then generation server, per request.
 
 For ``/v1/completions`` and ``/v1/chat/completions`` the router sends the request to a context
-server (round robin) with ``disaggregated_params: {"request_type": "context_only"}``; the reply
-carries the KV handle (JSON). It then sends the original request plus that handle, marked
-``generation_only``, to a generation server (round robin), which pulls the KV over NIXL and
-decodes; that reply (streamed or not) goes back to the client unchanged.
+server (round robin) with ``disaggregated_params: {"request_type": "context_only"}``; the reply's
+``DisaggregatedParams`` carry the KV handle (JSON). It then sends the original request plus those
+params, marked ``generation_only``, to a generation server (round robin), which pulls the KV over
+NIXL and decodes; that reply (streamed or not) goes back to the client unchanged. A request that
+ended on the context server (``finished``) is answered from there.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
 from tensorrt_llm.serve.openai_server import error_response
 
 
@@ -80,23 +82,10 @@ class DisaggRouter:
             body = await request.json()
         except ValueError:
             return error_response(400, "the request body is not JSON", "invalid_request_error")
-        ctx_body = {
-            **body,
-            "stream": False,
-            "disaggregated_params": {"request_type": "context_only"},
-        }
-        try:
-            ctx_reply = await self.client.post(next(self._ctx) + path, json=ctx_body)
-        except httpx.HTTPError as exc:
-            return error_response(502, f"context server unreachable: {exc}", "server_error")
-        if ctx_reply.status_code != 200:
-            return JSONResponse(ctx_reply.json(), status_code=ctx_reply.status_code)
-        result = ctx_reply.json()
-        handle = result.get("disaggregated_params") or {}
-        if handle.get("request_type") != "context_only":  # finished on the context server already
-            result.pop("disaggregated_params", None)
-            return JSONResponse(result)
-        gen_body = {**body, "disaggregated_params": {**handle, "request_type": "generation_only"}}
+        handed_over = await self._context_phase(path, body)
+        if not isinstance(handed_over, DisaggregatedParams):
+            return handed_over  # the context server's answer (it finished there, or an error)
+        gen_body = {**body, "disaggregated_params": handed_over.to_json()}
         gen_url = next(self._gen) + path
         if not body.get("stream"):
             try:
@@ -111,3 +100,26 @@ class DisaggRouter:
                     yield chunk
 
         return StreamingResponse(relay(), media_type="text/event-stream")
+
+    async def _context_phase(self, path: str, body: dict) -> DisaggregatedParams | JSONResponse:
+        """Prefill on a context server; returns the ``generation_only`` params to send on, or
+        the reply to give the client when there is nothing to hand over."""
+        ask = DisaggregatedParams(request_type=RequestType.CONTEXT_ONLY)
+        ctx_body = {**body, "stream": False, "disaggregated_params": ask.to_json()}
+        try:
+            ctx_reply = await self.client.post(next(self._ctx) + path, json=ctx_body)
+        except httpx.HTTPError as exc:
+            return error_response(502, f"context server unreachable: {exc}", "server_error")
+        if ctx_reply.status_code != 200:
+            return JSONResponse(ctx_reply.json(), status_code=ctx_reply.status_code)
+        result = ctx_reply.json()
+        raw = result.pop("disaggregated_params", None)
+        try:
+            params = None if raw is None else DisaggregatedParams.model_validate(raw)
+            if params is None or params.request_type is RequestType.FINISHED:
+                return JSONResponse(result)  # it ended on the context server
+            return params.for_generation()
+        except ValueError as exc:
+            return error_response(
+                502, f"the context server's disaggregated_params: {exc}", "server_error"
+            )

@@ -10,6 +10,16 @@ import torch
 from tensorrt_llm.sampling_params import SamplingParams
 
 
+class FinishReason(enum.StrEnum):
+    """Why a request ended. A ``str`` enum: JSON and the OpenAI replies carry the plain value."""
+
+    STOP = "stop"  # the end id, a stop token or a stop string
+    LENGTH = "length"  # max_new_tokens or max_seq_len reached
+    CANCELLED = "cancelled"  # the client went away, or a cancel call
+    ERROR = "error"  # a failed step or a request that could not start (``stop_reason``: why)
+    CONTEXT_DONE = "context_done"  # a context-only request finished its prompt; its KV is held
+
+
 class LlmRequestState(enum.Enum):
     CONTEXT_INIT = "context_init"  # prompt (or part of it) still to prefill
     GENERATION_IN_PROGRESS = "generation_in_progress"
@@ -37,7 +47,7 @@ class LlmRequest:
     py_draft_tokens: list[int] = field(default_factory=list)
     cache_salt: str | None = None
     num_reused_tokens: int = 0
-    finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+    finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     text_limit: int | None = (
         None  # characters of the decoded output to keep (a stop string was hit)
@@ -97,7 +107,7 @@ class LlmRequest:
             self.num_accepted_draft_tokens + self.num_decode_iterations
         ) / self.num_decode_iterations
 
-    def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
+    def finish(self, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         self.state = LlmRequestState.GENERATION_COMPLETE
-        self.finish_reason = reason
+        self.finish_reason = FinishReason(reason)
         self.stop_reason = stop_reason

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
+from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler
@@ -56,7 +57,7 @@ class PyExecutor:
         self.detokenize = detokenize
         self.active: list[LlmRequest] = []
         self.held_for_transfer: dict[int, tuple[LlmRequest, float]] = {}
-        self.transfer_timeout_s = 60.0
+        self.transfer_timeout_s = DEFAULT_TRANSFER_TIMEOUT_S  # how long held KV waits for a pull
         self._admitted: set[int] = set()
         self.stats = ExecutorStats()
 
@@ -89,7 +90,7 @@ class PyExecutor:
         """Finish a request now and free its KV. Returns False if it is not active."""
         for req in self.active:
             if req.request_id == request_id:
-                req.finish("cancelled")
+                req.finish(FinishReason.CANCELLED)
                 self._release(req)
                 return True
         return False
@@ -97,11 +98,11 @@ class PyExecutor:
     def release_transferred(self, request_ids: list[int] | None = None) -> int:
         """Free context-only requests that were pulled (``request_ids``) or waited past the
         transfer timeout. Returns how many were freed."""
-        now = time.monotonic()
+        now, pulled = time.monotonic(), set(request_ids or ())
         done = [
             rid
             for rid, (_, deadline) in self.held_for_transfer.items()
-            if deadline < now or rid in (request_ids or ())
+            if deadline < now or rid in pulled
         ]
         for rid in done:
             req, _ = self.held_for_transfer.pop(rid)
@@ -147,7 +148,7 @@ class PyExecutor:
             self.resource_manager.update_resources(batch)
         except Exception:
             for req in batch.all_requests:  # never leak a slot: the batch's requests end here
-                req.finish("error")
+                req.finish(FinishReason.ERROR)
                 self._release(req)
             raise
         self.stats.num_steps += 1
@@ -158,16 +159,11 @@ class PyExecutor:
         return finished
 
     def _release(self, req: LlmRequest) -> None:
-        if req.finish_reason == "context_done":  # its KV waits for a generation server's pull
-            self.held_for_transfer[req.request_id] = (
-                req,
-                time.monotonic() + self.transfer_timeout_s,
-            )
-            self._admitted.discard(req.request_id)
-            if req in self.active:
-                self.active.remove(req)
-            return
-        self.resource_manager.free_resources(req)
+        if req.finish_reason is FinishReason.CONTEXT_DONE:  # its KV waits for a generation server
+            deadline = time.monotonic() + self.transfer_timeout_s
+            self.held_for_transfer[req.request_id] = (req, deadline)
+        else:
+            self.resource_manager.free_resources(req)
         self._admitted.discard(req.request_id)
         if req in self.active:
             self.active.remove(req)
@@ -215,19 +211,19 @@ class PyExecutor:
                     break
             req.py_draft_tokens = [] if req.is_finished else step.next_drafts[i]
             if req.context_only and not req.is_finished:
-                req.finish("context_done")
+                req.finish(FinishReason.CONTEXT_DONE)
 
     def _check_stop(self, req: LlmRequest, token: int) -> None:
         params = req.sampling_params
         if token == req.end_id and not params.ignore_eos or token in params.stop_token_ids:
-            req.finish("stop", token)
+            req.finish(FinishReason.STOP, token)
         elif params.stop and self.detokenize is not None and self._hit_stop_string(req):
             return
         elif (
             len(req.output_token_ids) >= req.max_new_tokens
             or req.get_num_tokens() >= self.max_seq_len
         ):
-            req.finish("length")
+            req.finish(FinishReason.LENGTH)
 
     def _hit_stop_string(self, req: LlmRequest) -> bool:
         text = self.detokenize(req.output_token_ids)
@@ -236,5 +232,5 @@ class PyExecutor:
             return False
         index, stop = min(hits)
         req.text_limit = index
-        req.finish("stop", stop)
+        req.finish(FinishReason.STOP, stop)
         return True

@@ -2,11 +2,13 @@
 generation side pulls the prompt's slots, runs no prefill, and decodes what the aggregated LLM
 decodes; the drafter's KV travels in unified mode (AL kept) and not in separate mode (AL drops)."""
 
+import json
 import random
 
 import pytest
 
 from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm._torch.disaggregation.params import RequestType
 from tensorrt_llm.bundled import BUNDLED_DRAFT
 from tensorrt_llm.evaluate.tasks import gsm8k_tiny
 from tensorrt_llm.llmapi.llm_args import CacheTransceiverConfig, Eagle3DecodingConfig, KvCacheConfig
@@ -43,13 +45,12 @@ def test_generation_server_decodes_what_the_aggregated_llm_decodes(prompts, mode
     aggregated = make(mode, False).generate(prompts, GREEDY)
     ctx, gen = make(mode, True), make(mode, True)
     params = ctx.generate_context_only(prompts, GREEDY)
-    assert all(p["request_type"] == "context_only" for p in params)
-    outputs = gen.generate_from_context(params, GREEDY)
+    assert all(p.request_type is RequestType.CONTEXT_ONLY for p in params)
+    wire = [json.loads(json.dumps(p.to_json())) for p in params]  # as a router would carry them
+    outputs = gen.generate_from_context(wire, GREEDY)
     assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in aggregated]
     assert gen.executor.stats.num_context_tokens_computed == 0  # no prefill on the generation side
-    assert gen.executor.stats.num_transferred_tokens == sum(
-        len(p["prompt_token_ids"]) for p in params
-    )
+    assert gen.executor.stats.num_transferred_tokens == sum(len(p.prompt_token_ids) for p in params)
     assert ctx.release_pulled() == len(prompts)
     for llm in (ctx, gen):
         assert llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0

@@ -105,3 +105,34 @@ def test_a_disconnected_stream_frees_its_slots_and_metrics_report(server):
     text = httpx.get(url + "/metrics").text
     assert 'trtllm_draft_kv_mode{mode="target manager\'s draft sub-page view"} 1' in text
     assert "trtllm_acceptance_length" in text and 'trtllm_kv_cache_slots{state="used"} 0' in text
+
+
+@pytest.mark.parametrize(
+    "params, param, message",
+    [
+        (
+            {"request_type": "prefill_only"},
+            "disaggregated_params.request_type",
+            "disaggregated_params.request_type: Input should be 'context_only'",
+        ),
+        (
+            {"request_type": "generation_only"},
+            "disaggregated_params",
+            "missing ['first_token', 'prompt_token_ids', 'transfer_handle']",
+        ),
+        (  # well formed, but this server has no transceiver
+            {"request_type": "context_only"},
+            "disaggregated_params",
+            "this server has no cache_transceiver_config",
+        ),
+    ],
+)
+def test_a_bad_disaggregated_request_is_a_400_naming_disaggregated_params(
+    server, params, param, message
+):
+    reply = httpx.post(
+        server[1] + "/v1/completions",
+        json={"prompt": "hi", "max_tokens": 4, "disaggregated_params": params},
+    )
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["param"] == param and message in error["message"]

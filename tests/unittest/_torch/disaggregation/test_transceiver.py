@@ -1,12 +1,14 @@
 """Whole slots over NIXL (UCX, DRAM) between two managers: the drafter's sub-pages travel in the
 same descriptors in unified mode, stay behind in separate mode; an incompatible peer is refused."""
 
-import json
+import logging
+import time
 
 import pytest
 import torch
 from m3_helpers import executor_config, tiny_config
 
+from tensorrt_llm._torch.disaggregation.params import TransferHandle
 from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
 from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
@@ -49,8 +51,8 @@ def test_unified_slots_move_whole_with_the_drafters_subpages():
         KvCacheTransceiver(ctx, "ctx-unified"),
         KvCacheTransceiver(gen, "gen-unified"),
     )
-    params = json.loads(json.dumps(sender.export(0)))  # the control plane is JSON
-    moved = receiver.pull(0, params, num_blocks=3)
+    handle = TransferHandle.model_validate_json(sender.export(0).model_dump_json())  # JSON only
+    moved = receiver.pull(0, handle, num_blocks=3)
     assert moved == 3 * gen.slot_bytes()
     src, dst = ctx.get_batch_cache_indices([0])[0], gen.get_batch_cache_indices([0])[0]
     assert src != dst
@@ -60,7 +62,31 @@ def test_unified_slots_move_whole_with_the_drafters_subpages():
         gen.get_buffers(draft)[dst], ctx.get_buffers(draft)[src]
     )  # drafter KV arrived
     assert torch.equal(gen.get_index_k_buffers(1)[dst], ctx.get_index_k_buffers(1)[src])
-    assert sender.pulled_requests() == ["pulled:0"]
+    assert pulled(sender) == [0]  # the context side learns which request to release
+
+
+def pulled(transceiver, timeout_s=10.0):
+    """The pull notifications arrive asynchronously: wait for the first ones."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ids = transceiver.pulled_request_ids()
+        if ids:
+            return ids
+        time.sleep(0.01)
+    return []
+
+
+def test_a_notification_that_is_not_a_pulls_is_logged_and_skipped(monkeypatch, caplog):
+    sender = KvCacheTransceiver(prefilled(unified(), seed=4), "ctx-notes")
+    notes = {"gen": [b"pulled:7", b"hello", b"pulled:x", b"pulled:12"]}
+    monkeypatch.setattr(sender.agent, "get_new_notifs", lambda: notes)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tensorrt_llm"):
+        assert sender.pulled_request_ids() == [7, 12]
+    assert [r.getMessage() for r in caplog.records if r.name == "tensorrt_llm"] == [
+        "ignoring a NIXL notification from 'gen': b'hello'",
+        "ignoring a NIXL notification from 'gen': b'pulled:x'",
+    ]
 
 
 def test_an_incompatible_peer_is_refused_with_the_difference():

@@ -1,0 +1,101 @@
+"""The generation server's end of a disaggregated request: resume after the context server.
+
+A generation-only request starts at its first generation step. Its first token and drafts come
+from the context server's ``DisaggregatedParams``; its prompt KV is loaded when the executor admits
+it (``PyExecutor.enqueue_generation_only`` calls the ``PromptKvPull``): slots are allocated in
+every KV manager, then the blocks this server's prefix cache does not already hold are pulled over
+NIXL. No prefill runs.
+
+    prompt blocks:  [0 .......... reused // tpb) [reused // tpb ........ ceil(prompt_len / tpb))
+                     from the local prefix cache   pulled from the context server's slots
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tensorrt_llm._torch.disaggregation.params import (
+    DisaggregatedParams,
+    RequestType,
+    TransferHandle,
+)
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+
+if TYPE_CHECKING:
+    from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
+    from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
+
+_RESUMABLE = (RequestType.CONTEXT_ONLY, RequestType.GENERATION_ONLY)
+
+
+def check_resumable(params: DisaggregatedParams) -> TransferHandle:
+    """The handle of a context server's ``context_only`` reply (sent on as ``generation_only``);
+    a ``ValueError`` naming the request type for anything else."""
+    if params.request_type not in _RESUMABLE or not params.has_handle:
+        raise ValueError(
+            f"disaggregated_params.request_type={params.request_type.value!r}: expected a context "
+            "server's 'context_only' result (sent as 'generation_only')"
+        )
+    return params.transfer_handle
+
+
+def resume_from_context(
+    request: LlmRequest,
+    params: DisaggregatedParams,
+    executor: PyExecutor,
+    transceiver: KvCacheTransceiver,
+) -> PromptKvPull:
+    """Give ``request`` (made from ``params.prompt_token_ids``) the context server's first token
+    and drafts; returns the ``load_kv`` to hand to ``PyExecutor.enqueue_generation_only``."""
+    handle = check_resumable(params)
+    if request.prompt_token_ids != params.prompt_token_ids:
+        raise ValueError(
+            f"request {request.request_id}: its prompt is not disaggregated_params.prompt_token_ids"
+        )
+    request.output_token_ids = [params.first_token]
+    request.py_draft_tokens = list(params.draft_tokens)
+    return PromptKvPull(executor, transceiver, handle)
+
+
+@dataclass(frozen=True)
+class PromptKvPull:
+    """``load_kv(request) -> int`` of one generation-only request: allocates its prompt's slots,
+    pulls the blocks not reused locally and returns the prompt tokens it did not compute (all of
+    them). On an error the executor frees whatever was allocated."""
+
+    executor: PyExecutor
+    transceiver: KvCacheTransceiver
+    handle: TransferHandle
+
+    def __call__(self, request: LlmRequest) -> int:
+        self.transceiver.check_peer(self.handle)  # before any slot is taken
+        reused = self._allocate(request)
+        tokens_per_block = self.executor.kv_cache_manager.tokens_per_block
+        self.transceiver.pull(
+            request.request_id,
+            self.handle,
+            num_blocks=math.ceil(request.prompt_len / tokens_per_block),
+            start_block=reused // tokens_per_block,
+            timeout_s=self.executor.transfer_timeout_s,
+        )
+        return request.prompt_len - reused
+
+    def _allocate(self, request: LlmRequest) -> int:
+        """Slots for the whole prompt in every KV manager; returns the prompt tokens the target's
+        prefix cache already held (``request.num_reused_tokens``)."""
+        target = self.executor.kv_cache_manager
+        reused = 0
+        for manager in self.executor.resource_manager.resource_managers.values():
+            got = manager.add_sequence(
+                request.request_id, request.prompt_token_ids, request.cache_salt
+            )
+            reused = got if manager is target else reused
+            if not manager.resize_sequence(request.request_id, request.prompt_len):
+                raise ValueError(
+                    f"request {request.request_id}: no KV slots for its "
+                    f"{request.prompt_len}-token prompt"
+                )
+        request.num_reused_tokens = reused
+        return reused

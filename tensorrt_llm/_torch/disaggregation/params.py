@@ -1,0 +1,161 @@
+"""The typed messages of disaggregated serving: what the router and the servers exchange.
+
+They cross HTTP as JSON (``model_dump(mode="json")`` on one side, ``model_validate`` on the other);
+nothing is unpickled. One request's round trip:
+
+    router -> context server      {"request_type": "context_only"}
+    context server -> router      {"request_type": "context_only", "first_token", "draft_tokens",
+                                   "prompt_token_ids", "transfer_handle"}
+                               or {"request_type": "finished", "output_token_ids", "finish_reason"}
+    router -> generation server   the handle reply, with "request_type": "generation_only"
+
+Every model forbids unknown keys, so a malformed message is an error naming the key.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import hashlib
+import json
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
+
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
+
+
+class RequestType(enum.StrEnum):
+    CONTEXT_ONLY = "context_only"  # prefill, keep the KV, answer with a transfer handle
+    GENERATION_ONLY = "generation_only"  # pull the handle's KV, then decode
+    FINISHED = "finished"  # the context server's reply when the request ended there (EOS at once)
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolFingerprint(_Message):
+    slot_bytes: int
+    # One entry per buffer in the slot, in slot order: (layer_id, role, offset, size in bytes, dtype).
+    buffers: list[tuple[int, str, int, int, str]]
+
+
+class LayoutFingerprint(_Message):
+    """Everything two peers must agree on to exchange slots byte for byte, and its digest."""
+
+    tokens_per_block: int
+    layers: list[int]
+    draft_layers: list[int]
+    pools: list[PoolFingerprint]
+    digest: str  # sha256 of the other fields (sorted-key JSON)
+
+    @classmethod
+    def build(
+        cls,
+        tokens_per_block: int,
+        layers: list[int],
+        draft_layers: list[int],
+        pools: list[PoolFingerprint],
+    ) -> LayoutFingerprint:
+        body = {
+            "tokens_per_block": tokens_per_block,
+            "layers": list(layers),
+            "draft_layers": list(draft_layers),
+            "pools": [pool.model_dump(mode="json") for pool in pools],
+        }
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        return cls(**body, digest=digest)
+
+    def differences(self, theirs: LayoutFingerprint) -> list[str]:
+        """``"key: local ... vs peer ..."`` for every field (digest aside) where the two differ."""
+        mine, other = self.model_dump(exclude={"digest"}), theirs.model_dump(exclude={"digest"})
+        return [f"{k}: local {mine[k]!r} vs peer {other[k]!r}" for k in mine if mine[k] != other[k]]
+
+
+class TransferHandle(_Message):
+    """What a generation server needs to pull one request's slots from a context server."""
+
+    request_id: int  # the context server's id of the request (named in the pull's notification)
+    agent_name: str  # the context server's NIXL agent
+    agent_metadata: str  # base64 of the agent's NIXL metadata bytes
+    fingerprint: LayoutFingerprint
+    slots: list[NonNegativeInt]  # the context server's slot id per logical block of the prompt
+    pool_addresses: list[NonNegativeInt]  # base address of each pool, in pool order
+
+    @field_validator("agent_metadata")
+    @classmethod
+    def _is_base64(cls, value: str) -> str:
+        try:
+            base64.b64decode(value, validate=True)
+        except binascii.Error:
+            raise ValueError(f"agent_metadata={value[:16]!r}... is not base64") from None
+        return value
+
+    def agent_metadata_bytes(self) -> bytes:
+        return base64.b64decode(self.agent_metadata)
+
+
+_HANDLE_FIELDS = ("first_token", "prompt_token_ids", "transfer_handle")
+_FINISHED_FIELDS = ("output_token_ids", "finish_reason")
+
+
+class DisaggregatedParams(_Message):
+    """The ``disaggregated_params`` of a request or a reply (upstream TensorRT-LLM's name).
+
+    A ``context_only`` request carries no other field; a ``context_only`` reply and a
+    ``generation_only`` request carry the handle fields (``first_token``, ``draft_tokens``,
+    ``prompt_token_ids``, ``transfer_handle``); a ``finished`` reply carries ``output_token_ids``
+    and ``finish_reason``.
+    """
+
+    request_type: RequestType
+    first_token: int | None = None  # the token the context server's prefill produced
+    draft_tokens: list[int] = Field(default_factory=list)  # the drafts made with it
+    prompt_token_ids: list[int] | None = None
+    transfer_handle: TransferHandle | None = None
+    output_token_ids: list[int] | None = None
+    finish_reason: FinishReason | None = None
+
+    @model_validator(mode="after")
+    def _fields_match_the_request_type(self) -> DisaggregatedParams:
+        kind, handle_given = self.request_type.value, _given(self, _HANDLE_FIELDS)
+        if self.request_type is RequestType.FINISHED:
+            if handle_given:
+                raise ValueError(f"request_type={kind!r} takes no {handle_given}")
+            if self.finish_reason is None:
+                raise ValueError(f"request_type={kind!r} needs finish_reason")
+            return self
+        if _given(self, _FINISHED_FIELDS):
+            raise ValueError(f"request_type={kind!r} takes no {_given(self, _FINISHED_FIELDS)}")
+        missing = _missing(self, _HANDLE_FIELDS)
+        if missing and (handle_given or self.request_type is RequestType.GENERATION_ONLY):
+            raise ValueError(
+                f"request_type={kind!r} needs the context server's {list(_HANDLE_FIELDS)}; "
+                f"missing {missing}"
+            )
+        return self
+
+    def to_json(self) -> dict:
+        """The wire form: plain JSON types, unset fields left out (``model_validate`` reads it)."""
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+    @property
+    def has_handle(self) -> bool:
+        return self.transfer_handle is not None
+
+    def for_generation(self) -> DisaggregatedParams:
+        """The ``generation_only`` request made from a context server's ``context_only`` reply."""
+        if not self.has_handle:
+            raise ValueError(
+                f"request_type={self.request_type.value!r} carries no transfer_handle to generate from"
+            )
+        return self.model_copy(update={"request_type": RequestType.GENERATION_ONLY})
+
+
+def _given(params: DisaggregatedParams, names: tuple[str, ...]) -> list[str]:
+    return [name for name in names if getattr(params, name) is not None]
+
+
+def _missing(params: DisaggregatedParams, names: tuple[str, ...]) -> list[str]:
+    return [name for name in names if getattr(params, name) is None]

@@ -1,0 +1,42 @@
+"""Hand-made control-plane messages for tests that need no NIXL agent."""
+
+import base64
+
+from tensorrt_llm._torch.disaggregation.params import (
+    DisaggregatedParams,
+    LayoutFingerprint,
+    PoolFingerprint,
+    RequestType,
+    TransferHandle,
+)
+
+
+def fingerprint(slot_bytes: int = 4096) -> LayoutFingerprint:
+    half = slot_bytes // 2
+    pool = PoolFingerprint(
+        slot_bytes=slot_bytes,
+        buffers=[(0, "key", 0, half, "float16"), (0, "value", half, half, "float16")],
+    )
+    return LayoutFingerprint.build(tokens_per_block=128, layers=[0], draft_layers=[], pools=[pool])
+
+
+def handle(**changes) -> TransferHandle:
+    fields = dict(
+        request_id=7,
+        agent_name="ctx",
+        agent_metadata=base64.b64encode(b"\x00nixl\xff").decode(),
+        fingerprint=fingerprint(),
+        slots=[4, 1, 9],
+        pool_addresses=[140000000],
+    )
+    return TransferHandle(**{**fields, **changes})
+
+
+def context_reply(prompt_token_ids: list[int] = (1, 2, 3)) -> DisaggregatedParams:
+    return DisaggregatedParams(
+        request_type=RequestType.CONTEXT_ONLY,
+        first_token=11,
+        draft_tokens=[12, 13, 14],
+        prompt_token_ids=list(prompt_token_ids),
+        transfer_handle=handle(),
+    )

@@ -1,0 +1,52 @@
+"""The context server's reply to a context-only request, and releasing what was pulled."""
+
+from types import SimpleNamespace
+
+from disagg_helpers import handle
+
+from tensorrt_llm._torch.disaggregation.context_only import context_result, release_pulled
+from tensorrt_llm._torch.disaggregation.params import RequestType
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
+
+
+def ran(reason: FinishReason, tokens: list[int]) -> LlmRequest:
+    request = LlmRequest(request_id=7, prompt_token_ids=[1, 2, 3], max_new_tokens=8)
+    request.context_only = True
+    request.output_token_ids = tokens
+    request.py_draft_tokens = [12, 13]
+    request.finish(reason)
+    return request
+
+
+def test_a_prefilled_request_answers_with_the_handle_to_its_kv():
+    transceiver = SimpleNamespace(export=lambda request_id: handle(request_id=request_id))
+    reply = context_result(ran(FinishReason.CONTEXT_DONE, [11]), transceiver)
+    assert reply.to_json() == {
+        "request_type": "context_only",
+        "first_token": 11,
+        "draft_tokens": [12, 13],
+        "prompt_token_ids": [1, 2, 3],
+        "transfer_handle": handle().model_dump(mode="json"),
+    }
+
+
+def test_a_request_that_ended_at_its_first_token_answers_finished():
+    reply = context_result(ran(FinishReason.STOP, [2]), transceiver=None)
+    assert reply.request_type is RequestType.FINISHED
+    assert reply.to_json() == {
+        "request_type": "finished",
+        "output_token_ids": [2],
+        "finish_reason": "stop",
+    }
+
+
+def test_the_pulled_requests_are_the_ones_released():
+    released = []
+
+    def release_transferred(request_ids):
+        released.append(request_ids)
+        return len(request_ids)
+
+    executor = SimpleNamespace(release_transferred=release_transferred)
+    transceiver = SimpleNamespace(pulled_request_ids=lambda: [4, 9])
+    assert release_pulled(executor, transceiver) == 2 and released == [[4, 9]]

@@ -1,0 +1,107 @@
+"""Resuming a request after a context server's prefill, with a recording stand-in for the NIXL
+transceiver: the first token and drafts come from the params, slots are allocated for the whole
+prompt, and only the blocks the local prefix cache lacks are pulled."""
+
+import inspect
+from types import SimpleNamespace
+
+import pytest
+from disagg_helpers import context_reply, handle
+
+from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
+from tensorrt_llm._torch.disaggregation.generation_only import (
+    PromptKvPull,
+    check_resumable,
+    resume_from_context,
+)
+from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
+from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
+from tensorrt_llm._torch.pyexecutor.config import (
+    KvCacheLayer,
+    KVCacheManagerV2Config,
+    KvCacheOptions,
+)
+from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
+from tensorrt_llm.llmapi.llm_args import CacheTransceiverConfig
+
+PROMPT = list(range(300))  # 2 full blocks of 128 tokens and a partial one
+
+
+class RecordingTransceiver:
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse, self.pulls = refuse, []
+
+    def check_peer(self, handle) -> None:
+        if self.refuse:
+            raise ValueError(f"incompatible KV cache layout on peer {handle.agent_name!r}")
+
+    def pull(self, request_id, handle, num_blocks, start_block=0, timeout_s=None) -> int:
+        self.pulls.append((request_id, handle.request_id, start_block, num_blocks, timeout_s))
+        return 0
+
+
+def executor():
+    manager = KVCacheManagerV2(
+        KVCacheManagerV2Config(
+            layers=(KvCacheLayer(2, 8),),
+            max_seq_len=1024,
+            max_batch_size=2,
+            options=KvCacheOptions(128, "float16", max_tokens=128 * 8),
+        )
+    )
+    return SimpleNamespace(
+        kv_cache_manager=manager,
+        resource_manager=SimpleNamespace(resource_managers={"kv": manager}),
+        transfer_timeout_s=5.0,
+    )
+
+
+def test_resuming_takes_the_context_servers_first_token_and_drafts():
+    request = LlmRequest(request_id=3, prompt_token_ids=[1, 2, 3], max_new_tokens=8)
+    load_kv = resume_from_context(request, context_reply(), executor(), RecordingTransceiver())
+    assert request.output_token_ids == [11] and request.py_draft_tokens == [12, 13, 14]
+    assert isinstance(load_kv, PromptKvPull) and load_kv.handle == handle()
+
+
+def test_only_a_context_servers_handle_can_be_resumed():
+    assert check_resumable(context_reply().for_generation()) == handle()
+    finished = DisaggregatedParams(
+        request_type=RequestType.FINISHED, output_token_ids=[2], finish_reason=FinishReason.STOP
+    )
+    with pytest.raises(ValueError, match="disaggregated_params.request_type='finished'"):
+        check_resumable(finished)
+    with pytest.raises(ValueError, match="request_type='context_only'"):
+        check_resumable(DisaggregatedParams(request_type=RequestType.CONTEXT_ONLY))
+    request = LlmRequest(request_id=3, prompt_token_ids=[1, 2], max_new_tokens=8)
+    with pytest.raises(ValueError, match="request 3: its prompt is not"):
+        resume_from_context(request, context_reply(), executor(), RecordingTransceiver())
+
+
+def test_a_cold_prompt_is_pulled_whole_and_a_cached_prefix_is_not_pulled_again():
+    ex, transceiver = executor(), RecordingTransceiver()
+    manager = ex.kv_cache_manager
+    cold = LlmRequest(request_id=0, prompt_token_ids=PROMPT, max_new_tokens=8)
+    assert PromptKvPull(ex, transceiver, handle())(cold) == 300
+    assert transceiver.pulls == [(0, 7, 0, 3, 5.0)]
+    manager.commit_sequence(0, 300, PROMPT)  # what the executor does once the KV is final
+    manager.free_sequence(0)
+    warm = LlmRequest(request_id=1, prompt_token_ids=PROMPT, max_new_tokens=8)
+    assert PromptKvPull(ex, transceiver, handle(request_id=8))(warm) == 300 - 256
+    assert warm.num_reused_tokens == 256 and transceiver.pulls[1] == (1, 8, 2, 3, 5.0)
+    assert len(manager.get_batch_cache_indices([1])[0]) == 3
+    manager.check_integrity()
+
+
+def test_an_incompatible_peer_is_refused_before_any_slot_is_taken():
+    ex = executor()
+    request = LlmRequest(request_id=0, prompt_token_ids=PROMPT, max_new_tokens=8)
+    with pytest.raises(ValueError, match="incompatible KV cache layout on peer 'ctx'"):
+        PromptKvPull(ex, RecordingTransceiver(refuse=True), handle())(request)
+    assert ex.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
+
+
+def test_the_config_and_the_pull_share_one_transfer_timeout_default():
+    assert CacheTransceiverConfig().transfer_timeout_s == DEFAULT_TRANSFER_TIMEOUT_S
+    pull = inspect.signature(KvCacheTransceiver.pull).parameters["timeout_s"]
+    assert pull.default == DEFAULT_TRANSFER_TIMEOUT_S
