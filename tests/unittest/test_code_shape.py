@@ -84,6 +84,17 @@ def test_the_runtime_never_imports_the_user_layer():
     assert offenders == []
 
 
+def test_the_runtime_does_not_even_mention_the_user_layer():
+    mentions = [
+        f"{path.relative_to(PACKAGE.parent)}:{i}"
+        for top in ("_torch", "runtime")
+        for path in sorted((PACKAGE / top).rglob("*.py"))
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if "llmapi" in line
+    ]
+    assert mentions == []
+
+
 def test_modules_and_functions_stay_readable():
     too_long = []
     for name, path in modules().items():

@@ -1,7 +1,7 @@
 """Runtime configuration of the executor and its KV cache managers: frozen, plain, owned by ``_torch``.
 
-The user layer (``llmapi``) validates what a user typed and translates it into these once, at the
-creation site; nothing under ``_torch`` or ``runtime`` reads the user's pydantic models.
+The user layer (``LLM`` and its options) validates what a user typed and translates it into these
+once, at the creation site; nothing under ``_torch`` or ``runtime`` reads the user's pydantic models.
 """
 
 from __future__ import annotations
