@@ -41,6 +41,11 @@ class TrtllmAttentionMetadata:
     position_ids: torch.Tensor = field(init=False)  # [num_tokens], on device
     # [num_tokens], on device: the sequence each token belongs to
     token_seq_idx: torch.Tensor = field(init=False)
+    # On device, int32, for kernels: [num_seqs + 1] query-token offsets, [num_seqs] KV lengths
+    # after the step, [num_seqs] positions already cached (the first query token's position).
+    cu_seqlens_q: torch.Tensor = field(init=False)
+    kv_lens: torch.Tensor = field(init=False)
+    num_cached_tokens: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
         n = len(self.request_ids)
@@ -82,6 +87,9 @@ class TrtllmAttentionMetadata:
         self.position_ids_cpu = cached[seq_idx_cpu] + offset_in_seq
         self.position_ids = self.position_ids_cpu.to(self.device)
         self.token_seq_idx = seq_idx_cpu.to(self.device)
+        self.cu_seqlens_q = torch.tensor(self.cu_seqlens, dtype=torch.int32, device=self.device)
+        self.kv_lens = self.kv_lens_cpu.to(device=self.device, dtype=torch.int32)
+        self.num_cached_tokens = cached.to(device=self.device, dtype=torch.int32)
         self._fetch_block_offsets()
 
     def _fetch_block_offsets(self) -> None:
