@@ -10,17 +10,47 @@ at positions ``[num_cached_tokens[i], kv_lens[i])``::
 The block table (``kv_cache_block_offsets``) and the page size come from ``kv_cache_manager``;
 ``swap_kv_cache_manager`` replaces both for the span of a ``with`` block (the Eagle3 draft loop reads
 its KV through another manager or a sub-page view) and restores them afterwards, even on error.
+
+Device tensors live in ``MetadataBuffers`` given by the owner (the model engine, the draft chain):
+allocated once, grown only when a step needs more, reused every step, so no per-step allocation of
+the block table. ``advance`` moves a one-token-per-sequence batch (the Eagle3 draft chain) to its
+next positions on the same tensors, without rebuilding the metadata or re-copying the table.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from tensorrt_llm._torch.attention_backend.interface import PagedKVCache
+
+
+class MetadataBuffers:
+    """Persistent device tensors, one per name, handed out as views of the size a step needs."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self._tensors: dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A ``shape`` view of buffer ``name`` (contents undefined); reallocated only to grow."""
+        numel = math.prod(shape)
+        buf = self._tensors.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != dtype:
+            size = max(numel, 2 * buf.numel() if buf is not None else 0)
+            buf = torch.empty(size, dtype=dtype, device=self.device)
+            self._tensors[name] = buf
+        return buf[:numel].view(shape)
+
+    def put(self, name: str, host: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Buffer ``name`` holding a copy of the host tensor ``host`` (as ``dtype``)."""
+        dst = self.take(name, tuple(host.shape), dtype)
+        dst.copy_(host, non_blocking=dst.device.type == "cuda")
+        return dst
 
 
 @dataclass
@@ -31,6 +61,7 @@ class TrtllmAttentionMetadata:
     num_cached_tokens_per_seq: list[int]  # KV positions each sequence already had
     num_contexts: int
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    buffers: MetadataBuffers | None = None  # None: private buffers (tests, one-off metadata)
 
     # Filled by prepare():
     kv_cache_block_offsets: torch.Tensor = field(init=False)  # [num_pools, num_seqs, 2, max_blocks]
@@ -55,6 +86,8 @@ class TrtllmAttentionMetadata:
             )
         if not 0 <= self.num_contexts <= n:
             raise ValueError(f"num_contexts={self.num_contexts} out of range for {n} sequences")
+        if self.buffers is None:
+            self.buffers = MetadataBuffers(self.device)
         self.prepare()
 
     @property
@@ -85,28 +118,38 @@ class TrtllmAttentionMetadata:
         starts = torch.tensor(self.cu_seqlens[:-1], dtype=torch.long)
         offset_in_seq = torch.arange(self.num_tokens) - starts[seq_idx_cpu]
         self.position_ids_cpu = cached[seq_idx_cpu] + offset_in_seq
-        self.position_ids = self.position_ids_cpu.to(self.device)
-        self.token_seq_idx = seq_idx_cpu.to(self.device)
-        self.cu_seqlens_q = torch.tensor(self.cu_seqlens, dtype=torch.int32, device=self.device)
-        self.kv_lens = self.kv_lens_cpu.to(device=self.device, dtype=torch.int32)
-        self.num_cached_tokens = cached.to(device=self.device, dtype=torch.int32)
+        put = self.buffers.put
+        self.position_ids = put("position_ids", self.position_ids_cpu, torch.long)
+        self.token_seq_idx = put("token_seq_idx", seq_idx_cpu, torch.long)
+        self.cu_seqlens_q = put("cu_seqlens_q", torch.tensor(self.cu_seqlens), torch.int32)
+        self.kv_lens = put("kv_lens", self.kv_lens_cpu, torch.int32)
+        self.num_cached_tokens = put("num_cached_tokens", cached, torch.int32)
         self._fetch_block_offsets()
 
+    def advance(self) -> None:
+        """Every sequence moves one position on (one query token each: a draft chain step). The
+        block table stays: the positions must be within the slots already reserved."""
+        if self.num_contexts or any(n != 1 for n in self.seq_lens):
+            raise ValueError("advance() needs one generation token per sequence")
+        self.num_cached_tokens_per_seq = [n + 1 for n in self.num_cached_tokens_per_seq]
+        for host in (self.kv_lens_cpu, self.position_ids_cpu):
+            host += 1
+        for device in (self.kv_lens, self.num_cached_tokens, self.position_ids):
+            device += 1
+
     def _fetch_block_offsets(self) -> None:
+        """The attached manager's rows for the batch, in a buffer of that manager's own (so the
+        target's table survives a draft swap); every row is overwritten whole, padding included."""
         manager = self.kv_cache_manager
-        num_pools = manager.num_pools
-        self.kv_cache_block_offsets = torch.zeros(
-            num_pools,
-            max(self.num_seqs, 1),
-            2,
-            manager.max_blocks_per_seq,
-            dtype=torch.int32,
-            device=self.device,
-        )
+        shape = (manager.num_pools, max(self.num_seqs, 1), 2, manager.max_blocks_per_seq)
+        table = self.buffers.take(f"block_table/{id(manager)}", shape, torch.int32)
         if self.num_seqs:
             manager.copy_batch_block_offsets(
-                self.kv_cache_block_offsets, self.request_ids, 1, self.num_contexts, self.num_seqs
+                table, self.request_ids, 1, self.num_contexts, self.num_seqs
             )
+        else:
+            table.zero_()
+        self.kv_cache_block_offsets = table
 
     @contextlib.contextmanager
     def swap_kv_cache_manager(self, manager: PagedKVCache | None) -> Iterator[None]:

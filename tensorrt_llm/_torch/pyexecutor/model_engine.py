@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.trtllm import MetadataBuffers, TrtllmAttentionMetadata
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 
@@ -33,6 +33,7 @@ class PyTorchModelEngine:
         self.device = device
         self.num_context_tokens_computed = 0  # prompt tokens that went through a forward (stats)
         self.capture_layers: tuple[int, ...] = ()
+        self.buffers = MetadataBuffers(device)  # the step metadata's device tensors, reused
 
     def build_inputs(
         self, batch: ScheduledRequests
@@ -59,6 +60,7 @@ class PyTorchModelEngine:
             num_cached_tokens_per_seq=cached,
             num_contexts=len(batch.context_requests),
             device=self.device,
+            buffers=self.buffers,
         )
         return torch.tensor(tokens, dtype=torch.long, device=self.device), metadata, num_logits
 

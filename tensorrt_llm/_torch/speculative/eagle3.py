@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.trtllm import MetadataBuffers, TrtllmAttentionMetadata
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3DraftModel
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput
@@ -85,6 +85,8 @@ class Eagle3OneModelWorker:
         self.sampler = sampler
         self.vocab_size = vocab_size
         self._draft_kv = DraftKvModeTracker()
+        # the draft chain's metadata tensors (apart from the target step's)
+        self._chain_buffers = MetadataBuffers(next(draft_model.parameters()).device)
 
     @property
     def draft_kv_mode(self) -> str | None:
@@ -138,6 +140,7 @@ class Eagle3OneModelWorker:
         drafting_reqs = [requests[i] for i in drafting]
         for req in drafting_reqs:
             req.py_draft_probs = []
+        chain_md: TrtllmAttentionMetadata | None = None
         for k in range(self.max_draft_len):
             tokens = self._choose_drafts(logits, drafting_reqs)
             for i, token in zip(drafting, tokens, strict=True):
@@ -145,15 +148,18 @@ class Eagle3OneModelWorker:
             if k + 1 == self.max_draft_len:
                 break
             # the draft just chosen sits at the next position; its successor is drafted from there
-            positions = positions + 1
-            chain_md = TrtllmAttentionMetadata(
-                kv_cache_manager=draft_manager or md.kv_cache_manager,
-                request_ids=[r.request_id for r in drafting_reqs],
-                seq_lens=[1] * len(drafting),
-                num_cached_tokens_per_seq=positions.tolist(),
-                num_contexts=0,
-                device=md.device,
-            )
+            if chain_md is None:  # built once per step (one table copy), then advanced in place
+                chain_md = TrtllmAttentionMetadata(
+                    kv_cache_manager=draft_manager or md.kv_cache_manager,
+                    request_ids=[r.request_id for r in drafting_reqs],
+                    seq_lens=[1] * len(drafting),
+                    num_cached_tokens_per_seq=(positions + 1).tolist(),
+                    num_contexts=0,
+                    device=md.device,
+                    buffers=self._chain_buffers,
+                )
+            else:
+                chain_md.advance()
             ids = torch.tensor(tokens, dtype=torch.long, device=hidden.device)
             hidden, logits = self.draft_model(ids, hidden, chain_md.position_ids, chain_md)
         return StepTokens(new_tokens, next_drafts, num_accepted)
