@@ -33,7 +33,7 @@ class KvCacheConfig(StrictBaseModel):
     tokens_per_block: int = 128
     max_tokens: int | None = Field(default=None, gt=0)
     free_gpu_memory_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
-    dtype: Literal["auto", "float32", "float16", "bfloat16", "fp8"] = "auto"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
 
     @field_validator("tokens_per_block")
     @classmethod
