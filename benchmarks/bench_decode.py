@@ -1,0 +1,400 @@
+"""Decode step cost of the M3-shaped model: target only, Eagle3 unified, Eagle3 separate.
+
+Builds the M3-shaped random model and its random Eagle3 drafter from a seed (``bench_common.py``),
+writes them with a character tokenizer into a temporary directory, then for each mode and batch
+size makes an ``LLM`` (``max_batch_size`` = batch, a KV pool sized for the batch), warms it up with
+``LLM.generate`` on short prompts, and times ``batch`` prompts of random token ids (fixed seed)
+decoded greedily with ``ignore_eos`` by driving ``llm.executor`` itself: the requests are enqueued
+as ``LLM.generate`` does and every ``executor.step()`` is timed (``torch.cuda.synchronize()`` on
+both sides on CUDA).
+
+- prefill: the steps until every request has its first token (mixed steps included);
+- decode step: mean wall time of the steps after that in which every request is still running
+  (requests prefilled early finish early; the steps after the first one finished run a smaller
+  batch); tokens/s = tokens made by all the steps after the prefill / their time;
+- AL: ``executor.stats.avg_decoded_tokens_per_iter`` over the timed run (a random drafter's is
+  about 1, so the Eagle3 rows measure the cost of one speculative iteration);
+- weight-read floor: the model's bytes (target parameters, plus the drafter's own parameters in the
+  Eagle3 modes) / the copy bandwidth measured in the same run (a device-to-device ``copy_``, counted
+  as bytes read + bytes written).
+
+``--max-seconds`` caps each cell's decode loop (the remaining requests are cancelled and the step
+count shows it), so the default GPU run (3 modes x batches 1, 16, 64) stays within minutes.
+
+    python benchmarks/bench_decode.py [--device cuda] [--batches 1,16,64] \\
+        [--modes target,unified,separate] [--prompt-len 1024] [--new-tokens 64] [--json PATH]
+    python benchmarks/bench_decode.py --scale tiny --device cpu --batches 1,2 --new-tokens 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from bench_common import bench_eagle3_config, bench_target_config, machine_name
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_model, save_pretrained
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.speculative.utils import SEPARATE_MODE, VIEW_MODE
+from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
+from tensorrt_llm.logger import logger
+from tensorrt_llm.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, build_char_tokenizer
+
+MODES = ("target", "unified", "separate")
+DRAFT_KV_MODES = {"unified": VIEW_MODE, "separate": SEPARATE_MODE}
+# per scale: prompt tokens, new tokens, copy MiB on CUDA, copy MiB on the CPU
+SCALE_DEFAULTS = {"full": (1024, 64, 2048, 512), "tiny": (160, 8, 2048, 64)}
+WARMUP_PROMPT_TOKENS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    scale: str
+    device: str
+    dtype: str
+    attn_backend: str
+    prompt_len: int
+    new_tokens: int
+    max_draft_len: int
+    max_num_tokens: int
+    max_seconds: float
+    seed: int
+
+
+@dataclasses.dataclass
+class Cell:
+    """One mode at one batch size."""
+
+    mode: str
+    batch: int
+    setup_s: float  # LLM construction and warm-up
+    prefill_s: float
+    num_prefill_steps: int
+    num_decode_steps: int
+    decode_step_ms: float
+    decode_tokens_per_s: float
+    al: float | None
+    model_bytes: int
+    truncated: bool  # --max-seconds cut the decode loop
+
+    def floor_ms(self, bandwidth: float) -> float:
+        return self.model_bytes / bandwidth * 1e3
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str, num_bytes: int, repeats: int = 10) -> float:
+    """Bytes moved per second (read + written) by a device-to-device ``copy_`` of ``num_bytes``."""
+    src = torch.ones(num_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    samples = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        samples.append(time.perf_counter() - start)
+    del src, dst
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return 2 * num_bytes / statistics.median(samples)
+
+
+def write_checkpoints(root: Path, s: Settings) -> tuple[Path, Path]:
+    """The seeded random target (with a character tokenizer) and drafter, saved in bf16."""
+    max_positions = max(2048, s.prompt_len + s.new_tokens)
+    target_config = bench_target_config(s.scale, max_positions)
+    target = random_model(target_config, seed=s.seed).to(torch.bfloat16)
+    save_pretrained(target, target_config, root / "target")
+    del target
+    tokenizer = build_char_tokenizer(CHAT_ALPHABET, CHAT_SPECIAL_TOKENS)
+    tokenizer.save(str(root / "target" / "tokenizer.json"))
+    draft_config = bench_eagle3_config(target_config)
+    drafter = random_eagle3(draft_config, target_config.num_hidden_layers, seed=s.seed + 1)
+    save_pretrained(drafter.to(torch.bfloat16), draft_config, root / "eagle3")
+    return root / "target", root / "eagle3"
+
+
+def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settings) -> LLM:
+    spec = (
+        None
+        if mode == "target"
+        else Eagle3DecodingConfig(
+            max_draft_len=s.max_draft_len, speculative_model=str(draft_dir), draft_kv_cache=mode
+        )
+    )
+    # room for every request to finish: prompt + generation + the speculative extra positions
+    blocks_per_request = math.ceil((s.prompt_len + s.new_tokens + 2 * s.max_draft_len) / 128)
+    return LLM(
+        target_dir,
+        kv_cache_config=KvCacheConfig(max_tokens=batch * blocks_per_request * 128),
+        max_batch_size=batch,
+        max_num_tokens=s.max_num_tokens,
+        max_seq_len=s.prompt_len + s.new_tokens,
+        dtype=s.dtype,
+        device=s.device,
+        attn_backend=s.attn_backend,
+        speculative_config=spec,
+    )
+
+
+def model_bytes(llm: LLM) -> int:
+    """Target parameters plus the drafter's own (the shared embedding counted once)."""
+    params = {id(p): p for p in llm.model.parameters()}
+    worker = llm.executor.spec_worker
+    if worker is not None:
+        params.update({id(p): p for p in worker.draft_model.parameters()})
+    return sum(p.numel() * p.element_size() for p in params.values())
+
+
+def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, length), generator=generator).tolist()
+
+
+def timed_run(llm: LLM, prompts: list[list[int]], s: Settings) -> dict:
+    """Enqueue the prompts as ``LLM.generate`` does and time each ``executor.step()``."""
+    executor = llm.executor
+    params = SamplingParams(
+        max_tokens=s.new_tokens, ignore_eos=True, temperature=0, detokenize=False
+    )
+    requests = [  # ids clear of the ones LLM.generate hands out
+        LlmRequest(
+            request_id=10**9 + i,
+            prompt_token_ids=prompt,
+            max_new_tokens=s.new_tokens,
+            sampling_params=params,
+            end_id=llm.eos_token_id,
+        )
+        for i, prompt in enumerate(prompts)
+    ]
+    before = dataclasses.replace(executor.stats)
+    for request in requests:
+        executor.enqueue_request(request)
+    _sync(s.device)
+    start = time.perf_counter()
+    num_prefill_steps = 0
+    while any(not r.output_token_ids for r in requests):
+        num_steps = executor.stats.num_steps
+        executor.step()
+        if executor.stats.num_steps == num_steps:
+            raise RuntimeError("the executor scheduled nothing: the KV pool is too small")
+        num_prefill_steps += 1
+    _sync(s.device)
+    prefill_s = time.perf_counter() - start
+    tokens_after_prefill = sum(len(r.output_token_ids) for r in requests)
+    step_s: list[float] = []
+    full_batch_s: list[float] = []  # steps in which every request was still running
+    truncated = False
+    while executor.has_work:
+        if sum(step_s) > s.max_seconds:
+            truncated = True
+            for request in requests:
+                executor.cancel_request(request.request_id)
+            break
+        full = not any(r.is_finished for r in requests)
+        _sync(s.device)
+        start = time.perf_counter()
+        executor.step()
+        _sync(s.device)
+        step_s.append(time.perf_counter() - start)
+        if full:
+            full_batch_s.append(step_s[-1])
+    after = executor.stats
+    iterations = after.num_decode_iterations - before.num_decode_iterations
+    accepted = after.num_accepted_draft_tokens - before.num_accepted_draft_tokens
+    decode_tokens = sum(len(r.output_token_ids) for r in requests) - tokens_after_prefill
+    return {
+        "prefill_s": prefill_s,
+        "num_prefill_steps": num_prefill_steps,
+        "num_decode_steps": len(step_s),
+        "decode_step_ms": statistics.fmean(full_batch_s or step_s or [math.nan]) * 1e3,
+        "decode_tokens_per_s": decode_tokens / sum(step_s) if step_s else math.nan,
+        "al": 1 + accepted / iterations if iterations else None,
+        "truncated": truncated,
+    }
+
+
+def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settings) -> Cell:
+    start = time.perf_counter()
+    llm = make_llm(target_dir, draft_dir, mode, batch, s)
+    try:
+        vocab = llm.model_config.vocab_size
+        warmup = random_prompts(batch, min(WARMUP_PROMPT_TOKENS, s.prompt_len), vocab, s.seed + 7)
+        llm.generate(
+            warmup, SamplingParams(max_tokens=4, ignore_eos=True, temperature=0, detokenize=False)
+        )
+        if (
+            mode in DRAFT_KV_MODES
+            and llm.executor.spec_worker.draft_kv_mode != DRAFT_KV_MODES[mode]
+        ):
+            raise RuntimeError(
+                f"mode {mode}: the drafter's KV resolved to {llm.executor.spec_worker.draft_kv_mode!r}"
+            )
+        setup_s = time.perf_counter() - start
+        prompts = random_prompts(batch, s.prompt_len, vocab, s.seed)
+        result = timed_run(llm, prompts, s)
+        return Cell(mode, batch, setup_s, model_bytes=model_bytes(llm), **result)
+    finally:
+        llm.shutdown()
+        del llm
+        gc.collect()
+        if s.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def print_report(cells: list[Cell], s: Settings, machine: str, bandwidth: float) -> None:
+    print(
+        f"decode step cost, M3-shaped random model ({s.scale}), {s.dtype}, attn_backend="
+        f"{s.attn_backend}, prompt {s.prompt_len} + {s.new_tokens} new tokens, "
+        f"max_draft_len={s.max_draft_len}, max_num_tokens={s.max_num_tokens}"
+    )
+    print(f"machine: {machine}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + written)")
+    print(
+        f"{'mode':<9} {'batch':>5} {'setup s':>7} {'prefill s':>9} {'steps':>5} "
+        f"{'decode steps':>12} {'step ms':>9} {'tokens/s':>9} {'AL':>5} {'floor ms':>8} "
+        f"{'step / floor':>12}"
+    )
+    for c in cells:
+        al = "-" if c.al is None else f"{c.al:.2f}"
+        steps = f"{c.num_decode_steps}{'*' if c.truncated else ''}"
+        floor = c.floor_ms(bandwidth)
+        print(
+            f"{c.mode:<9} {c.batch:>5} {c.setup_s:>7.1f} {c.prefill_s:>9.2f} "
+            f"{c.num_prefill_steps:>5} {steps:>12} {c.decode_step_ms:>9.2f} "
+            f"{c.decode_tokens_per_s:>9.1f} {al:>5} {floor:>8.3f} {c.decode_step_ms / floor:>12.1f}"
+        )
+    if any(c.truncated for c in cells):
+        print(
+            f"* decode loop cut by --max-seconds={s.max_seconds:g}; the step time is the mean so far"
+        )
+    for line in summary(cells, bandwidth):
+        print(line)
+
+
+def summary(cells: list[Cell], bandwidth: float) -> list[str]:
+    """The ratios the benchmark is for, where the run has the cells they need."""
+    at = {(c.mode, c.batch): c for c in cells}
+    batches = sorted({c.batch for c in cells})
+    small, large = batches[0], batches[-1]
+    lines = []
+    if (base := at.get(("target", 1))) is not None:
+        lines.append(
+            f"batch-1 target-only decode step / weight-read floor: {base.decode_step_ms:.2f} ms / "
+            f"{base.floor_ms(bandwidth):.3f} ms = {base.decode_step_ms / base.floor_ms(bandwidth):.1f}"
+        )
+    for mode in MODES:
+        if large != small and (mode, small) in at and (mode, large) in at:
+            ratio = at[mode, large].decode_step_ms / at[mode, small].decode_step_ms
+            lines.append(f"{mode}: batch-{large} step / batch-{small} step = {ratio:.2f}")
+    for batch in batches:
+        if ("unified", batch) in at and ("separate", batch) in at:
+            ratio = at["unified", batch].decode_step_ms / at["separate", batch].decode_step_ms
+            lines.append(
+                f"batch {batch}: Eagle3 unified / separate per-iteration cost = {ratio:.3f}"
+            )
+    for mode in MODES:
+        if (mode, large) in at:
+            lines.append(f"{mode}: prefill of {large} prompts = {at[mode, large].prefill_s:.2f} s")
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--attn-backend", default="VANILLA")
+    parser.add_argument("--scale", default="full", choices=sorted(SCALE_DEFAULTS))
+    parser.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
+    parser.add_argument("--prompt-len", type=int, help="default 1024 (tiny: 160)")
+    parser.add_argument("--new-tokens", type=int, help="default 64 (tiny: 8)")
+    parser.add_argument("--max-draft-len", type=int, default=3)
+    parser.add_argument("--max-num-tokens", type=int, default=8192)
+    parser.add_argument("--max-seconds", type=float, default=25.0, help="decode time cap per cell")
+    parser.add_argument("--copy-mib", type=int, help="copy size for the bandwidth (2048 on CUDA)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="also write the numbers here")
+    args = parser.parse_args(argv)
+    args.modes = args.modes.split(",")
+    if unknown := sorted(set(args.modes) - set(MODES)):
+        parser.error(f"--modes: unknown mode(s) {unknown}; expected some of {MODES}")
+    try:
+        args.batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        parser.error(f"--batches={args.batches!r}: expected comma-separated integers")
+    prompt_len, new_tokens, copy_cuda, copy_cpu = SCALE_DEFAULTS[args.scale]
+    if args.copy_mib is None:
+        args.copy_mib = copy_cuda if args.device == "cuda" else copy_cpu
+    settings = Settings(
+        scale=args.scale,
+        device=args.device,
+        dtype=args.dtype,
+        attn_backend=args.attn_backend,
+        prompt_len=prompt_len if args.prompt_len is None else args.prompt_len,
+        new_tokens=new_tokens if args.new_tokens is None else args.new_tokens,
+        max_draft_len=args.max_draft_len,
+        max_num_tokens=args.max_num_tokens,
+        max_seconds=args.max_seconds,
+        seed=args.seed,
+    )
+    return settings, args
+
+
+def write_json(path: Path, machine: str, s: Settings, bandwidth: float, cells: list[Cell]) -> None:
+    record = {
+        "machine": machine,
+        "settings": dataclasses.asdict(s),
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "cells": [
+            {**dataclasses.asdict(c), "weight_read_floor_ms": c.floor_ms(bandwidth)} for c in cells
+        ],
+        "summary": summary(cells, bandwidth),
+    }
+    path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> list[Cell]:
+    s, args = parse_args(argv)
+    logger.set_level("warning")
+    torch.manual_seed(s.seed)
+    machine = machine_name(s.device)
+    bandwidth = copy_bandwidth(s.device, args.copy_mib * 2**20)
+    started = time.perf_counter()
+    cells: list[Cell] = []
+    with tempfile.TemporaryDirectory(prefix="bench_decode_") as tmp:
+        target_dir, draft_dir = write_checkpoints(Path(tmp), s)
+        for batch in args.batches:
+            for mode in args.modes:
+                cell = run_cell(target_dir, draft_dir, mode, batch, s)
+                cells.append(cell)
+                print(  # progress, so a cut-short run still shows what it measured
+                    f"[{time.perf_counter() - started:6.1f} s] {mode} batch {batch}: "
+                    f"prefill {cell.prefill_s:.2f} s, step {cell.decode_step_ms:.2f} ms",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if args.json is not None:
+                    write_json(args.json, machine, s, bandwidth, cells)
+    cells.sort(key=lambda c: (MODES.index(c.mode), c.batch))
+    print_report(cells, s, machine, bandwidth)
+    print(f"total {time.perf_counter() - started:.1f} s")
+    return cells
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The benchmark scripts: the KV capacity arithmetic on real slot layouts, and a decode smoke run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_common import bench_eagle3_config, bench_target_config, bundled_configs  # noqa: E402
+from bench_kv_capacity import measure  # noqa: E402
+
+GIB = 2**30
+
+
+def capacities(target, draft, budget=16 * GIB):
+    return {
+        mode: measure("m", (target, draft), mode, budget, request_tokens=8192, max_draft_len=3)
+        for mode in ("target only", "eagle3 separate", "eagle3 unified")
+    }
+
+
+def test_bundled_unified_slot_is_the_target_and_draft_buffers_plus_reported_padding():
+    cap = capacities(*bundled_configs())
+    unified, separate = cap["eagle3 unified"], cap["eagle3 separate"]
+    # one unified slot holds exactly the buffers of the separate target slot and draft slot
+    assert unified.used_bytes == (sum(separate.used_bytes),)
+    assert unified.slot_bytes[0] == unified.used_bytes[0] + unified.padding_bytes
+    # m3-tiny, bf16, 128-token blocks: 4 layers of 2x64 K and V, index-K 1x16 on layers 1-3; the
+    # drafter's K and V of 4x64; slots padded to whole 32-token kernel pages of the draft buffers
+    assert separate.slot_bytes == (278528, 131072)
+    assert unified.slot_bytes == (409600,)
+    assert unified.padding_bytes == separate.padding_bytes == 4096
+    assert cap["target only"].slot_bytes == (278528,)
+
+
+def test_bundled_unified_fits_as_many_tokens_as_separate_and_fewer_than_target_only():
+    cap = capacities(*bundled_configs())
+    unified, separate, target = (
+        cap["eagle3 unified"],
+        cap["eagle3 separate"],
+        cap["target only"],
+    )
+    assert unified.num_tokens >= separate.num_tokens
+    assert unified.num_tokens == 16 * GIB // 409600 * 128
+    assert unified.num_tokens < target.num_tokens
+    # an 8192-token request holds 64 blocks, 65 with the speculative extra positions
+    assert (target.blocks_per_request, unified.blocks_per_request) == (64, 65)
+    assert unified.num_requests == 16 * GIB // 409600 // 65
+
+
+def test_bench_model_draft_kv_costs_one_more_target_layer_per_block():
+    target = bench_target_config()
+    cap = capacities(target, bench_eagle3_config(target))
+    kv_per_layer = 2 * 128 * 4 * 128 * 2  # K and V: 128 tokens x 4 heads x 128 dims x bf16
+    index_k = 128 * 128 * 2
+    assert cap["target only"].slot_bytes == (8 * kv_per_layer + 6 * index_k,)
+    assert cap["eagle3 unified"].slot_bytes == (9 * kv_per_layer + 6 * index_k,)
+    assert cap["eagle3 separate"].slot_bytes == (8 * kv_per_layer + 6 * index_k, kv_per_layer)
+
+
+def test_decode_benchmark_runs_end_to_end_at_tiny_scale(tmp_path):
+    out = tmp_path / "decode.json"
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "bench_decode.py"),
+        *("--scale", "tiny", "--device", "cpu", "--batches", "1,2", "--new-tokens", "4"),
+        *("--json", str(out)),
+    ]
+    # one intra-op thread: on a small shared CPU, more threads than free cores only spin
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "step / floor" in done.stdout and "machine:" in done.stdout
+    record = json.loads(out.read_text())
+    cells = {(c["mode"], c["batch"]): c for c in record["cells"]}
+    assert sorted(cells) == [(m, b) for m in ("separate", "target", "unified") for b in (1, 2)]
+    for (mode, _), cell in cells.items():
+        assert cell["num_prefill_steps"] == 1  # 2 x 160 prompt tokens fit one step
+        assert not cell["truncated"]
+        # 4 new tokens: the first from the prefill, then one or more per decode step
+        if mode == "target":
+            assert cell["num_decode_steps"] == 3 and cell["al"] == 1.0
+        else:
+            assert 1 <= cell["num_decode_steps"] <= 3 and cell["al"] >= 1.0
+        assert cell["decode_step_ms"] > 0 and cell["weight_read_floor_ms"] > 0
+    assert record["copy_bandwidth_bytes_per_s"] > 0
+    assert any("unified / separate" in line for line in record["summary"])
+
+
+@pytest.mark.parametrize("budget_gib", [1, 16])
+def test_capacity_table_prints_every_model_and_mode(budget_gib, capsys):
+    from bench_kv_capacity import print_table, run
+
+    rows = run(budget_gib, 8192, 3)
+    print_table(rows, budget_gib, 8192)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(rows) == 6
+    assert sum("eagle3 unified" in line for line in lines) == 2
+    assert all(r.budget_bytes == budget_gib * GIB for r in rows)
