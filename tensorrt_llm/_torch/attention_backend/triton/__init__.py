@@ -1,0 +1,1 @@
+"""Triton kernels of the ``TRITON`` attention backend (runnable under ``TRITON_INTERPRET=1``)."""

@@ -1,0 +1,290 @@
+"""MiniMax sparse attention (MSA) on Triton: launchers and the public op.
+
+``triton_msa_paged_attention`` has the signature and semantics of the torch reference
+``sparse/minimax_m3/msa.py::msa_paged_attention`` (the oracle), with no host sync and no loop over
+the batch. Its steps, each a launcher usable (and tested) on its own::
+
+    write K, V, index-K      torch index_put through the block table (``reference.write_paged``)
+    msa_block_scores         [num_tokens, num_key_blocks] fp32: indexer scores, max per key block
+    msa_select_blocks        MsaSelection: [num_tokens, num_key_blocks] bool (``select_blocks``),
+                             and per query tile the union of its tokens' blocks
+    msa_sparse_attention     [num_tokens, H, D]: each tile visits its union once, each row keeps
+                             only the blocks its own token selected
+
+Grid sizes come from host metadata (``seq_lens``, ``kv_lens_cpu``); every per-token and per-sequence
+quantity the kernels read is a device tensor of the metadata.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from tensorrt_llm._torch.attention_backend.reference import write_paged
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
+from tensorrt_llm._torch.attention_backend.triton.msa_kernels import (
+    INTERPRETED,
+    _msa_block_scores_kernel,
+    _msa_select_kernel,
+    _msa_sparse_attention_kernel,
+)
+from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _pad(n: int) -> int:
+    """A tile extent for ``n``: a power of two, at least 16 (``tl.dot``'s minimum)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def _dot_options(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """How a kernel multiplies ``a`` by ``b``: as they are when both have the same 16-bit type
+    (compiled kernels only), else in fp32 with full-precision products (``ieee``: no TF32)."""
+    fp32 = INTERPRETED or not (a.dtype == b.dtype and a.dtype in _LOW_PRECISION)
+    return {"DOT_FP32": fp32, "DOT_PRECISION": "ieee" if fp32 else "tf32"}
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    """The step's batch as the MSA kernels address it (``TrtllmAttentionMetadata`` layout).
+
+    Device: ``table_k`` / ``table_v`` ``[num_seqs, max_pages]`` int32 (lanes 0 and 1 of one pool's
+    block table: K and index-K pages, V pages), ``cu_seqlens_q`` ``[num_seqs + 1]`` int32,
+    ``position_ids`` ``[num_tokens]``. Host ints size the grids.
+    """
+
+    table_k: torch.Tensor
+    table_v: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    position_ids: torch.Tensor
+    tokens_per_page: int
+    max_q_len: int
+    max_kv_len: int
+
+    @classmethod
+    def from_metadata(cls, metadata: TrtllmAttentionMetadata, pool: int) -> PagedBatch:
+        table = metadata.kv_cache_block_offsets[pool]  # [>= num_seqs, 2, max_pages]
+        return cls(
+            table_k=table[:, 0],
+            table_v=table[:, 1],
+            cu_seqlens_q=metadata.cu_seqlens_q,
+            position_ids=metadata.position_ids,
+            tokens_per_page=metadata.tokens_per_block,
+            max_q_len=max(metadata.seq_lens, default=0),
+            max_kv_len=int(metadata.kv_lens_cpu.max()) if metadata.num_seqs else 0,
+        )
+
+    @property
+    def num_seqs(self) -> int:
+        return self.cu_seqlens_q.shape[0] - 1
+
+
+def _check_pages(name: str, pages: torch.Tensor, batch: PagedBatch, heads: int, dim: int) -> None:
+    want = (batch.tokens_per_page, heads, dim)
+    if pages.dim() != 4 or tuple(pages.shape[1:]) != want:
+        raise ValueError(
+            f"{name} pages of shape {tuple(pages.shape)}: expected [num_pages, {want[0]}, "
+            f"{want[1]}, {want[2]}] (tokens_per_block, heads, head_dim)"
+        )
+
+
+def msa_block_scores(
+    index_q: torch.Tensor,
+    index_w: torch.Tensor,
+    index_k_pages: torch.Tensor,
+    batch: PagedBatch,
+    block_size: int,
+) -> torch.Tensor:
+    """Indexer scores of every step token against every cached key of its sequence at a position
+    ``<=`` its own, max-pooled per key block of ``block_size``.
+
+    index_q ``[num_tokens, Hi, Di]``, index_w ``[num_tokens, Hi]``, index-K pages ``[num_pages,
+    tokens_per_block, 1, Di]`` -> fp32 ``[num_tokens, cdiv(max_kv_len, block_size)]``; -inf for a
+    block with no visible key.
+    """
+    num_tokens, num_index_heads, index_dim = index_q.shape
+    if tuple(index_w.shape) != (num_tokens, num_index_heads):
+        raise ValueError(
+            f"index_w of shape {tuple(index_w.shape)}: expected {tuple(index_q.shape[:2])}"
+        )
+    _check_pages("index-K", index_k_pages, batch, 1, index_dim)
+    num_key_blocks = triton.cdiv(batch.max_kv_len, block_size)
+    # [num_tokens, num_key_blocks]
+    out = torch.empty(num_tokens, num_key_blocks, dtype=torch.float32, device=index_q.device)
+    if num_tokens == 0 or num_key_blocks == 0:
+        return out
+    block_m = min(64, _pad(batch.max_q_len))
+    grid = (batch.num_seqs, triton.cdiv(batch.max_q_len, block_m), num_key_blocks)
+    ik = index_k_pages[:, :, 0]  # [num_pages, tokens_per_block, Di]
+    _msa_block_scores_kernel[grid](
+        index_q, *index_q.stride(),
+        index_w, *index_w.stride(),
+        ik, *ik.stride(),
+        batch.table_k, *batch.table_k.stride(),
+        batch.cu_seqlens_q, batch.position_ids,
+        out, *out.stride(),
+        math.sqrt(index_dim),
+        NUM_INDEX_HEADS=num_index_heads, INDEX_DIM=index_dim, INDEX_DIM_PAD=_pad(index_dim),
+        BLOCK_SIZE=block_size, TOKENS_PER_PAGE=batch.tokens_per_page,
+        BLOCK_M=block_m, BLOCK_N=min(128, _pad(block_size)), **_dot_options(index_q, ik),
+    )  # fmt: skip
+    return out
+
+
+def attention_tile_tokens(max_q_len: int, group: int) -> int:
+    """Query tokens per tile: the tile's ``tokens x next_pow2(group)`` rows fill at most 64 (or one
+    token's heads), and no more tokens than the longest sequence of the step has."""
+    per_tile = max(1, 64 // triton.next_power_of_2(group))
+    return min(triton.next_power_of_2(max(max_q_len, 1)), per_tile)
+
+
+@dataclass(frozen=True)
+class MsaSelection:
+    """The key blocks every step token attends, and per query tile the union of its tokens' blocks.
+
+    mask: bool ``[num_tokens, num_key_blocks]``, the same as ``select_blocks`` per sequence;
+    tile_blocks: int32 ``[num_tile_ids, num_key_blocks]``, a tile's selected blocks ascending in its
+    first ``tile_counts[tile_id]`` entries (``tile_id``: ``msa_kernels.py``); ``tile_tokens``
+    tokens per tile.
+    """
+
+    mask: torch.Tensor
+    tile_blocks: torch.Tensor
+    tile_counts: torch.Tensor
+    tile_tokens: int
+
+
+def msa_select_blocks(
+    block_scores: torch.Tensor, batch: PagedBatch, cfg: MsaConfig, tile_tokens: int
+) -> MsaSelection:
+    """Per token: its ``cfg.num_local_blocks`` local key blocks, and the top ``cfg.topk_blocks``
+    earlier ones by score (equal scores go to the earlier block; only finite scores count).
+
+    block_scores ``[num_tokens, num_key_blocks]`` (``msa_block_scores``); query tiles of
+    ``tile_tokens`` (a power of two) tokens, as ``msa_sparse_attention`` will visit them.
+    """
+    if tile_tokens <= 0 or tile_tokens & (tile_tokens - 1):
+        raise ValueError(f"tile_tokens={tile_tokens} must be a power of two")
+    num_tokens, num_key_blocks = block_scores.shape
+    device = block_scores.device
+    num_tile_ids = batch.num_seqs + num_tokens // tile_tokens + 1
+    # every entry of a token's row is written; tile ids of no tile are never read
+    mask = torch.empty(num_tokens, num_key_blocks, dtype=torch.int8, device=device)
+    tile_blocks = torch.empty(num_tile_ids, num_key_blocks, dtype=torch.int32, device=device)
+    tile_counts = torch.empty(num_tile_ids, dtype=torch.int32, device=device)
+    selection = MsaSelection(mask.view(torch.bool), tile_blocks, tile_counts, tile_tokens)
+    if num_tokens == 0 or num_key_blocks == 0:
+        return selection
+    block_b = _pad(num_key_blocks)
+    grid = (batch.num_seqs, triton.cdiv(batch.max_q_len, tile_tokens))
+    _msa_select_kernel[grid](
+        block_scores, *block_scores.stride(),
+        mask, *mask.stride(),
+        tile_blocks, *tile_blocks.stride(),
+        tile_counts,
+        batch.cu_seqlens_q, batch.position_ids, num_key_blocks,
+        BLOCK_SIZE=cfg.block_size, TOPK=cfg.topk_blocks, NUM_LOCAL=cfg.num_local_blocks,
+        TILE_TOKENS=tile_tokens, SUB_TOKENS=max(2, min(tile_tokens, 4096 // block_b)),
+        BLOCK_B=block_b,
+    )  # fmt: skip
+    return selection
+
+
+def msa_sparse_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    selection: MsaSelection,
+    batch: PagedBatch,
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of each token's query heads over only the keys (positions ``<=`` its own) of its
+    selected key blocks, read through the block table (GQA: heads ``g*G .. g*G+G-1`` share KV
+    head ``g``).
+
+    q ``[num_tokens, H, D]``, K / V pages ``[num_pages, tokens_per_block, Hkv, D]`` ->
+    ``[num_tokens, H, D]`` in ``q``'s dtype.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_pages.shape[2]
+    group = _check_group(num_heads, num_kv_heads)
+    _check_pages("K", k_pages, batch, num_kv_heads, head_dim)
+    _check_pages("V", v_pages, batch, num_kv_heads, head_dim)
+    if k_pages.stride() != v_pages.stride():
+        raise ValueError(
+            f"K pages strides {k_pages.stride()} != V pages strides {v_pages.stride()}: the kernel "
+            "reads both with one layout"
+        )
+    out = torch.empty_like(q)  # [num_tokens, H, D]
+    if num_tokens == 0:
+        return out
+    tile = selection.tile_tokens
+    group_pad = triton.next_power_of_2(group)
+    grid = (batch.num_seqs, triton.cdiv(batch.max_q_len, tile), num_kv_heads)
+    _msa_sparse_attention_kernel[grid](
+        q, *q.stride(),
+        out, *out.stride(),
+        k_pages, v_pages, *k_pages.stride(),
+        batch.table_k, batch.table_v, *batch.table_k.stride(),
+        selection.mask.view(torch.int8), *selection.mask.stride(),
+        selection.tile_blocks, *selection.tile_blocks.stride(), selection.tile_counts,
+        batch.cu_seqlens_q, batch.position_ids,
+        scale,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, HEAD_DIM_PAD=_pad(head_dim),
+        BLOCK_SIZE=block_size, TOKENS_PER_PAGE=batch.tokens_per_page, TILE_TOKENS=tile,
+        ROWS=max(16, tile * group_pad), BLOCK_N=min(64, _pad(block_size)),
+        **_dot_options(q, k_pages),
+    )  # fmt: skip
+    return out
+
+
+def _check_group(num_heads: int, num_kv_heads: int) -> int:
+    if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads} (GQA)"
+        )
+    return num_heads // num_kv_heads
+
+
+def triton_msa_paged_attention(
+    layer_idx: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    msa: MsaInputs,
+    metadata: TrtllmAttentionMetadata,
+    cfg: MsaConfig,
+    scale: float,
+) -> torch.Tensor:
+    """``msa_paged_attention`` on Triton: write K, V and index-K of the step into the cache, then
+    MSA per query token.
+
+    q: ``[num_tokens, H, D]``; k, v: ``[num_tokens, Hkv, D]``; ``msa`` over the same tokens
+    (``index_q [num_tokens, Hi, Di]``, ``index_w [num_tokens, Hi]``,
+    ``index_k [num_tokens, 1, Di]``). Returns ``[num_tokens, H, D]`` in ``q``'s dtype.
+    """
+    if q.dim() != 3 or q.shape[0] != metadata.num_tokens:
+        raise ValueError(
+            f"q of shape {tuple(q.shape)}: expected [num_tokens={metadata.num_tokens}, heads, "
+            "head_dim]"
+        )
+    group = _check_group(q.shape[1], k.shape[1])
+    manager = metadata.kv_cache_manager
+    pool = manager.layer_pool_index(layer_idx)
+    k_pages, v_pages = manager.get_kv_pages(layer_idx)
+    index_k_pages = manager.get_index_k_pages(layer_idx)
+    write_paged(k_pages, metadata, pool, 0, k)
+    write_paged(v_pages, metadata, pool, 1, v)
+    write_paged(index_k_pages, metadata, pool, 0, msa.index_k)
+    batch = PagedBatch.from_metadata(metadata, pool)
+    block_scores = msa_block_scores(
+        msa.index_q, msa.index_w, index_k_pages, batch, cfg.block_size
+    )  # [num_tokens, num_key_blocks]
+    tile_tokens = attention_tile_tokens(batch.max_q_len, group)
+    selection = msa_select_blocks(block_scores, batch, cfg, tile_tokens)
+    return msa_sparse_attention(q, k_pages, v_pages, selection, batch, cfg.block_size, scale)

@@ -1,0 +1,249 @@
+"""Triton kernels of MiniMax sparse attention (MSA); launchers and the public op are in ``msa.py``.
+
+Two units of keys, never mixed up:
+
+- a **page** (kernel page) holds ``TOKENS_PER_PAGE`` consecutive positions of one sequence; key
+  ``j`` of batch row ``seq`` is at ``pages[table[seq, j // TOKENS_PER_PAGE], j % TOKENS_PER_PAGE]``;
+- a **key block** is MSA's unit of selection, ``BLOCK_SIZE`` consecutive positions (128 in M3).
+
+Every key is addressed on its own through the block table, so the two sizes are independent. Page
+tensors are strided views into a pool (``[num_pages, tokens_per_page, heads, head_dim]``, page
+stride = slot size); page ids are widened to int64 before they meet that stride.
+
+A **query tile** is ``TILE_TOKENS`` consecutive step tokens of one sequence; tile ``tile`` of
+sequence ``seq`` has the batch-wide id ``seq + cu_seqlens_q[seq] // TILE_TOKENS + tile`` (distinct
+for distinct tiles, and below ``num_seqs + num_tokens // TILE_TOKENS + 1``).
+
+``tl.dot`` needs every dimension >= 16: tiles are padded to powers of two >= 16 and masked. fp32
+operands are multiplied with ``DOT_PRECISION="ieee"`` (no TF32); accumulation is fp32 throughout.
+Address arithmetic is written out in each kernel rather than in nested ``@triton.jit`` helpers:
+under the interpreter every nested call costs milliseconds.
+"""
+
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+
+@triton.jit
+def _msa_block_scores_kernel(
+    iq_ptr, stride_iqt, stride_iqh, stride_iqd,  # index_q [num_tokens, NUM_INDEX_HEADS, INDEX_DIM]
+    iw_ptr, stride_iwt, stride_iwh,  # index_w [num_tokens, NUM_INDEX_HEADS]
+    ik_ptr, stride_ikp, stride_ikt, stride_ikd,  # index-K [num_pages, TOKENS_PER_PAGE, INDEX_DIM]
+    table_ptr, stride_table_seq, stride_table_page,  # lane-0 block table [num_seqs, max_pages]
+    cu_seqlens_q_ptr, pos_ptr,  # [num_seqs + 1], [num_tokens]
+    out_ptr, stride_ot, stride_ob,  # block scores [num_tokens, num_key_blocks], fp32
+    sqrt_index_dim,
+    NUM_INDEX_HEADS: tl.constexpr, INDEX_DIM: tl.constexpr, INDEX_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TOKENS_PER_PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(num_seqs, cdiv(max_q_len, BLOCK_M), num_key_blocks)``: for ``BLOCK_M`` query tokens
+    ``t`` of sequence ``seq``, the max over the keys ``j <= pos[t]`` of key block ``kblock`` of
+    ``sum_h w[t, h] * relu(q[t, h] . k[j]) / sqrt(INDEX_DIM)``; -inf where no key is visible."""
+    seq = tl.program_id(0)
+    tile = tl.program_id(1)
+    kblock = tl.program_id(2)
+    q_begin = tl.load(cu_seqlens_q_ptr + seq)
+    q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
+    rows = q_begin + tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] token indices
+    row_ok = rows < q_end
+    rows = rows.to(tl.int64)
+    pos = tl.load(pos_ptr + rows, mask=row_ok, other=-1)  # [BLOCK_M]
+    last_pos = tl.max(pos, axis=0)
+    block_start = kblock * BLOCK_SIZE
+    best = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    if block_start <= last_pos:
+        offs_d = tl.arange(0, INDEX_DIM_PAD)
+        d_ok = offs_d < INDEX_DIM
+        for n0 in range(0, BLOCK_SIZE, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            keys = block_start + offs_n  # [BLOCK_N] key positions
+            key_ok = (offs_n < BLOCK_SIZE) & (keys <= last_pos)
+            page = tl.load(
+                table_ptr + seq * stride_table_seq + (keys // TOKENS_PER_PAGE) * stride_table_page,
+                mask=key_ok,
+                other=0,
+            )
+            key_off = page.to(tl.int64) * stride_ikp + (keys % TOKENS_PER_PAGE) * stride_ikt
+            ik = tl.load(
+                ik_ptr + key_off[None, :] + offs_d[:, None] * stride_ikd,
+                mask=d_ok[:, None] & key_ok[None, :],
+                other=0.0,
+            )  # [INDEX_DIM_PAD, BLOCK_N]
+            if DOT_FP32:
+                ik = ik.to(tl.float32)
+            score = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for h in range(NUM_INDEX_HEADS):
+                iq = tl.load(
+                    iq_ptr
+                    + rows[:, None] * stride_iqt
+                    + h * stride_iqh
+                    + offs_d[None, :] * stride_iqd,
+                    mask=row_ok[:, None] & d_ok[None, :],
+                    other=0.0,
+                )  # [BLOCK_M, INDEX_DIM_PAD]
+                if DOT_FP32:
+                    iq = iq.to(tl.float32)
+                w = tl.load(iw_ptr + rows * stride_iwt + h * stride_iwh, mask=row_ok, other=0.0)
+                dots = tl.dot(iq, ik, input_precision=DOT_PRECISION) / sqrt_index_dim
+                score += tl.maximum(dots, 0.0) * w.to(tl.float32)[:, None]  # [BLOCK_M, BLOCK_N]
+            visible = key_ok[None, :] & (keys[None, :] <= pos[:, None])
+            best = tl.maximum(best, tl.max(tl.where(visible, score, float("-inf")), axis=1))
+    tl.store(out_ptr + rows * stride_ot + kblock * stride_ob, best, mask=row_ok)
+
+
+@triton.jit
+def _msa_select_kernel(
+    score_ptr, stride_st, stride_sb,  # block scores [num_tokens, num_key_blocks], fp32
+    sel_ptr, stride_selt, stride_selb,  # selection [num_tokens, num_key_blocks], int8 (0/1)
+    union_ptr, stride_ut, stride_ub,  # [num_tile_ids, num_key_blocks] int32: a tile's blocks
+    count_ptr,  # [num_tile_ids] int32: how many blocks of union_ptr's row are used
+    cu_seqlens_q_ptr, pos_ptr, num_key_blocks,  # [num_seqs + 1], [num_tokens]
+    BLOCK_SIZE: tl.constexpr, TOPK: tl.constexpr, NUM_LOCAL: tl.constexpr,
+    TILE_TOKENS: tl.constexpr, SUB_TOKENS: tl.constexpr, BLOCK_B: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(num_seqs, cdiv(max_q_len, TILE_TOKENS))``. Per token of the query tile: its
+    ``NUM_LOCAL`` local key blocks and the top ``TOPK`` earlier ones by score (equal scores go to
+    the earlier block; only finite scores). Then the tile's union of selected blocks, ascending."""
+    seq = tl.program_id(0)
+    tile = tl.program_id(1)
+    q_begin = tl.load(cu_seqlens_q_ptr + seq)
+    q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
+    tile_begin = q_begin + tile * TILE_TOKENS
+    if tile_begin < q_end:
+        blocks = tl.arange(0, BLOCK_B)
+        in_range = (blocks < num_key_blocks)[None, :]  # [1, BLOCK_B]
+        union = tl.zeros([BLOCK_B], tl.int32)
+        for sub in range(0, TILE_TOKENS, SUB_TOKENS):
+            offs_t = sub + tl.arange(0, SUB_TOKENS)
+            toks = tile_begin + offs_t  # [SUB_TOKENS]
+            tok_ok = (offs_t < TILE_TOKENS) & (toks < q_end)
+            toks = toks.to(tl.int64)
+            q_block = (tl.load(pos_ptr + toks, mask=tok_ok, other=0) // BLOCK_SIZE)[:, None]
+            earlier = (blocks[None, :] <= q_block - NUM_LOCAL) & in_range & tok_ok[:, None]
+            score = tl.load(
+                score_ptr + toks[:, None] * stride_st + blocks[None, :] * stride_sb,
+                mask=earlier,
+                other=float("-inf"),
+            )  # [SUB_TOKENS, BLOCK_B]
+            chosen = (blocks[None, :] <= q_block) & (blocks[None, :] > q_block - NUM_LOCAL)
+            for _ in range(TOPK):
+                top = tl.max(score, axis=1)[:, None]  # [SUB_TOKENS, 1]
+                first = tl.min(tl.where(score == top, blocks[None, :], BLOCK_B), axis=1)
+                pick = blocks[None, :] == first[:, None]  # the earliest block of the best score
+                chosen = chosen | (pick & (top > float("-inf")))
+                score = tl.where(pick, float("-inf"), score)
+            chosen = chosen & tok_ok[:, None]
+            tl.store(
+                sel_ptr + toks[:, None] * stride_selt + blocks[None, :] * stride_selb,
+                chosen.to(tl.int8),
+                mask=tok_ok[:, None] & in_range,
+            )
+            union = tl.maximum(union, tl.max(chosen.to(tl.int32), axis=0))
+        tile_id = seq + q_begin // TILE_TOKENS + tile
+        slot = tl.cumsum(union, axis=0) - 1  # where each chosen block goes in the compact list
+        tl.store(union_ptr + tile_id * stride_ut + slot * stride_ub, blocks, mask=union > 0)
+        tl.store(count_ptr + tile_id, tl.sum(union, axis=0))
+
+
+@triton.jit
+def _online_softmax_step(
+    q, k, v, visible, m_i, l_i, acc, scale, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr
+):
+    """One key tile of online softmax: ``q [ROWS, D]``, ``k [D, BLOCK_N]``, ``v [BLOCK_N, D]``,
+    ``visible [ROWS, BLOCK_N]``; returns the running max ``m_i``, the running sum ``l_i`` of
+    ``exp(score - m_i)`` (both ``[ROWS]``) and the accumulator ``acc [ROWS, D]``, updated."""
+    if DOT_FP32:
+        q = q.to(tl.float32)
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [ROWS, BLOCK_N]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no (-inf) - (-inf) in a masked row
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _msa_sparse_attention_kernel(
+    q_ptr, stride_qt, stride_qh, stride_qd,  # [num_tokens, num_heads, HEAD_DIM]
+    out_ptr, stride_ot, stride_oh, stride_od,  # [num_tokens, num_heads, HEAD_DIM]
+    k_ptr, v_ptr, stride_kvp, stride_kvt, stride_kvh, stride_kvd,  # K, V pages, one layout
+    table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,  # lanes 0 and 1 of the table
+    sel_ptr, stride_selt, stride_selb,  # selection [num_tokens, num_key_blocks], int8 (0/1)
+    union_ptr, stride_ut, stride_ub, count_ptr,  # the tiles' selected blocks (_msa_select_kernel)
+    cu_seqlens_q_ptr, pos_ptr,  # [num_seqs + 1], [num_tokens]
+    scale,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TOKENS_PER_PAGE: tl.constexpr, TILE_TOKENS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(num_seqs, cdiv(max_q_len, TILE_TOKENS), num_kv_heads)``: rows ``r = m * GROUP_PAD +
+    g`` are query head ``kv_head * GROUP + g`` of the tile's token ``m``. The tile visits the union
+    of its tokens' selected key blocks once; row ``r`` sees the keys ``j <= pos`` of the blocks its
+    own token selected (online softmax in fp32)."""
+    seq = tl.program_id(0)
+    tile = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_begin = tl.load(cu_seqlens_q_ptr + seq)
+    q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
+    tile_begin = q_begin + tile * TILE_TOKENS
+    if tile_begin < q_end:
+        offs_r = tl.arange(0, ROWS)
+        m = offs_r // GROUP_PAD
+        g = offs_r % GROUP_PAD
+        toks = (tile_begin + m).to(tl.int64)  # [ROWS]
+        row_ok = (m < TILE_TOKENS) & (g < GROUP) & (toks < q_end)
+        heads = kv_head * GROUP + g
+        pos = tl.load(pos_ptr + toks, mask=row_ok, other=-1)  # [ROWS]
+        last_pos = tl.max(pos, axis=0)
+        offs_d = tl.arange(0, HEAD_DIM_PAD)
+        d_ok = offs_d < HEAD_DIM
+        qo_mask = row_ok[:, None] & d_ok[None, :]  # [ROWS, HEAD_DIM_PAD]
+        q_off = toks[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
+        q = tl.load(q_ptr + q_off, mask=qo_mask, other=0.0)  # [ROWS, HEAD_DIM_PAD]
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)  # running max of the scores
+        l_i = tl.zeros([ROWS], tl.float32)  # running sum of exp(score - m_i)
+        acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
+        tile_id = seq + q_begin // TILE_TOKENS + tile
+        for u in range(tl.load(count_ptr + tile_id)):
+            kblock = tl.load(union_ptr + tile_id * stride_ut + u * stride_ub)
+            sel = tl.load(sel_ptr + toks * stride_selt + kblock * stride_selb, mask=row_ok, other=0)
+            for n0 in range(0, BLOCK_SIZE, BLOCK_N):
+                offs_n = n0 + tl.arange(0, BLOCK_N)
+                keys = kblock * BLOCK_SIZE + offs_n  # [BLOCK_N] key positions
+                key_ok = (offs_n < BLOCK_SIZE) & (keys <= last_pos)
+                page_idx = seq * stride_table_seq + (keys // TOKENS_PER_PAGE) * stride_table_page
+                in_page = (keys % TOKENS_PER_PAGE) * stride_kvt + kv_head * stride_kvh
+                k_page = tl.load(table_k_ptr + page_idx, mask=key_ok, other=0).to(tl.int64)
+                k = tl.load(
+                    k_ptr + (k_page * stride_kvp + in_page)[None, :] + offs_d[:, None] * stride_kvd,
+                    mask=d_ok[:, None] & key_ok[None, :],
+                    other=0.0,
+                )  # [HEAD_DIM_PAD, BLOCK_N]
+                v_page = tl.load(table_v_ptr + page_idx, mask=key_ok, other=0).to(tl.int64)
+                v = tl.load(
+                    v_ptr + (v_page * stride_kvp + in_page)[:, None] + offs_d[None, :] * stride_kvd,
+                    mask=key_ok[:, None] & d_ok[None, :],
+                    other=0.0,
+                )  # [BLOCK_N, HEAD_DIM_PAD]
+                # a row sees a key of a block its own token selected, at a position <= its own
+                visible = (sel != 0)[:, None] & key_ok[None, :] & (keys[None, :] <= pos[:, None])
+                m_i, l_i, acc = _online_softmax_step(
+                    q, k, v, visible, m_i, l_i, acc, scale, DOT_FP32, DOT_PRECISION
+                )
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_off = toks[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
+        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=qo_mask)
+
+
+# Under TRITON_INTERPRET=1 the kernels are not JITFunctions. Triton's interpreter gets tl.dot of
+# 16-bit floats wrong (seen with 3.9), so the launchers then multiply in fp32.
+INTERPRETED = not isinstance(_msa_sparse_attention_kernel, JITFunction)
