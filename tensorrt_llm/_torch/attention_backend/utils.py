@@ -11,7 +11,7 @@ from tensorrt_llm._torch.attention_backend.vanilla import VanillaAttentionBacken
 def _triton_backend() -> AttentionBackend:
     """Imported on demand, so that selecting another backend never imports Triton."""
     try:
-        import triton  # noqa: F401
+        import triton.language  # noqa: F401
     except ImportError as exc:
         raise ValueError(
             "attn_backend='TRITON' needs the triton package, which is not importable here "

@@ -35,7 +35,7 @@ def test_no_attn_backend_means_triton_on_cuda_and_vanilla_on_the_cpu(tiny_checkp
 
 
 def test_triton_generates_what_vanilla_generates(tiny_checkpoint):
-    pytest.importorskip("triton")
+    pytest.importorskip("triton.language")
     greedy = SamplingParams(max_tokens=5, ignore_eos=True, return_generation_logits=True)
     prompts = PROMPTS[:3]  # 2, 110 and 15 tokens: a batch of prefill chunks, then decodes
     outputs = {}

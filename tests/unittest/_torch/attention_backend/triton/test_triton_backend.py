@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("triton")
+pytest.importorskip("triton.language")
 
 from m3_cache import HEAD_DIM, TARGET_KV_HEADS, m3_manager  # noqa: E402
 from paged_case import DEVICE  # noqa: E402

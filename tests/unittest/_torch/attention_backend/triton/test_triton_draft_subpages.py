@@ -6,7 +6,7 @@ attention."""
 import pytest
 import torch
 
-pytest.importorskip("triton")
+pytest.importorskip("triton.language")
 
 from m3_cache import DRAFT, DRAFT_KV_HEADS, HEAD_DIM, m3_manager, step_on  # noqa: E402
 from paged_case import DEVICE  # noqa: E402

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-pytest.importorskip("triton")
+pytest.importorskip("triton.language")
 
 from paged_case import MIXED_CACHED, MIXED_Q, make_case  # noqa: E402
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-pytest.importorskip("triton")
+pytest.importorskip("triton.language")
 
 from paged_case import MIXED_CACHED, MIXED_Q, make_case  # noqa: E402
 
@@ -48,10 +48,14 @@ def test_a_mixed_batch_of_17_matches_the_reference(page_tokens, group, dtype):
     assert_matches_reference(attend(case), case)
 
 
-@pytest.mark.parametrize("num_splits", [1, 4])
-def test_past_1000_tokens_prefill_chunked_prefill_and_decode(num_splits):
+@pytest.mark.parametrize(
+    "num_splits, group, page_tokens, dtype",
+    [(1, 1, 64, torch.float32), (4, 4, 128, torch.bfloat16)],
+)
+def test_past_1000_tokens_prefill_chunked_prefill_and_decode(num_splits, group, page_tokens, dtype):
     # a fresh 1030-token prompt, a 64-token chunk after 1000 cached, a 1 + 3 decode at 1100
-    case = make_case([1030, 64, 4], [0, 1000, 1100], 64, num_kv_heads=1, head_dim=16)
+    steps = ([1030, 64, 4], [0, 1000, 1100])
+    case = make_case(*steps, page_tokens, num_kv_heads=1, group=group, head_dim=16, dtype=dtype)
     assert_matches_reference(attend(case, num_splits=num_splits), case)
 
 
@@ -66,9 +70,9 @@ def test_the_split_count_follows_the_shape():
     # a launch that fills the device (or the CPU's single "multiprocessor") runs unsplit
     assert choose_num_splits(num_programs=264, max_kv_len=100_000, num_sms=132) == 1
     assert choose_num_splits(num_programs=5, max_kv_len=100_000, num_sms=1) == 1
-    # a small batch at long context: about two programs per multiprocessor, at most 32 splits
-    assert choose_num_splits(num_programs=8, max_kv_len=100_000, num_sms=132) == 32
-    assert choose_num_splits(num_programs=32, max_kv_len=100_000, num_sms=132) == 9
+    # a small batch at long context: about four programs per multiprocessor, at most 64 splits
+    assert choose_num_splits(num_programs=8, max_kv_len=100_000, num_sms=132) == 64
+    assert choose_num_splits(num_programs=64, max_kv_len=100_000, num_sms=132) == 9
     # ... but never a split of fewer than 256 keys
     assert choose_num_splits(num_programs=8, max_kv_len=1000, num_sms=132) == 4
     assert choose_num_splits(num_programs=8, max_kv_len=200, num_sms=132) == 1
