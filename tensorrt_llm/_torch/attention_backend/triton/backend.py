@@ -1,9 +1,9 @@
 """TritonAttentionBackend (``attn_backend="TRITON"``): the paged backend on Triton kernels.
 
 Same contract as ``VANILLA`` (``backend.py``): write the step's K and V through the manager attached
-to the metadata, then attend. Dense layers run entirely on the kernels of this package; MSA layers
-write K/V with the kernel and index-K with the torch reference, then attend through ``_msa_attend``
-(the torch reference for now; the seam the MSA kernels replace).
+to the metadata, then attend. Dense layers run on ``ops.py``; MSA layers write K/V with the same
+kernel and index-K with the torch reference (``write_paged``), then attend through ``_msa_attend``
+on the MSA kernels (``msa.py``).
 
 The Eagle3 draft layer's KV lives in sub-pages of the target's slots. The backend reads it
 - through the target's slot table with the addressing computed in the kernel (``draft_subpage_kv``),
@@ -19,21 +19,22 @@ from __future__ import annotations
 import torch
 
 from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
-from tensorrt_llm._torch.attention_backend.reference import gather_paged, write_paged
+from tensorrt_llm._torch.attention_backend.reference import write_paged
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.draft_subpage_view import (
     MiniMaxM3DraftSubpageView,
 )
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
-    MsaConfig,
-    MsaInputs,
-    index_scores,
-    select_blocks,
-    sparse_attention,
-)
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
 from tensorrt_llm._torch.attention_backend.triton.addressing import (
     PagedKV,
     draft_subpage_kv,
     plain_paged_kv,
+)
+from tensorrt_llm._torch.attention_backend.triton.msa import (
+    PagedBatch,
+    attention_tile_tokens,
+    msa_block_scores,
+    msa_select_blocks,
+    msa_sparse_attention,
 )
 from tensorrt_llm._torch.attention_backend.triton.ops import paged_attention, write_kv_pages
 from tensorrt_llm._torch.attention_backend.triton.step import StepBatch
@@ -117,23 +118,17 @@ def _msa_attend(
     cfg: MsaConfig,
     scale: float,
 ) -> torch.Tensor:
-    """MSA of the step's queries over the cache, once the step's K, V and index-K are written.
-
-    The seam for the MSA Triton kernels: same inputs, ``[num_tokens, num_heads, head_dim]`` out.
-    For now the torch reference per sequence (``msa_paged_attention`` without its writes).
-    """
+    """MSA of the step's queries over the cache, once the step's K, V and index-K are written:
+    ``msa_paged_attention`` without its writes, on the MSA kernels of ``msa.py`` (block scores,
+    selection, block-sparse attention). q ``[num_tokens, H, D]`` -> ``[num_tokens, H, D]``."""
     manager = metadata.kv_cache_manager
     pool = manager.layer_pool_index(layer_idx)
     k_pages, v_pages = manager.get_kv_pages(layer_idx)
-    ik_pages = manager.get_index_k_pages(layer_idx)
-    out = torch.empty_like(q)
-    for seq in range(metadata.num_seqs):
-        span = metadata.seq_token_slice(seq)
-        pos = metadata.position_ids[span]
-        k_all = gather_paged(k_pages, metadata, pool, 0, seq)
-        v_all = gather_paged(v_pages, metadata, pool, 1, seq)
-        ik_all = gather_paged(ik_pages, metadata, pool, 0, seq)[:, 0]  # [L, Di]
-        scores = index_scores(msa.index_q[span], msa.index_w[span], ik_all)  # [n_seq, L]
-        selected = select_blocks(scores, pos, cfg)
-        out[span] = sparse_attention(q[span], k_all, v_all, pos, selected, cfg.block_size, scale)
-    return out
+    batch = PagedBatch.from_metadata(metadata, pool)
+    # [num_tokens, num_key_blocks]
+    block_scores = msa_block_scores(
+        msa.index_q, msa.index_w, manager.get_index_k_pages(layer_idx), batch, cfg.block_size
+    )
+    tile_tokens = attention_tile_tokens(batch.max_q_len, q.shape[1] // k_pages.shape[2])
+    selection = msa_select_blocks(block_scores, batch, cfg, tile_tokens)
+    return msa_sparse_attention(q, k_pages, v_pages, selection, batch, cfg.block_size, scale)
