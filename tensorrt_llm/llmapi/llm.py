@@ -17,7 +17,7 @@ from tensorrt_llm._torch.models.checkpoint import load_config, load_model
 from tensorrt_llm._torch.pyexecutor._util import create_py_executor
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm.bundled import bundled_target
-from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+from tensorrt_llm.llmapi.llm_args import TorchLlmArgs, default_attn_backend
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
 from tensorrt_llm.tokenizer import TransformersTokenizer
@@ -64,8 +64,11 @@ class LLM:
         )
         if self.args.model is None:
             self.args = self.args.model_copy(update={"model": bundled_target()})
+        self.device = _resolve_device(self.args.device)
+        if self.args.attn_backend is None:
+            backend = default_attn_backend(self.device.type)
+            self.args = self.args.model_copy(update={"attn_backend": backend})
         args = self.args
-        self.device = _resolve_device(args.device)
         config = load_config(args.model)
         if args.dtype != "auto":
             dtype = getattr(torch, args.dtype)

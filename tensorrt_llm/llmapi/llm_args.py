@@ -17,6 +17,12 @@ from tensorrt_llm._torch.pyexecutor.config import KvCacheOptions, PyExecutorConf
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 
 
+def default_attn_backend(device: str) -> str:
+    """What ``attn_backend=None`` means on ``device`` ("cpu", "cuda", "cuda:1"): the Triton kernels
+    on a CUDA device, the torch reference elsewhere."""
+    return "TRITON" if device.startswith("cuda") else "VANILLA"
+
+
 class StrictBaseModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -99,8 +105,9 @@ class TorchLlmArgs(StrictBaseModel):
     enable_chunked_prefill: bool = True
     speculative_config: Eagle3DecodingConfig | None = None
     cache_transceiver_config: CacheTransceiverConfig | None = None
-    # The attention backend (upstream's key): "VANILLA" is the torch reference (the CPU path).
-    attn_backend: Literal["VANILLA"] = "VANILLA"
+    # The attention backend (upstream's key): "VANILLA" is the torch reference (the CPU path),
+    # "TRITON" the GPU kernels; None: TRITON on a CUDA device, VANILLA on the CPU (LLM resolves it).
+    attn_backend: Literal["VANILLA", "TRITON"] | None = None
 
     @classmethod
     def from_kwargs(cls, extra_llm_api_options: str | Path | None = None, **kwargs) -> TorchLlmArgs:
@@ -137,7 +144,7 @@ class TorchLlmArgs(StrictBaseModel):
             speculative=(
                 None if self.speculative_config is None else self.speculative_config.to_runtime()
             ),
-            attn_backend=self.attn_backend,
+            attn_backend=self.attn_backend or default_attn_backend(device),
             device=device,
         )
 

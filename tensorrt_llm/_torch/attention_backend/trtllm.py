@@ -77,6 +77,10 @@ class TrtllmAttentionMetadata:
     cu_seqlens_q: torch.Tensor = field(init=False)
     kv_lens: torch.Tensor = field(init=False)
     num_cached_tokens: torch.Tensor = field(init=False)
+    # Inside ``swap_kv_cache_manager`` only: the manager and block table the swap set aside (the
+    # step's own; the target's slot table while the draft sub-page view is attached), for kernels
+    # that compute sub-page addresses from slot ids. None outside a swap.
+    swapped_out: tuple[PagedKVCache, torch.Tensor] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         n = len(self.request_ids)
@@ -157,13 +161,14 @@ class TrtllmAttentionMetadata:
         if manager is None or manager is self.kv_cache_manager:
             yield
             return
-        saved = (self.kv_cache_manager, self.kv_cache_block_offsets)
+        saved = (self.kv_cache_manager, self.kv_cache_block_offsets, self.swapped_out)
         self.kv_cache_manager = manager
+        self.swapped_out = saved[:2]
         try:
             self._fetch_block_offsets()
             yield
         finally:
-            self.kv_cache_manager, self.kv_cache_block_offsets = saved
+            self.kv_cache_manager, self.kv_cache_block_offsets, self.swapped_out = saved
 
     def seq_token_slice(self, i: int) -> slice:
         return slice(self.cu_seqlens[i], self.cu_seqlens[i + 1])

@@ -97,8 +97,8 @@ def test_a_config_without_architectures_is_an_error_naming_the_key(tmp_path):
 
 
 def test_an_unknown_attn_backend_is_refused_by_the_loader():
-    with pytest.raises(ValueError, match="attn_backend='TRITON'"):
-        load_model(BUNDLED_TARGET, attn_backend="TRITON")
+    with pytest.raises(ValueError, match="attn_backend='FLASHINFER' is unknown"):
+        load_model(BUNDLED_TARGET, attn_backend="FLASHINFER")
 
 
 def test_the_drafter_needs_only_the_targets_sizes_and_embedding():

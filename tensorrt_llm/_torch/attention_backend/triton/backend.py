@@ -1,0 +1,134 @@
+"""TritonAttentionBackend (``attn_backend="TRITON"``): the paged backend on Triton kernels.
+
+Same contract as ``VANILLA`` (``backend.py``): write the step's K and V through the manager attached
+to the metadata, then attend. Dense layers run on ``ops.py``; MSA layers write K/V with the same
+kernel and index-K with the torch reference (``write_paged``), then attend through ``_msa_attend``
+on the MSA kernels (``msa.py``).
+
+The Eagle3 draft layer's KV lives in sub-pages of the target's slots. The backend reads it
+- through the target's slot table with the addressing computed in the kernel (``draft_subpage_kv``),
+  when the draft sub-page view is swapped in over its manager (``swap_kv_cache_manager``: the first
+  draft step) and ``draft_subpage_addressing`` is on;
+- else through the view's expanded table, like any manager (the chained draft steps, whose metadata
+  is built on the view itself).
+Both the write and the attention use the same addressing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
+from tensorrt_llm._torch.attention_backend.reference import write_paged
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.draft_subpage_view import (
+    MiniMaxM3DraftSubpageView,
+)
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
+from tensorrt_llm._torch.attention_backend.triton.addressing import (
+    PagedKV,
+    draft_subpage_kv,
+    plain_paged_kv,
+)
+from tensorrt_llm._torch.attention_backend.triton.msa import (
+    PagedBatch,
+    attention_tile_tokens,
+    msa_block_scores,
+    msa_select_blocks,
+    msa_sparse_attention,
+)
+from tensorrt_llm._torch.attention_backend.triton.ops import paged_attention, write_kv_pages
+from tensorrt_llm._torch.attention_backend.triton.step import StepBatch
+from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "TRITON"
+
+    def __init__(self, draft_subpage_addressing: bool = True, num_splits: int | None = None):
+        """``draft_subpage_addressing``: compute the draft sub-page addresses in the kernel from the
+        target's slot table when it is at hand (else read the view's expanded table).
+        ``num_splits``: a fixed split-K count (e.g. under CUDA graphs); ``None``: per step."""
+        if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+            raise ValueError(f"num_splits={num_splits!r} must be a positive int or None")
+        self.draft_subpage_addressing = draft_subpage_addressing
+        self.num_splits = num_splits
+
+    def attention(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        metadata: TrtllmAttentionMetadata | None,
+        scale: float,
+    ) -> torch.Tensor:
+        metadata = self._paged(metadata)
+        kv = self.paged_kv(metadata, layer_idx)
+        write_kv_pages(k, v, kv, metadata.position_ids, metadata.token_seq_idx)
+        batch = StepBatch.from_metadata(metadata)
+        return paged_attention(q, kv, batch, scale, self.num_splits)
+
+    def msa_attention(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        msa: MsaInputs,
+        metadata: TrtllmAttentionMetadata | None,
+        cfg: MsaConfig,
+        scale: float,
+    ) -> torch.Tensor:
+        metadata = self._paged(metadata)
+        manager = metadata.kv_cache_manager
+        write_kv_pages(
+            k, v, self.paged_kv(metadata, layer_idx), metadata.position_ids, metadata.token_seq_idx
+        )
+        pool = manager.layer_pool_index(layer_idx)
+        write_paged(manager.get_index_k_pages(layer_idx), metadata, pool, 0, msa.index_k)
+        return _msa_attend(layer_idx, q, msa, metadata, cfg, scale)
+
+    def paged_kv(self, metadata: TrtllmAttentionMetadata, layer_idx: int) -> PagedKV:
+        """How this step's kernels reach ``layer_idx``'s KV (see the module docstring)."""
+        manager = metadata.kv_cache_manager
+        if (
+            self.draft_subpage_addressing
+            and isinstance(manager, MiniMaxM3DraftSubpageView)
+            and metadata.swapped_out is not None
+        ):
+            slot_manager, slot_offsets = metadata.swapped_out
+            return draft_subpage_kv(manager, layer_idx, slot_manager, slot_offsets)
+        return plain_paged_kv(manager, layer_idx, metadata.kv_cache_block_offsets)
+
+    def _paged(self, metadata: TrtllmAttentionMetadata | None) -> TrtllmAttentionMetadata:
+        if metadata is None:
+            raise ValueError(
+                f"attn_backend={self.name!r} attends through the paged KV cache and needs "
+                "attn_metadata; a full-sequence forward without a cache runs under "
+                "tensorrt_llm._torch.training.use_training_backend(model)"
+            )
+        return metadata
+
+
+def _msa_attend(
+    layer_idx: int,
+    q: torch.Tensor,
+    msa: MsaInputs,
+    metadata: TrtllmAttentionMetadata,
+    cfg: MsaConfig,
+    scale: float,
+) -> torch.Tensor:
+    """MSA of the step's queries over the cache, once the step's K, V and index-K are written:
+    ``msa_paged_attention`` without its writes, on the MSA kernels of ``msa.py`` (block scores,
+    selection, block-sparse attention). q ``[num_tokens, H, D]`` -> ``[num_tokens, H, D]``."""
+    manager = metadata.kv_cache_manager
+    pool = manager.layer_pool_index(layer_idx)
+    k_pages, v_pages = manager.get_kv_pages(layer_idx)
+    batch = PagedBatch.from_metadata(metadata, pool)
+    # [num_tokens, num_key_blocks]
+    block_scores = msa_block_scores(
+        msa.index_q, msa.index_w, manager.get_index_k_pages(layer_idx), batch, cfg.block_size
+    )
+    tile_tokens = attention_tile_tokens(batch.max_q_len, q.shape[1] // k_pages.shape[2])
+    selection = msa_select_blocks(block_scores, batch, cfg, tile_tokens)
+    return msa_sparse_attention(q, k_pages, v_pages, selection, batch, cfg.block_size, scale)
