@@ -26,13 +26,13 @@ import torch
 import torch.nn.functional as F
 from bench_common import bench_eagle3_config, bench_target_config, machine_name
 
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 from tensorrt_llm._torch.attention_backend.triton.addressing import (
     draft_subpage_kv,
     plain_paged_kv,
 )
 from tensorrt_llm._torch.attention_backend.triton.ops import paged_attention
 from tensorrt_llm._torch.attention_backend.triton.step import StepBatch
+from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
 from tensorrt_llm._torch.pyexecutor.config import (
     KvCacheLayer,
@@ -106,42 +106,55 @@ def decode_metadata(manager, batch: int, context: int) -> TrtllmAttentionMetadat
     return TrtllmAttentionMetadata(manager, ids, [1] * batch, [context - 1] * batch, 0, "cuda")
 
 
-def measure(batch: int, context: int, iters: int) -> list[tuple[str, float]]:
+def time_paths(batch: int, context: int, q: torch.Tensor, iters: int) -> list[tuple[str, float]]:
+    """The Triton kernel through the view (expanded table, in-kernel addressing) and through
+    128-token pages; the first two are checked equal."""
     scale = 1 / math.sqrt(HEAD_DIM)
-    q = torch.randn(batch, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     target = unified_manager(batch, context)
     view = target.draft_subpage_view
     layer = view.draft_layer_ids[0]
-    view_md, slot_md = decode_metadata(view, batch, context), decode_metadata(target, batch, context)
-    expanded = plain_paged_kv(view, layer, view_md.kv_cache_block_offsets)
-    in_kernel = draft_subpage_kv(view, layer, target, slot_md.kv_cache_block_offsets)
+    view_md = decode_metadata(view, batch, context)
+    slot_md = decode_metadata(target, batch, context)
+    paths = {
+        "view, expanded": plain_paged_kv(view, layer, view_md.kv_cache_block_offsets),
+        "view, in-kernel": draft_subpage_kv(view, layer, target, slot_md.kv_cache_block_offsets),
+    }
     step = StepBatch.from_metadata(view_md)
-    results = [
-        ("view, expanded", time_us(lambda: paged_attention(q, expanded, step, scale), iters)),
-        ("view, in-kernel", time_us(lambda: paged_attention(q, in_kernel, step, scale), iters)),
+    torch.testing.assert_close(
+        paged_attention(q, paths["view, in-kernel"], step, scale),
+        paged_attention(q, paths["view, expanded"], step, scale),
+    )
+    rows = [
+        (name, time_us(lambda kv=kv: paged_attention(q, kv, step, scale), iters))
+        for name, kv in paths.items()
     ]
-    reference = paged_attention(q, expanded, step, scale)
-    torch.testing.assert_close(paged_attention(q, in_kernel, step, scale), reference)
-    del target, view, expanded, in_kernel
     plain = plain_manager(batch, context)
     plain_md = decode_metadata(plain, batch, context)
     pages = plain_paged_kv(plain, 0, plain_md.kv_cache_block_offsets)
     plain_step = StepBatch.from_metadata(plain_md)
-    results.append(
+    rows.append(
         ("128-token pages", time_us(lambda: paged_attention(q, pages, plain_step, scale), iters))
     )
-    del plain, pages
+    return rows
+
+
+def time_sdpa(batch: int, context: int, q: torch.Tensor, iters: int) -> float:
     k, v = (
         torch.randn(batch, KV_HEADS, context, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
         for _ in range(2)
     )
     q4 = q[:, :, None, :]  # [batch, heads, 1, head_dim]
+    scale = 1 / math.sqrt(HEAD_DIM)
+    return time_us(
+        lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True), iters
+    )
 
-    def sdpa():
-        return F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True)
 
-    results.append(("SDPA, contiguous", time_us(sdpa, iters)))
-    return results
+def measure(batch: int, context: int, iters: int) -> list[tuple[str, float]]:
+    q = torch.randn(batch, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    rows = time_paths(batch, context, q, iters)
+    torch.cuda.empty_cache()
+    return [*rows, ("SDPA, contiguous", time_sdpa(batch, context, q, iters))]
 
 
 def main() -> None:
@@ -160,7 +173,9 @@ def main() -> None:
         sdpa_gbs = kv_bytes / rows[-1][1] / 1e3
         for path, us in rows:
             gbs = kv_bytes / us / 1e3
-            print(f"{batch:>5} {context:>7}  {path:<17} {us:>9.1f} {gbs:>8.0f} {gbs / sdpa_gbs:>7.2f}")
+            print(
+                f"{batch:>5} {context:>7}  {path:<17} {us:>9.1f} {gbs:>8.0f} {gbs / sdpa_gbs:>7.2f}"
+            )
         torch.cuda.empty_cache()
 
 
