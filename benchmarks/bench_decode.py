@@ -47,6 +47,7 @@ from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_model, s
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.speculative.utils import SEPARATE_MODE, VIEW_MODE
 from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
+from tensorrt_llm.llmapi.llm_args import default_attn_backend
 from tensorrt_llm.logger import logger
 from tensorrt_llm.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, build_char_tokenizer
 
@@ -317,7 +318,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--attn-backend", default="VANILLA")
+    parser.add_argument(
+        "--attn-backend",
+        choices=["VANILLA", "TRITON"],
+        help="default: the LLM's (TRITON on CUDA, VANILLA on the CPU)",
+    )
     parser.add_argument("--scale", default="full", choices=sorted(SCALE_DEFAULTS))
     parser.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
@@ -344,7 +349,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         scale=args.scale,
         device=args.device,
         dtype=args.dtype,
-        attn_backend=args.attn_backend,
+        attn_backend=args.attn_backend or default_attn_backend(args.device),
         prompt_len=prompt_len if args.prompt_len is None else args.prompt_len,
         new_tokens=new_tokens if args.new_tokens is None else args.new_tokens,
         max_draft_len=args.max_draft_len,
