@@ -55,7 +55,7 @@ MODES = ("target", "unified", "separate")
 DRAFT_KV_MODES = {"unified": VIEW_MODE, "separate": SEPARATE_MODE}
 # per scale: prompt tokens, new tokens, copy MiB on CUDA, copy MiB on the CPU
 SCALE_DEFAULTS = {"full": (1024, 64, 2048, 512), "tiny": (160, 8, 2048, 64)}
-WARMUP_PROMPT_TOKENS = 32
+WARMUP_NEW_TOKENS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,9 +235,14 @@ def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
     llm = make_llm(target_dir, draft_dir, mode, batch, s)
     try:
         vocab = llm.model_config.vocab_size
-        warmup = random_prompts(batch, min(WARMUP_PROMPT_TOKENS, s.prompt_len), vocab, s.seed + 7)
+        # the measured shapes (prompt length, decode lengths), so kernels are compiled before timing
+        warmup = random_prompts(batch, s.prompt_len, vocab, s.seed + 7)
+        warmup_tokens = min(WARMUP_NEW_TOKENS, s.new_tokens)
         llm.generate(
-            warmup, SamplingParams(max_tokens=4, ignore_eos=True, temperature=0, detokenize=False)
+            warmup,
+            SamplingParams(
+                max_tokens=warmup_tokens, ignore_eos=True, temperature=0, detokenize=False
+            ),
         )
         if (
             mode in DRAFT_KV_MODES
