@@ -62,3 +62,13 @@ class AttentionBackend(ABC):
         """MiniMax sparse attention of layer ``layer_idx`` (``sparse/minimax_m3/msa.py``): each query
         attends the key blocks its indexer scores select under ``cfg``. Shapes as ``attention``; a
         paged backend also caches ``msa.index_k``."""
+
+    def paged_metadata(self, metadata: TrtllmAttentionMetadata | None) -> TrtllmAttentionMetadata:
+        """``metadata``, which a paged backend cannot do without (a clear error if it is None)."""
+        if metadata is None:
+            raise ValueError(
+                f"attn_backend={self.name!r} attends through the paged KV cache and needs "
+                "attn_metadata; a full-sequence forward without a cache runs under "
+                "tensorrt_llm._torch.training.use_training_backend(model)"
+            )
+        return metadata

@@ -30,7 +30,7 @@ class VanillaAttentionBackend(AttentionBackend):
         metadata: TrtllmAttentionMetadata | None,
         scale: float,
     ) -> torch.Tensor:
-        return paged_attention(layer_idx, q, k, v, self._paged(metadata), scale)
+        return paged_attention(layer_idx, q, k, v, self.paged_metadata(metadata), scale)
 
     def msa_attention(
         self,
@@ -43,13 +43,6 @@ class VanillaAttentionBackend(AttentionBackend):
         cfg: MsaConfig,
         scale: float,
     ) -> torch.Tensor:
-        return msa_paged_attention(layer_idx, q, k, v, msa, self._paged(metadata), cfg, scale)
-
-    def _paged(self, metadata: TrtllmAttentionMetadata | None) -> TrtllmAttentionMetadata:
-        if metadata is None:
-            raise ValueError(
-                f"attn_backend={self.name!r} attends through the paged KV cache and needs "
-                "attn_metadata; a full-sequence forward without a cache runs under "
-                "tensorrt_llm._torch.training.use_training_backend(model)"
-            )
-        return metadata
+        return msa_paged_attention(
+            layer_idx, q, k, v, msa, self.paged_metadata(metadata), cfg, scale
+        )

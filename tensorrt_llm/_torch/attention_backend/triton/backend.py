@@ -62,7 +62,7 @@ class TritonAttentionBackend(AttentionBackend):
         metadata: TrtllmAttentionMetadata | None,
         scale: float,
     ) -> torch.Tensor:
-        metadata = self._paged(metadata)
+        metadata = self.paged_metadata(metadata)
         kv = self.paged_kv(metadata, layer_idx)
         write_kv_pages(k, v, kv, metadata.position_ids, metadata.token_seq_idx)
         batch = StepBatch.from_metadata(metadata)
@@ -79,7 +79,7 @@ class TritonAttentionBackend(AttentionBackend):
         cfg: MsaConfig,
         scale: float,
     ) -> torch.Tensor:
-        metadata = self._paged(metadata)
+        metadata = self.paged_metadata(metadata)
         manager = metadata.kv_cache_manager
         write_kv_pages(
             k, v, self.paged_kv(metadata, layer_idx), metadata.position_ids, metadata.token_seq_idx
@@ -99,15 +99,6 @@ class TritonAttentionBackend(AttentionBackend):
             slot_manager, slot_offsets = metadata.swapped_out
             return draft_subpage_kv(manager, layer_idx, slot_manager, slot_offsets)
         return plain_paged_kv(manager, layer_idx, metadata.kv_cache_block_offsets)
-
-    def _paged(self, metadata: TrtllmAttentionMetadata | None) -> TrtllmAttentionMetadata:
-        if metadata is None:
-            raise ValueError(
-                f"attn_backend={self.name!r} attends through the paged KV cache and needs "
-                "attn_metadata; a full-sequence forward without a cache runs under "
-                "tensorrt_llm._torch.training.use_training_backend(model)"
-            )
-        return metadata
 
 
 def _msa_attend(
