@@ -134,7 +134,10 @@ class TrtllmAttentionMetadata:
         """Every sequence moves one position on (one query token each: a draft chain step). The
         block table stays: the positions must be within the slots already reserved."""
         if self.num_contexts or any(n != 1 for n in self.seq_lens):
-            raise ValueError("advance() needs one generation token per sequence")
+            raise ValueError(
+                "advance() needs one generation token per sequence; this batch has "
+                f"num_contexts={self.num_contexts}, seq_lens={self.seq_lens}"
+            )
         self.num_cached_tokens_per_seq = [n + 1 for n in self.num_cached_tokens_per_seq]
         for host in (self.kv_lens_cpu, self.position_ids_cpu):
             host += 1

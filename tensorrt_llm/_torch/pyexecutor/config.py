@@ -82,7 +82,11 @@ class KVCacheManagerV2Config:
             raise ValueError("a KV cache needs at least one layer")
         drafts = [layer.is_draft for layer in self.layers]
         if drafts != sorted(drafts):
-            raise ValueError("draft layers must follow every target layer")
+            draft_ids = [i for i, is_draft in enumerate(drafts) if is_draft]
+            raise ValueError(
+                f"draft layers must follow every target layer; draft layer ids {draft_ids} of "
+                f"{len(drafts)} layers"
+            )
         local = self.local_layer_ids
         if local is not None and (not local or not set(local) <= set(range(len(self.layers)))):
             raise ValueError(f"local_layer_ids={local} must name some of {len(self.layers)} layers")

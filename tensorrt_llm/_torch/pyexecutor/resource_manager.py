@@ -69,8 +69,15 @@ class ResourceManager:
         self.resource_managers[kind] = manager
 
     def prepare_resources(self, scheduled_batch: ScheduledRequests) -> None:
+        """The KV cache manager first, whatever the registration order: it reports the reused
+        prefixes (``scheduled_batch.reused_tokens``) that the others (a separate draft manager)
+        reserve past."""
+        first = self.resource_managers.get(ResourceManagerType.KV_CACHE_MANAGER)
+        if first is not None:
+            first.prepare_resources(scheduled_batch)
         for manager in self.resource_managers.values():
-            manager.prepare_resources(scheduled_batch)
+            if manager is not first:
+                manager.prepare_resources(scheduled_batch)
 
     def update_resources(self, scheduled_batch: ScheduledRequests) -> None:
         for manager in self.resource_managers.values():

@@ -230,10 +230,10 @@ def test_a_separate_draft_manager_reserves_past_the_targets_reused_prefix():
             is_draft=True,
         )
     )
-    registry = ResourceManager(
+    registry = ResourceManager(  # the draft manager registered first: the order must not matter
         {
-            ResourceManagerType.KV_CACHE_MANAGER: target,
             ResourceManagerType.DRAFT_KV_CACHE_MANAGER: draft,
+            ResourceManagerType.KV_CACHE_MANAGER: target,
         }
     )
     first = context_request(0, range(11))
