@@ -64,28 +64,55 @@ def create_kv_cache_managers(
         local_layer_ids=tuple(get_pp_layers(num_target, None, spec, mask)[0]),
         device=executor_config.device,
     )
+    draft_config = None
+    if separate:
+        draft_config = dataclasses.replace(
+            target_config, local_layer_ids=tuple(range(num_target, len(layers))), is_draft=True
+        )
+        target_config = _leave_room_for_draft_slots(target_config, draft_config, manager_cls)
     target = manager_cls(target_config)
     managers: dict[ResourceManagerType, KVCacheManagerV2] = {
         ResourceManagerType.KV_CACHE_MANAGER: target
     }
-    if separate:
+    if draft_config is not None:
         draft_options = dataclasses.replace(
             executor_config.kv_cache,
             enable_block_reuse=False,
             max_tokens=target.blocks_in_primary_pool * target.tokens_per_block,
         )
-        draft_config = dataclasses.replace(
-            target_config,
-            options=draft_options,
-            local_layer_ids=tuple(range(num_target, len(layers))),
-            is_draft=True,
-        )
+        draft_config = dataclasses.replace(draft_config, options=draft_options)
         managers[ResourceManagerType.DRAFT_KV_CACHE_MANAGER] = KVCacheManagerV2(draft_config)
         logger.info(
             "[unified-kv] draft layer %d uses a separate KV cache manager (no reuse, no transfer)",
             num_target,
         )
     return managers
+
+
+def _leave_room_for_draft_slots(
+    target_config: KVCacheManagerV2Config,
+    draft_config: KVCacheManagerV2Config,
+    manager_cls: type[KVCacheManagerV2],
+) -> KVCacheManagerV2Config:
+    """A separate draft manager gets as many slots as the target. When the target is sized from
+    free GPU memory, it takes only its share of ``free_gpu_memory_fraction`` (target slot bytes /
+    target + draft slot bytes), so the two together stay within the fraction."""
+    options = target_config.options
+    if options.max_tokens is not None or torch.device(target_config.device).type != "cuda":
+        return target_config
+    one_slot = dataclasses.replace(options, max_tokens=options.tokens_per_block)
+    target_bytes, draft_bytes = (
+        _bytes_per_block(cls(dataclasses.replace(config, options=one_slot)))
+        for cls, config in ((manager_cls, target_config), (KVCacheManagerV2, draft_config))
+    )
+    share = options.free_gpu_memory_fraction * target_bytes / (target_bytes + draft_bytes)
+    return dataclasses.replace(
+        target_config, options=dataclasses.replace(options, free_gpu_memory_fraction=share)
+    )
+
+
+def _bytes_per_block(manager: KVCacheManagerV2) -> int:
+    return sum(pool.slot_bytes for pool in manager.layout.pools)
 
 
 def create_py_executor(

@@ -54,3 +54,27 @@ def test_greedy_speculation_on_gpu_is_token_identical(spec_checkpoints, mode):
     if mode == "unified":
         view = llm.kv_cache_manager.draft_subpage_view
         assert view.get_kv_pages(view.draft_layer_ids[0])[0].is_cuda
+
+
+def test_a_separate_draft_manager_shares_the_memory_fraction(spec_checkpoints):
+    """Sized from free GPU memory, the target and the separate draft manager together stay within
+    free_gpu_memory_fraction (the draft gets as many slots as the target)."""
+    from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig
+
+    target, draft = spec_checkpoints
+    torch.cuda.empty_cache()
+    free_before, _ = torch.cuda.mem_get_info()
+    llm = LLM(
+        target,
+        device="cuda",
+        kv_cache_config=KvCacheConfig(tokens_per_block=8, free_gpu_memory_fraction=0.05),
+        speculative_config=Eagle3DecodingConfig(
+            speculative_model=str(draft), draft_kv_cache="separate"
+        ),
+    )
+    managers = llm.executor.resource_manager.resource_managers.values()
+    pool_bytes = sum(pool.numel() * pool.element_size() for m in managers for pool in m.pools)
+    assert pool_bytes <= 0.05 * free_before
+    assert pool_bytes >= 0.04 * free_before  # and the budget is used, not halved
+    draft = [m for m in managers if m.is_draft][0]
+    assert draft.blocks_in_primary_pool == llm.kv_cache_manager.blocks_in_primary_pool
