@@ -2,8 +2,8 @@
 
 Same contract as ``VANILLA`` (``backend.py``): write the step's K and V through the manager attached
 to the metadata, then attend. Dense layers run on ``ops.py``; MSA layers write K/V with the same
-kernel and index-K with the torch reference (``write_paged``), then attend through ``_msa_attend``
-on the MSA kernels (``msa.py``).
+kernel and index-K with the torch reference (``write_paged``), then attend through
+``triton_msa_attend`` on the MSA kernels (``msa.py``).
 
 The Eagle3 draft layer's KV lives in sub-pages of the target's slots. The backend reads it
 - through the target's slot table with the addressing computed in the kernel (``draft_subpage_kv``),
@@ -29,13 +29,7 @@ from tensorrt_llm._torch.attention_backend.triton.addressing import (
     draft_subpage_kv,
     plain_paged_kv,
 )
-from tensorrt_llm._torch.attention_backend.triton.msa import (
-    PagedBatch,
-    attention_tile_tokens,
-    msa_block_scores,
-    msa_select_blocks,
-    msa_sparse_attention,
-)
+from tensorrt_llm._torch.attention_backend.triton.msa import triton_msa_attend
 from tensorrt_llm._torch.attention_backend.triton.ops import paged_attention, write_kv_pages
 from tensorrt_llm._torch.attention_backend.triton.step import StepBatch
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
@@ -86,7 +80,7 @@ class TritonAttentionBackend(AttentionBackend):
         )
         pool = manager.layer_pool_index(layer_idx)
         write_paged(manager.get_index_k_pages(layer_idx), metadata, pool, 0, msa.index_k)
-        return _msa_attend(layer_idx, q, msa, metadata, cfg, scale)
+        return triton_msa_attend(layer_idx, q, msa, metadata, cfg, scale)
 
     def paged_kv(self, metadata: TrtllmAttentionMetadata, layer_idx: int) -> PagedKV:
         """How this step's kernels reach ``layer_idx``'s KV (see the module docstring)."""
@@ -99,27 +93,3 @@ class TritonAttentionBackend(AttentionBackend):
             slot_manager, slot_offsets = metadata.swapped_out
             return draft_subpage_kv(manager, layer_idx, slot_manager, slot_offsets)
         return plain_paged_kv(manager, layer_idx, metadata.kv_cache_block_offsets)
-
-
-def _msa_attend(
-    layer_idx: int,
-    q: torch.Tensor,
-    msa: MsaInputs,
-    metadata: TrtllmAttentionMetadata,
-    cfg: MsaConfig,
-    scale: float,
-) -> torch.Tensor:
-    """MSA of the step's queries over the cache, once the step's K, V and index-K are written:
-    ``msa_paged_attention`` without its writes, on the MSA kernels of ``msa.py`` (block scores,
-    selection, block-sparse attention). q ``[num_tokens, H, D]`` -> ``[num_tokens, H, D]``."""
-    manager = metadata.kv_cache_manager
-    pool = manager.layer_pool_index(layer_idx)
-    k_pages, v_pages = manager.get_kv_pages(layer_idx)
-    batch = PagedBatch.from_metadata(metadata, pool)
-    # [num_tokens, num_key_blocks]
-    block_scores = msa_block_scores(
-        msa.index_q, msa.index_w, manager.get_index_k_pages(layer_idx), batch, cfg.block_size
-    )
-    tile_tokens = attention_tile_tokens(batch.max_q_len, q.shape[1] // k_pages.shape[2])
-    selection = msa_select_blocks(block_scores, batch, cfg, tile_tokens)
-    return msa_sparse_attention(q, k_pages, v_pages, selection, batch, cfg.block_size, scale)

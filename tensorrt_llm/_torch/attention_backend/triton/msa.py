@@ -23,8 +23,11 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from tensorrt_llm._torch.attention_backend.reference import write_paged
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
+    MsaConfig,
+    MsaInputs,
+    write_msa_step,
+)
 from tensorrt_llm._torch.attention_backend.triton.msa_kernels import (
     INTERPRETED,
     _msa_block_scores_kernel,
@@ -273,17 +276,28 @@ def triton_msa_paged_attention(
             f"q of shape {tuple(q.shape)}: expected [num_tokens={metadata.num_tokens}, heads, "
             "head_dim]"
         )
-    group = _check_group(q.shape[1], k.shape[1])
+    _check_group(q.shape[1], k.shape[1])
+    write_msa_step(layer_idx, k, v, msa.index_k, metadata)
+    return triton_msa_attend(layer_idx, q, msa, metadata, cfg, scale)
+
+
+def triton_msa_attend(
+    layer_idx: int,
+    q: torch.Tensor,
+    msa: MsaInputs,
+    metadata: TrtllmAttentionMetadata,
+    cfg: MsaConfig,
+    scale: float,
+) -> torch.Tensor:
+    """MSA of the step's queries over the cache once the step's K, V and index-K are written
+    (``triton_msa_paged_attention`` without its writes). q ``[num_tokens, H, D]`` -> like q."""
     manager = metadata.kv_cache_manager
     pool = manager.layer_pool_index(layer_idx)
     k_pages, v_pages = manager.get_kv_pages(layer_idx)
-    index_k_pages = manager.get_index_k_pages(layer_idx)
-    write_paged(k_pages, metadata, pool, 0, k)
-    write_paged(v_pages, metadata, pool, 1, v)
-    write_paged(index_k_pages, metadata, pool, 0, msa.index_k)
+    group = _check_group(q.shape[1], k_pages.shape[2])
     batch = PagedBatch.from_metadata(metadata, pool)
     block_scores = msa_block_scores(
-        msa.index_q, msa.index_w, index_k_pages, batch, cfg.block_size
+        msa.index_q, msa.index_w, manager.get_index_k_pages(layer_idx), batch, cfg.block_size
     )  # [num_tokens, num_key_blocks]
     tile_tokens = attention_tile_tokens(batch.max_q_len, group)
     selection = msa_select_blocks(block_scores, batch, cfg, tile_tokens)

@@ -134,6 +134,23 @@ def sparse_attention(
     return torch.einsum("nhs,nshd->nhd", torch.softmax(scores, dim=-1), values.float()).to(q.dtype)
 
 
+def write_msa_step(
+    layer_idx: int,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    index_k: torch.Tensor,
+    metadata: TrtllmAttentionMetadata,
+) -> None:
+    """Store the step's K, V ``[n, Hkv, D]`` and index-K ``[n, 1, Di]`` of an MSA layer at the
+    step's positions, through the manager attached to ``metadata``."""
+    manager = metadata.kv_cache_manager
+    pool = manager.layer_pool_index(layer_idx)
+    k_pages, v_pages = manager.get_kv_pages(layer_idx)
+    write_paged(k_pages, metadata, pool, 0, k)
+    write_paged(v_pages, metadata, pool, 1, v)
+    write_paged(manager.get_index_k_pages(layer_idx), metadata, pool, 0, index_k)
+
+
 def msa_paged_attention(
     layer_idx: int,
     q: torch.Tensor,
@@ -148,13 +165,11 @@ def msa_paged_attention(
 
     q: ``[n, H, D]``; k, v: ``[n, Hkv, D]``; ``msa`` over the same ``n`` tokens (``index_k [n, 1, Di]``).
     """
+    write_msa_step(layer_idx, k, v, msa.index_k, metadata)
     manager = metadata.kv_cache_manager
     pool = manager.layer_pool_index(layer_idx)
     k_pages, v_pages = manager.get_kv_pages(layer_idx)
     ik_pages = manager.get_index_k_pages(layer_idx)
-    write_paged(k_pages, metadata, pool, 0, k)
-    write_paged(v_pages, metadata, pool, 1, v)
-    write_paged(ik_pages, metadata, pool, 0, msa.index_k)
     out = torch.empty_like(q)
     for seq in range(metadata.num_seqs):
         span = metadata.seq_token_slice(seq)
