@@ -11,6 +11,7 @@ def __getattr__(name: str):
     if name in {
         "LLM",
         "KvCacheConfig",
+        "CudaGraphConfig",
         "Eagle3DecodingConfig",
         "TorchLlmArgs",
         "RequestOutput",
@@ -24,6 +25,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "LLM",
+    "CudaGraphConfig",
     "Eagle3DecodingConfig",
     "KvCacheConfig",
     "SamplingParams",

@@ -1,4 +1,9 @@
-from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig, TorchLlmArgs
+from tensorrt_llm.llmapi.llm_args import (
+    CudaGraphConfig,
+    Eagle3DecodingConfig,
+    KvCacheConfig,
+    TorchLlmArgs,
+)
 
 
 def __getattr__(name: str):
@@ -13,6 +18,7 @@ def __getattr__(name: str):
 __all__ = [
     "LLM",
     "CompletionOutput",
+    "CudaGraphConfig",
     "Eagle3DecodingConfig",
     "KvCacheConfig",
     "RequestOutput",

@@ -13,7 +13,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
-from tensorrt_llm._torch.pyexecutor.config import KvCacheOptions, PyExecutorConfig
+from tensorrt_llm._torch.pyexecutor.config import (
+    CudaGraphOptions,
+    KvCacheOptions,
+    PyExecutorConfig,
+)
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 
 
@@ -83,6 +87,31 @@ class Eagle3DecodingConfig(StrictBaseModel):
         )
 
 
+class CudaGraphConfig(StrictBaseModel):
+    """CUDA graphs for generation-only steps (the target forward and, with Eagle3, the accept and
+    the draft chain), one per batch size; prefill, mixed and sampled batches run eagerly. They need
+    a CUDA device and ``attn_backend="TRITON"``; ``cuda_graph_config=None`` turns them off."""
+
+    # The captured batch sizes; None: 1, 2, 4, then multiples of 8, up to max_batch_size.
+    batch_sizes: list[int] | None = None
+    max_batch_size: int = Field(default=0, ge=0)  # 0: the LLM's max_batch_size
+    enable_padding: bool = True  # run a batch in the smallest captured size that holds it
+
+    def to_runtime(self, llm_max_batch_size: int) -> CudaGraphOptions:
+        limit = self.max_batch_size or llm_max_batch_size
+        if self.batch_sizes is not None:
+            sizes = sorted(set(self.batch_sizes))
+            if not sizes or sizes[0] < 1 or sizes[-1] > llm_max_batch_size:
+                raise ValueError(
+                    f"cuda_graph_config.batch_sizes={self.batch_sizes} must be in "
+                    f"[1, max_batch_size={llm_max_batch_size}]"
+                )
+        else:
+            limit = min(limit, llm_max_batch_size)
+            sizes = sorted({b for b in (1, 2, 4, *range(8, limit + 1, 8)) if b <= limit} | {limit})
+        return CudaGraphOptions(tuple(sizes), self.enable_padding)
+
+
 class CacheTransceiverConfig(StrictBaseModel):
     """Makes a server a context or generation server of a disaggregated deployment."""
 
@@ -108,6 +137,9 @@ class TorchLlmArgs(StrictBaseModel):
     # The attention backend (upstream's key): "VANILLA" is the torch reference (the CPU path),
     # "TRITON" the GPU kernels; None: TRITON on a CUDA device, VANILLA on the CPU (LLM resolves it).
     attn_backend: Literal["VANILLA", "TRITON"] | None = None
+    # CUDA graphs for decode steps (upstream's key); on by default where they can run (a CUDA
+    # device with TRITON), None turns them off. Asked for explicitly where they cannot: an error.
+    cuda_graph_config: CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)
 
     @classmethod
     def from_kwargs(cls, extra_llm_api_options: str | Path | None = None, **kwargs) -> TorchLlmArgs:
@@ -129,6 +161,7 @@ class TorchLlmArgs(StrictBaseModel):
         """Translate into the runtime's config, once, at the creation site. ``model_dtype`` is the
         resolved weight dtype (the KV cache's under ``kv_cache_config.dtype: auto``)."""
         kv = self.kv_cache_config
+        attn_backend = self.attn_backend or default_attn_backend(device)
         return PyExecutorConfig(
             max_batch_size=self.max_batch_size,
             max_num_tokens=self.max_num_tokens,
@@ -144,9 +177,24 @@ class TorchLlmArgs(StrictBaseModel):
             speculative=(
                 None if self.speculative_config is None else self.speculative_config.to_runtime()
             ),
-            attn_backend=self.attn_backend or default_attn_backend(device),
+            attn_backend=attn_backend,
             device=device,
+            cuda_graph=self._cuda_graph_options(attn_backend, device),
         )
+
+    def _cuda_graph_options(self, attn_backend: str, device: str) -> CudaGraphOptions | None:
+        graphs = self.cuda_graph_config
+        if graphs is None:
+            return None
+        if device.startswith("cuda") and attn_backend == "TRITON":
+            return graphs.to_runtime(self.max_batch_size)
+        if "cuda_graph_config" in self.model_fields_set:
+            raise ValueError(
+                f"cuda_graph_config needs device='cuda' and attn_backend='TRITON'; this LLM runs "
+                f"on {device!r} with {attn_backend!r} (pass cuda_graph_config=None to run every "
+                "step eagerly)"
+            )
+        return None
 
 
 def load_yaml_options(path: str | Path) -> dict:

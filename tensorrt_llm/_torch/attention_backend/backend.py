@@ -30,6 +30,9 @@ class AttentionBackend(ABC):
     """
 
     name: ClassVar[str]
+    # Whether a decode step on this backend can be captured in a CUDA graph: no host sync and no
+    # host-to-device copy inside its ops, launches sized by ``metadata.max_kv_len``.
+    supports_cuda_graphs: ClassVar[bool] = False
 
     @abstractmethod
     def attention(
@@ -62,6 +65,12 @@ class AttentionBackend(ABC):
         """MiniMax sparse attention of layer ``layer_idx`` (``sparse/minimax_m3/msa.py``): each query
         attends the key blocks its indexer scores select under ``cfg``. Shapes as ``attention``; a
         paged backend also caches ``msa.index_k``."""
+
+    def reads_block_table(self, metadata: TrtllmAttentionMetadata) -> bool:
+        """Whether attending through ``metadata``'s attached manager reads
+        ``metadata.kv_cache_block_offsets`` (a CUDA graph replay must copy it in beforehand)."""
+        del metadata
+        return True
 
     def paged_metadata(self, metadata: TrtllmAttentionMetadata | None) -> TrtllmAttentionMetadata:
         """``metadata``, which a paged backend cannot do without (a clear error if it is None)."""

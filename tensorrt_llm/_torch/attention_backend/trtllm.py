@@ -9,7 +9,10 @@ at positions ``[num_cached_tokens[i], kv_lens[i])``::
 
 The block table (``kv_cache_block_offsets``) and the page size come from ``kv_cache_manager``;
 ``swap_kv_cache_manager`` replaces both for the span of a ``with`` block (the Eagle3 draft loop reads
-its KV through another manager or a sub-page view) and restores them afterwards, even on error.
+its KV through another manager or a sub-page view) and restores them afterwards, even on error. A
+swapped-in manager's table is copied only when something reads it (a kernel that computes the draft
+sub-page addresses from the target's slot table never does), or ahead of time with
+``prefetch_block_offsets`` (a CUDA graph replay, where nothing may copy from the host).
 
 Device tensors live in ``MetadataBuffers`` given by the owner (the model engine, the draft chain):
 allocated once, grown only when a step needs more, reused every step, so no per-step allocation of
@@ -63,8 +66,11 @@ class TrtllmAttentionMetadata:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     buffers: MetadataBuffers | None = None  # None: private buffers (tests, one-off metadata)
 
+    # A bound on every kv_lens[i] of this and later steps on the same tensors (a CUDA graph sizes
+    # its grids once for all replays); None: the step's own maximum.
+    kv_len_bound: int | None = None
+
     # Filled by prepare():
-    kv_cache_block_offsets: torch.Tensor = field(init=False)  # [num_pools, num_seqs, 2, max_blocks]
     seq_lens_cpu: torch.Tensor = field(init=False)  # [num_seqs]
     kv_lens_cpu: torch.Tensor = field(init=False)  # [num_seqs]
     cu_seqlens: list[int] = field(init=False)  # [num_seqs + 1]
@@ -81,6 +87,8 @@ class TrtllmAttentionMetadata:
     # step's own; the target's slot table while the draft sub-page view is attached), for kernels
     # that compute sub-page addresses from slot ids. None outside a swap.
     swapped_out: tuple[PagedKVCache, torch.Tensor] | None = field(init=False, default=None)
+    _block_offsets: torch.Tensor | None = field(init=False, default=None, repr=False)
+    _prefetched: dict[int, torch.Tensor] = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.request_ids)
@@ -110,6 +118,21 @@ class TrtllmAttentionMetadata:
     def tokens_per_block(self) -> int:
         return self.kv_cache_manager.tokens_per_block
 
+    @property
+    def max_kv_len(self) -> int:
+        """What sizes a launch over the KV: ``kv_len_bound``, else the step's longest sequence."""
+        if self.kv_len_bound is not None:
+            return self.kv_len_bound
+        return int(self.kv_lens_cpu.max()) if self.num_seqs else 0
+
+    @property
+    def kv_cache_block_offsets(self) -> torch.Tensor:
+        """``[num_pools, num_seqs, 2, max_blocks]`` int32: the attached manager's rows for the batch,
+        copied on first use (``_fetch_block_offsets``)."""
+        if self._block_offsets is None:
+            self._block_offsets = self._fetch_block_offsets(self.kv_cache_manager)
+        return self._block_offsets
+
     def prepare(self) -> None:
         """Derive the per-token tensors and fetch the block table from the attached manager."""
         self.seq_lens_cpu = torch.tensor(self.seq_lens, dtype=torch.long)
@@ -128,26 +151,55 @@ class TrtllmAttentionMetadata:
         self.cu_seqlens_q = put("cu_seqlens_q", torch.tensor(self.cu_seqlens), torch.int32)
         self.kv_lens = put("kv_lens", self.kv_lens_cpu, torch.int32)
         self.num_cached_tokens = put("num_cached_tokens", cached, torch.int32)
-        self._fetch_block_offsets()
+        self._prefetched.clear()
+        self._block_offsets = self._fetch_block_offsets(self.kv_cache_manager)
 
     def advance(self) -> None:
         """Every sequence moves one position on (one query token each: a draft chain step). The
         block table stays: the positions must be within the slots already reserved."""
-        if self.num_contexts or any(n != 1 for n in self.seq_lens):
-            raise ValueError(
-                "advance() needs one generation token per sequence; this batch has "
-                f"num_contexts={self.num_contexts}, seq_lens={self.seq_lens}"
-            )
+        self._check_one_token_each("advance")
         self.num_cached_tokens_per_seq = [n + 1 for n in self.num_cached_tokens_per_seq]
         for host in (self.kv_lens_cpu, self.position_ids_cpu):
             host += 1
         for device in (self.kv_lens, self.num_cached_tokens, self.position_ids):
             device += 1
 
-    def _fetch_block_offsets(self) -> None:
-        """The attached manager's rows for the batch, in a buffer of that manager's own (so the
-        target's table survives a draft swap); every row is overwritten whole, padding included."""
-        manager = self.kv_cache_manager
+    def place(self, positions: torch.Tensor) -> None:
+        """Put sequence ``i``'s one query token at ``positions[i]`` (a device tensor), on the device
+        tensors only: no host sync, so a CUDA graph can capture it. The host copies
+        (``kv_lens_cpu``, ``position_ids_cpu``) go stale, so ``kv_len_bound`` must size the launches
+        and the backend must read only device metadata (``supports_cuda_graphs``)."""
+        self._check_one_token_each("place")
+        if self.kv_len_bound is None:
+            raise ValueError("place() needs kv_len_bound: the host kv_lens no longer hold")
+        self.position_ids.copy_(positions)
+        self.num_cached_tokens.copy_(positions)
+        self.kv_lens.copy_(positions + 1)
+
+    def _check_one_token_each(self, what: str) -> None:
+        if self.num_contexts or any(n != 1 for n in self.seq_lens):
+            raise ValueError(
+                f"{what}() needs one generation token per sequence; this batch has "
+                f"num_contexts={self.num_contexts}, seq_lens={self.seq_lens}"
+            )
+
+    def tensor_addresses(self) -> dict[str, int]:
+        """Where each device tensor a step reads lives (a CUDA graph replays only if none moved)."""
+        names = ("position_ids", "token_seq_idx", "cu_seqlens_q", "kv_lens", "num_cached_tokens")
+        out = {name: getattr(self, name).data_ptr() for name in names}
+        out["block_table"] = self.kv_cache_block_offsets.data_ptr()
+        out.update({f"block_table/{k}": t.data_ptr() for k, t in self._prefetched.items()})
+        return out
+
+    def prefetch_block_offsets(self, manager: PagedKVCache) -> None:
+        """Copy ``manager``'s rows now, for a later ``swap_kv_cache_manager(manager)`` to use."""
+        self._prefetched[id(manager)] = self._fetch_block_offsets(manager)
+
+    def _fetch_block_offsets(self, manager: PagedKVCache) -> torch.Tensor:
+        """``manager``'s rows for the batch, in a buffer of that manager's own (so the target's
+        table survives a draft swap); every row is overwritten whole, padding included."""
+        if id(manager) in self._prefetched:
+            return self._prefetched[id(manager)]
         shape = (manager.num_pools, max(self.num_seqs, 1), 2, manager.max_blocks_per_seq)
         table = self.buffers.take(f"block_table/{id(manager)}", shape, torch.int32)
         if self.num_seqs:
@@ -156,7 +208,7 @@ class TrtllmAttentionMetadata:
             )
         else:
             table.zero_()
-        self.kv_cache_block_offsets = table
+        return table
 
     @contextlib.contextmanager
     def swap_kv_cache_manager(self, manager: PagedKVCache | None) -> Iterator[None]:
@@ -167,11 +219,11 @@ class TrtllmAttentionMetadata:
         saved = (self.kv_cache_manager, self.kv_cache_block_offsets, self.swapped_out)
         self.kv_cache_manager = manager
         self.swapped_out = saved[:2]
+        self._block_offsets = None  # fetched if read
         try:
-            self._fetch_block_offsets()
             yield
         finally:
-            self.kv_cache_manager, self.kv_cache_block_offsets, self.swapped_out = saved
+            self.kv_cache_manager, self._block_offsets, self.swapped_out = saved
 
     def seq_token_slice(self, i: int) -> slice:
         return slice(self.cu_seqlens[i], self.cu_seqlens[i + 1])

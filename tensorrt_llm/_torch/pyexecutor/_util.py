@@ -19,6 +19,7 @@ from tensorrt_llm._torch.pyexecutor.config import (
     KVCacheManagerV2Config,
     PyExecutorConfig,
 )
+from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
@@ -154,6 +155,9 @@ def create_py_executor(
         kv_cache_manager,
         executor_config.enable_chunked_prefill,
     )
+    runner = None
+    if executor_config.cuda_graph is not None:
+        runner = CUDAGraphRunner(engine, resources, executor_config.cuda_graph, worker)
     return PyExecutor(
         engine,
         resources,
@@ -162,6 +166,7 @@ def create_py_executor(
         executor_config.max_seq_len,
         detokenize=detokenize,
         spec_worker=worker,
+        cuda_graph_runner=runner,
     )
 
 

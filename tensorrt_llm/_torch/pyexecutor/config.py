@@ -128,6 +128,24 @@ class KVCacheManagerV2Config:
 
 
 @dataclass(frozen=True)
+class CudaGraphOptions:
+    """CUDA graphs for generation-only steps (``cuda_graph_runner.py``)."""
+
+    batch_sizes: tuple[int, ...]  # the captured batch sizes, ascending
+    enable_padding: bool = True  # run a batch in the smallest captured size that holds it
+    # False: run the captured step's ops eagerly on the same static buffers (no graph): the CPU
+    # form of the path, for tests.
+    capture: bool = True
+
+    def __post_init__(self) -> None:
+        sizes = self.batch_sizes
+        if not sizes or list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
+            raise ValueError(
+                f"cuda graph batch_sizes={list(sizes)} must be positive, ascending and distinct"
+            )
+
+
+@dataclass(frozen=True)
 class PyExecutorConfig:
     """The executor's runtime configuration, translated once from the user's options."""
 
@@ -139,3 +157,4 @@ class PyExecutorConfig:
     speculative: Eagle3SpecConfig | None = None
     attn_backend: str = "VANILLA"
     device: str = "cpu"
+    cuda_graph: CudaGraphOptions | None = None  # None: every step runs eagerly

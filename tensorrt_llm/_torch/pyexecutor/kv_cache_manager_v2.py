@@ -87,6 +87,7 @@ class KVCacheManagerV2(BaseResourceManager):
             pin_memory=self.device.type == "cuda",
         )
         self._caches: dict[int, KVCache] = {}
+        self._padding_blocks = 0  # held by padding sequences (add_padding_sequence)
         logger.debug("KV cache layout:\n%s", self.describe())
 
     # ---- construction hooks (the MiniMax-M3 manager overrides these) ---------------------------
@@ -197,6 +198,19 @@ class KVCacheManagerV2(BaseResourceManager):
         self.host_block_table.sync(request_id, cache.block_table)
         return cache.num_reused_tokens
 
+    def add_padding_sequence(self, request_id: int, num_tokens: int) -> None:
+        """Hold slots for ``num_tokens`` positions under ``request_id`` for the manager's life: the
+        rows that pad a CUDA graph batch write their throwaway KV there. Never committed (nothing
+        reuses it) and not counted by ``get_max_resource_count``."""
+        self.add_sequence(request_id, [])
+        if not self.resize_sequence(request_id, num_tokens):
+            self.free_sequence(request_id)
+            raise RuntimeError(
+                f"no free KV slot for the CUDA graph padding sequence ({num_tokens} tokens); "
+                "start the executor before admitting requests"
+            )
+        self._padding_blocks += self._caches[request_id].num_blocks
+
     def resize_sequence(self, request_id: int, capacity: int) -> AllocationResult:
         result = self._caches[request_id].resize(capacity)
         if result:
@@ -290,7 +304,7 @@ class KVCacheManagerV2(BaseResourceManager):
             self.free_sequence(request_id)
 
     def get_max_resource_count(self) -> int:
-        return self.impl.num_slots
+        return self.impl.num_slots - self._padding_blocks
 
     def get_needed_resource_to_completion(self, request: LlmRequest) -> int:
         total = min(self.max_seq_len, request.prompt_len + request.max_new_tokens)

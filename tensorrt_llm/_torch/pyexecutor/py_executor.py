@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
@@ -16,6 +18,7 @@ from tensorrt_llm._torch.pyexecutor.scheduler import GuaranteedNoEvictScheduler,
 from tensorrt_llm._torch.speculative.interface import StepTokens
 
 if TYPE_CHECKING:
+    from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
 
@@ -47,8 +50,10 @@ class PyExecutor:
         max_seq_len: int,
         detokenize: Callable[[list[int]], str] | None = None,
         spec_worker: Eagle3OneModelWorker | None = None,
+        cuda_graph_runner: CUDAGraphRunner | None = None,
     ) -> None:
         self.spec_worker = spec_worker
+        self.cuda_graph_runner = cuda_graph_runner
         self.model_engine = model_engine
         self.resource_manager = resource_manager
         self.scheduler = scheduler
@@ -143,8 +148,7 @@ class PyExecutor:
                 if req.request_id in batch.reused_tokens:
                     req.skip_reused_prefix(batch.reused_tokens[req.request_id])
                     self.stats.num_reused_tokens += req.num_reused_tokens
-            output = self.model_engine.forward(batch)
-            self._update_requests(batch, output)
+            self._forward_and_update(batch)
             self.resource_manager.update_resources(batch)
         except Exception:
             for req in batch.all_requests:  # never leak a slot: the batch's requests end here
@@ -182,14 +186,34 @@ class PyExecutor:
             new_tokens[i] = [token]
         return StepTokens(new_tokens, [[] for _ in requests], [None] * len(requests))
 
-    def _update_requests(self, batch: ScheduledRequests, output: ForwardOutput) -> None:
-        step = (
-            self.spec_worker.run(batch, output) if self.spec_worker else self._sample(batch, output)
-        )
+    def _forward_and_update(self, batch: ScheduledRequests) -> None:
+        """One forward (a CUDA graph replay when the runner takes the batch), then the tokens."""
+        runner = self.cuda_graph_runner
+        bucket = runner.bucket_size(batch) if runner is not None else None
+        if bucket is not None:
+            graph_step = runner.run(batch, bucket)
+            logits, num_logits, step = graph_step.logits, graph_step.num_logits, graph_step.tokens
+        else:
+            output = self.model_engine.forward(batch)
+            logits, num_logits = output.logits, output.num_logits
+            step = (
+                self.spec_worker.run(batch, output)
+                if self.spec_worker
+                else self._sample(batch, output)
+            )
+        self._update_requests(batch, logits, num_logits, step)
+
+    def _update_requests(
+        self,
+        batch: ScheduledRequests,
+        logits: torch.Tensor,
+        num_logits: list[int],
+        step: StepTokens,
+    ) -> None:
         row = 0
         for i, req in enumerate(batch.all_requests):
-            rows = output.logits[row : row + output.num_logits[i]]
-            row += output.num_logits[i]
+            rows = logits[row : row + num_logits[i]]
+            row += num_logits[i]
             if req.is_context_init_state:
                 req.context_current_position += req.context_chunk_size
             tokens = step.new_tokens[i]

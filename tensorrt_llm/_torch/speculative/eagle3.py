@@ -150,7 +150,7 @@ class Eagle3OneModelWorker:
             # the draft just chosen sits at the next position; its successor is drafted from there
             if chain_md is None:  # built once per step (one table copy), then advanced in place
                 chain_md = TrtllmAttentionMetadata(
-                    kv_cache_manager=draft_manager or md.kv_cache_manager,
+                    kv_cache_manager=md.kv_cache_manager,
                     request_ids=[r.request_id for r in drafting_reqs],
                     seq_lens=[1] * len(drafting),
                     num_cached_tokens_per_seq=(positions + 1).tolist(),
@@ -158,11 +158,70 @@ class Eagle3OneModelWorker:
                     device=md.device,
                     buffers=self._chain_buffers,
                 )
+                self.prefetch_draft_table(chain_md, draft_manager)
             else:
                 chain_md.advance()
             ids = torch.tensor(tokens, dtype=torch.long, device=hidden.device)
-            hidden, logits = self.draft_model(ids, hidden, chain_md.position_ids, chain_md)
+            with chain_md.swap_kv_cache_manager(draft_manager):
+                hidden, logits = self.draft_model(ids, hidden, chain_md.position_ids, chain_md)
         return StepTokens(new_tokens, next_drafts, num_accepted)
+
+    def prefetch_draft_table(self, md: TrtllmAttentionMetadata, draft_manager) -> None:
+        """Copy the draft manager's rows into ``md`` once, if the drafter's backend reads them
+        (not when its kernels address the draft sub-pages from the target's slot table)."""
+        if draft_manager is None:
+            return
+        with md.swap_kv_cache_manager(draft_manager):
+            needed = self.draft_model.attn_backend.reads_block_table(md)
+        if needed:
+            md.prefetch_block_offsets(draft_manager)
+
+    def greedy_step_on_device(
+        self,
+        input_ids: torch.Tensor,
+        logits: torch.Tensor,
+        captured: list[torch.Tensor],
+        md: TrtllmAttentionMetadata,
+        chain_md: TrtllmAttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Greedy accept and the whole draft chain of a generation-only batch of ``B`` sequences of
+        ``T = 1 + max_draft_len`` tokens each, on device tensors only (what a CUDA graph captures).
+
+        ``input_ids [B * T]`` (last token, drafts), ``logits [B * T, V]``; ``chain_md`` is a
+        one-token-per-sequence metadata of the same rows (``place`` moves it). The draft manager's
+        tables must already be in ``md`` and ``chain_md`` (``prefetch_draft_table``). Returns the
+        target's argmax ``[B, T]`` (the accepted tokens and the bonus are its first
+        ``num_accepted + 1``), ``num_accepted [B]`` and the next drafts ``[B, max_draft_len]``:
+        the tokens ``greedy_accept`` and ``run`` give.
+        """
+        num_seqs, width = md.num_seqs, self.max_draft_len + 1
+        target = logits.argmax(dim=-1).view(num_seqs, width)
+        drafts = input_ids.view(num_seqs, width)[:, 1:]
+        num_accepted = (drafts == target[:, :-1]).int().cumprod(dim=1).sum(dim=1)
+        cols = torch.arange(width, device=target.device)
+        # position j of the step gets the token after it: the accepted ones, then the bonus
+        following = target.gather(1, torch.minimum(cols[None, :], num_accepted[:, None]))
+        draft_manager = self.get_draft_kv_cache_manager()
+        features = self.draft_model.fuse(captured)
+        with md.swap_kv_cache_manager(draft_manager):
+            hidden, draft_logits = self.draft_model(
+                following.flatten(), features, md.position_ids, md
+            )
+        rows = torch.arange(num_seqs, device=target.device) * width + num_accepted
+        hidden, draft_logits = hidden[rows], draft_logits[rows]
+        last = md.position_ids[rows]  # the last accepted position
+        next_drafts = []
+        for k in range(self.max_draft_len):
+            tokens = self.draft_model.to_target_ids(draft_logits.argmax(dim=-1))
+            next_drafts.append(tokens)
+            if k + 1 == self.max_draft_len:
+                break
+            chain_md.place(last + 1 + k)
+            with chain_md.swap_kv_cache_manager(draft_manager):
+                hidden, draft_logits = self.draft_model(
+                    tokens, hidden, chain_md.position_ids, chain_md
+                )
+        return target, num_accepted, torch.stack(next_drafts, dim=1)
 
     def _accept(
         self, batch: ScheduledRequests, out: ForwardOutput

@@ -7,10 +7,9 @@ kernel and index-K with the torch reference (``write_paged``), then attend throu
 
 The Eagle3 draft layer's KV lives in sub-pages of the target's slots. The backend reads it
 - through the target's slot table with the addressing computed in the kernel (``draft_subpage_kv``),
-  when the draft sub-page view is swapped in over its manager (``swap_kv_cache_manager``: the first
-  draft step) and ``draft_subpage_addressing`` is on;
-- else through the view's expanded table, like any manager (the chained draft steps, whose metadata
-  is built on the view itself).
+  when the draft sub-page view is swapped in over its manager (``swap_kv_cache_manager``: every
+  draft step) and ``draft_subpage_addressing`` is on; the expanded table is then never built;
+- else through the view's expanded table, like any manager.
 Both the write and the attention use the same addressing.
 """
 
@@ -37,6 +36,7 @@ from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 
 class TritonAttentionBackend(AttentionBackend):
     name = "TRITON"
+    supports_cuda_graphs = True
 
     def __init__(self, draft_subpage_addressing: bool = True, num_splits: int | None = None):
         """``draft_subpage_addressing``: compute the draft sub-page addresses in the kernel from the
@@ -82,14 +82,20 @@ class TritonAttentionBackend(AttentionBackend):
         write_paged(manager.get_index_k_pages(layer_idx), metadata, pool, 0, msa.index_k)
         return triton_msa_attend(layer_idx, q, msa, metadata, cfg, scale)
 
+    def reads_block_table(self, metadata: TrtllmAttentionMetadata) -> bool:
+        return not self._addresses_subpages(metadata)
+
+    def _addresses_subpages(self, metadata: TrtllmAttentionMetadata) -> bool:
+        return (
+            self.draft_subpage_addressing
+            and isinstance(metadata.kv_cache_manager, MiniMaxM3DraftSubpageView)
+            and metadata.swapped_out is not None
+        )
+
     def paged_kv(self, metadata: TrtllmAttentionMetadata, layer_idx: int) -> PagedKV:
         """How this step's kernels reach ``layer_idx``'s KV (see the module docstring)."""
         manager = metadata.kv_cache_manager
-        if (
-            self.draft_subpage_addressing
-            and isinstance(manager, MiniMaxM3DraftSubpageView)
-            and metadata.swapped_out is not None
-        ):
+        if self._addresses_subpages(metadata):
             slot_manager, slot_offsets = metadata.swapped_out
             return draft_subpage_kv(manager, layer_idx, slot_manager, slot_offsets)
         return plain_paged_kv(manager, layer_idx, metadata.kv_cache_block_offsets)

@@ -78,7 +78,7 @@ class PagedBatch:
             position_ids=metadata.position_ids,
             tokens_per_page=metadata.tokens_per_block,
             max_q_len=max(metadata.seq_lens, default=0),
-            max_kv_len=int(metadata.kv_lens_cpu.max()) if metadata.num_seqs else 0,
+            max_kv_len=metadata.max_kv_len,
         )
 
     @property

@@ -45,5 +45,5 @@ class StepBatch:
             metadata.kv_lens,
             metadata.num_cached_tokens,
             max(metadata.seq_lens, default=0),
-            int(metadata.kv_lens_cpu.max()) if metadata.num_seqs else 0,
+            metadata.max_kv_len,
         )

@@ -1,0 +1,246 @@
+"""CUDAGraphRunner: generation-only steps replayed from CUDA graphs, one per batch-size bucket.
+
+A step whose batch is all generation requests, greedy, each with ``1 + max_draft_len`` input
+tokens, runs as one graph: the target forward, the logits, and with one-model Eagle3 the greedy
+accept and the whole draft chain (``Eagle3OneModelWorker.greedy_step_on_device``). Anything else
+(prefill, mixed batches, sampling, a batch larger than every bucket) runs eagerly.
+
+Per bucket of ``B`` sequences the runner owns the step's device inputs: the token ids and two
+``MetadataBuffers`` (the step's metadata and the draft chain's). Before each replay the host writes
+the batch into them (positions, lengths, block tables; the draft manager's table when the
+drafter's backend reads it); the graph reads only those tensors, whose addresses never change, and
+its launches are sized by ``kv_len_bound`` (the table's width) instead of the step's lengths. A batch
+of ``n < B`` requests is padded with rows of a padding sequence that each KV manager holds for its
+life (``add_padding_sequence``), so padded rows write only there.
+
+A bucket is captured the first time a batch uses it: one eager run of the same step (it compiles
+the kernels and writes exactly what the replay writes), the capture, then the replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from tensorrt_llm._torch.attention_backend.trtllm import MetadataBuffers, TrtllmAttentionMetadata
+from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
+from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
+from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
+from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+from tensorrt_llm._torch.speculative.interface import StepTokens
+from tensorrt_llm.logger import logger
+
+if TYPE_CHECKING:
+    from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
+
+PADDING_REQUEST_ID = -1  # the padding sequence's id in every KV manager (request ids are >= 0)
+
+
+@dataclass
+class _Bucket:
+    batch_size: int
+    input_ids: torch.Tensor  # [batch_size * tokens_per_seq]
+    buffers: MetadataBuffers
+    chain_buffers: MetadataBuffers
+    graph: torch.cuda.CUDAGraph | None = None
+    # logits [B * T, V], target argmax [B, T], and with Eagle3 num_accepted [B], drafts [B, K]
+    outputs: tuple[torch.Tensor, ...] = ()
+    addresses: dict[str, int] = field(default_factory=dict)  # what the graph reads, at capture
+
+
+@dataclass
+class GraphStep:
+    """What a replayed step gives the executor: its logits rows and its tokens."""
+
+    logits: torch.Tensor  # [num_requests * tokens_per_seq, vocab]
+    num_logits: list[int]
+    tokens: StepTokens
+
+
+class CUDAGraphRunner:
+    def __init__(
+        self,
+        engine: PyTorchModelEngine,
+        resource_manager: ResourceManager,
+        options: CudaGraphOptions,
+        spec_worker: Eagle3OneModelWorker | None = None,
+    ) -> None:
+        backend = engine.model.attn_backend
+        drafter_backend = spec_worker.draft_model.attn_backend if spec_worker else backend
+        if not (backend.supports_cuda_graphs and drafter_backend.supports_cuda_graphs):
+            raise ValueError(
+                f"cuda_graph_config needs an attention backend without host syncs (TRITON); "
+                f"this model runs on {backend.name!r}"
+            )
+        if options.capture and engine.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; the model is on {engine.device}")
+        self.engine = engine
+        self.resource_manager = resource_manager
+        self.options = options
+        self.spec_worker = spec_worker
+        self.max_draft_len = spec_worker.max_draft_len if spec_worker else 0
+        self.tokens_per_seq = 1 + self.max_draft_len
+        target = engine.kv_cache_manager
+        self.kv_len_bound = target.max_blocks_per_seq * target.tokens_per_block
+        self._buckets: dict[int, _Bucket] = {}
+        self._pool = torch.cuda.graph_pool_handle() if options.capture else None
+        self.num_replays = 0
+        if options.enable_padding:
+            for kind in (
+                ResourceManagerType.KV_CACHE_MANAGER,
+                ResourceManagerType.DRAFT_KV_CACHE_MANAGER,
+            ):
+                manager = resource_manager.get_resource_manager(kind)
+                if manager is not None:  # positions of the step and of the draft chain
+                    manager.add_padding_sequence(PADDING_REQUEST_ID, 2 * self.tokens_per_seq)
+
+    @property
+    def captured_batch_sizes(self) -> list[int]:
+        return sorted(b for b, bucket in self._buckets.items() if bucket.graph is not None)
+
+    def bucket_size(self, batch: ScheduledRequests) -> int | None:
+        """The bucket that runs ``batch``, or None when it must run eagerly."""
+        requests = batch.generation_requests
+        if batch.context_requests or not requests:
+            return None
+        for req in requests:
+            if not req.sampling_params.greedy or len(req.py_draft_tokens) != self.max_draft_len:
+                return None
+        n = len(requests)
+        sizes = self.options.batch_sizes
+        if not self.options.enable_padding:
+            return n if n in sizes else None
+        return next((b for b in sizes if b >= n), None)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledRequests, batch_size: int) -> GraphStep:
+        """Run ``batch`` in bucket ``batch_size`` (``bucket_size``): write its inputs, then replay
+        (capturing first if the bucket is new)."""
+        bucket = self._buckets.get(batch_size) or self._new_bucket(batch_size)
+        md, chain_md = self._write_inputs(bucket, batch)
+        if not self.options.capture:
+            bucket.outputs = self._step(bucket, md, chain_md)
+        elif bucket.graph is None:
+            self._capture(bucket, md, chain_md)
+        else:
+            if _addresses(bucket, md, chain_md) != bucket.addresses:
+                raise RuntimeError(
+                    f"the CUDA graph of batch size {batch_size} reads tensors that moved"
+                )
+            bucket.graph.replay()
+        self.num_replays += 1
+        return self._result(bucket, batch)
+
+    def _new_bucket(self, batch_size: int) -> _Bucket:
+        device = self.engine.device
+        ids = torch.zeros(batch_size * self.tokens_per_seq, dtype=torch.long, device=device)
+        bucket = _Bucket(batch_size, ids, MetadataBuffers(device), MetadataBuffers(device))
+        self._buckets[batch_size] = bucket
+        return bucket
+
+    def _write_inputs(
+        self, bucket: _Bucket, batch: ScheduledRequests
+    ) -> tuple[TrtllmAttentionMetadata, TrtllmAttentionMetadata | None]:
+        requests = batch.generation_requests
+        pad = bucket.batch_size - len(requests)
+        request_ids = [r.request_id for r in requests] + [PADDING_REQUEST_ID] * pad
+        cached = [r.get_num_tokens() - 1 for r in requests] + [0] * pad
+        tokens = [t for r in requests for t in (r.get_tokens()[-1], *r.py_draft_tokens)]
+        tokens += [0] * (pad * self.tokens_per_seq)
+        bucket.input_ids.copy_(torch.tensor(tokens, dtype=torch.long))
+        target = self.engine.kv_cache_manager
+        md = TrtllmAttentionMetadata(
+            kv_cache_manager=target,
+            request_ids=request_ids,
+            seq_lens=[self.tokens_per_seq] * bucket.batch_size,
+            num_cached_tokens_per_seq=cached,
+            num_contexts=0,
+            device=self.engine.device,
+            buffers=bucket.buffers,
+            kv_len_bound=self.kv_len_bound,
+        )
+        if self.spec_worker is None:
+            return md, None
+        chain_md = TrtllmAttentionMetadata(
+            kv_cache_manager=target,
+            request_ids=request_ids,
+            seq_lens=[1] * bucket.batch_size,
+            num_cached_tokens_per_seq=cached,  # placeholders: the graph places the chain
+            num_contexts=0,
+            device=self.engine.device,
+            buffers=bucket.chain_buffers,
+            kv_len_bound=self.kv_len_bound,
+        )
+        draft_manager = self.spec_worker.get_draft_kv_cache_manager()
+        for metadata in (md, chain_md):
+            self.spec_worker.prefetch_draft_table(metadata, draft_manager)
+        return md, chain_md
+
+    def _step(
+        self,
+        bucket: _Bucket,
+        md: TrtllmAttentionMetadata,
+        chain_md: TrtllmAttentionMetadata | None,
+    ) -> tuple[torch.Tensor, ...]:
+        """The captured work: device tensors in, device tensors out."""
+        engine = self.engine
+        hidden, captured = engine.model(
+            bucket.input_ids, attn_metadata=md, capture_layers=engine.capture_layers
+        )
+        logits = engine.model.compute_logits(hidden)
+        if self.spec_worker is None:
+            return logits, logits.argmax(dim=-1).view(bucket.batch_size, 1)
+        return (
+            logits,
+            *self.spec_worker.greedy_step_on_device(
+                bucket.input_ids, logits, captured, md, chain_md
+            ),
+        )
+
+    def _capture(
+        self,
+        bucket: _Bucket,
+        md: TrtllmAttentionMetadata,
+        chain_md: TrtllmAttentionMetadata | None,
+    ) -> None:
+        stream = torch.cuda.Stream(self.engine.device)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # compiles the kernels; writes what the replay writes
+            self._step(bucket, md, chain_md)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            bucket.outputs = self._step(bucket, md, chain_md)
+        bucket.graph, bucket.addresses = graph, _addresses(bucket, md, chain_md)
+        graph.replay()
+        logger.info("captured a CUDA graph for batch size %d", bucket.batch_size)
+
+    def _result(self, bucket: _Bucket, batch: ScheduledRequests) -> GraphStep:
+        n, width = len(batch.generation_requests), self.tokens_per_seq
+        logits, target, *spec = bucket.outputs
+        target = target[:n].cpu()
+        new_tokens: list[list[int]]
+        if not spec:
+            new_tokens = target.tolist()
+            tokens = StepTokens(new_tokens, [[] for _ in range(n)], [None] * n)
+        else:
+            num_accepted, drafts = (t[:n].cpu() for t in spec)
+            accepted = num_accepted.tolist()
+            new_tokens = [row[: a + 1] for row, a in zip(target.tolist(), accepted, strict=True)]
+            tokens = StepTokens(new_tokens, drafts.tolist(), accepted)
+            for req in batch.generation_requests:
+                req.py_draft_probs = []
+        return GraphStep(logits[: n * width], [width] * n, tokens)
+
+
+def _addresses(
+    bucket: _Bucket, md: TrtllmAttentionMetadata, chain_md: TrtllmAttentionMetadata | None
+) -> dict[str, int]:
+    """Where the tensors a graph reads live (they must not move between capture and replay)."""
+    out = {"input_ids": bucket.input_ids.data_ptr()}
+    for tag, metadata in (("step", md), ("chain", chain_md)):
+        if metadata is not None:
+            out.update({f"{tag}/{k}": v for k, v in metadata.tensor_addresses().items()})
+    return out

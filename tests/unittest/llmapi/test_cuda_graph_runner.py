@@ -1,0 +1,136 @@
+"""The CUDA graph path's step on the CPU: ``CUDAGraphRunner`` with ``capture=False`` runs the ops a
+graph captures (static buffers, padded rows, device-side accept and draft chain, launches sized by
+``kv_len_bound``) eagerly, under Triton's interpreter. It must give the eager executor's tokens.
+``cuda_graph_config`` and its translation are checked here too; capture itself is a GPU test
+(``test_llm_triton_gpu.py``)."""
+
+import os
+import random
+
+import pytest
+import torch
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
+from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import PADDING_REQUEST_ID, CUDAGraphRunner
+from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
+from tensorrt_llm.bundled import BUNDLED_DRAFT
+from tensorrt_llm.evaluate.tasks import gsm8k_tiny
+from tensorrt_llm.llmapi.llm_args import CudaGraphConfig, Eagle3DecodingConfig, KvCacheConfig
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+PROMPTS = ["12+7=", "the cat sat on", "3*4="]  # short raw prompts: the runner's bookkeeping
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+def make_llm(draft_kv_cache: str | None) -> LLM:
+    spec = None
+    if draft_kv_cache is not None:
+        spec = Eagle3DecodingConfig(
+            max_draft_len=3, speculative_model=str(BUNDLED_DRAFT), draft_kv_cache=draft_kv_cache
+        )
+    return LLM(
+        device="cpu",
+        dtype="float32",
+        attn_backend="TRITON",
+        speculative_config=spec,
+        max_batch_size=4,
+        kv_cache_config=KvCacheConfig(max_tokens=128 * 16),
+        cuda_graph_config=None,
+    )
+
+
+def attach_runner(llm: LLM, batch_sizes=(1, 2, 4), enable_padding=True) -> CUDAGraphRunner:
+    executor = llm.executor
+    runner = CUDAGraphRunner(
+        executor.model_engine,
+        executor.resource_manager,
+        CudaGraphOptions(batch_sizes, enable_padding, capture=False),
+        executor.spec_worker,
+    )
+    executor.cuda_graph_runner = runner
+    return runner
+
+
+def chat_prompts(llm: LLM) -> list[str]:
+    """Problems the bundled drafter was trained on, so its drafts get accepted."""
+    rng = random.Random(7)
+    return [llm.tokenizer.apply_chat_template(gsm8k_tiny(rng)[0][:1]) for _ in range(3)]
+
+
+def generate(llm: LLM):
+    outs = [o.outputs[0] for o in llm.generate(chat_prompts(llm), GREEDY)]
+    return [o.token_ids for o in outs], [o.avg_decoded_tokens_per_iter for o in outs]
+
+
+@pytest.mark.parametrize("draft_kv_cache", [None, "unified", "separate"])
+def test_graph_step_gives_the_eager_tokens(draft_kv_cache):
+    pytest.importorskip("triton.language")
+    eager = make_llm(draft_kv_cache)
+    want_tokens, want_al = generate(eager)
+    eager.shutdown()
+
+    llm = make_llm(draft_kv_cache)
+    runner = attach_runner(llm)
+    got_tokens, got_al = generate(llm)
+    assert got_tokens == want_tokens
+    assert got_al == want_al
+    # three requests decode in the bucket of 4: one padded row every decode step
+    assert runner.num_replays >= GREEDY.max_tokens // 4
+    if draft_kv_cache is not None:
+        assert max(got_al) > 1.5  # the bundled drafter is accepted: accept paths past 0 ran
+    target = llm.kv_cache_manager
+    target.check_integrity()
+    # every request's slots are back; the padding sequence keeps its own
+    assert target.get_num_free_blocks() == target.get_max_resource_count()
+    llm.shutdown()
+
+
+def test_batches_the_runner_does_not_take_run_eagerly():
+    pytest.importorskip("triton.language")
+    llm = make_llm(None)  # target only: the three requests stay together to the end
+    runner = attach_runner(llm, batch_sizes=(1, 2), enable_padding=False)
+    sampled = SamplingParams(max_tokens=4, temperature=0.8, seed=3)
+    llm.generate(PROMPTS[:1], sampled)  # sampled: eager
+    assert runner.num_replays == 0
+    llm.generate(PROMPTS, GREEDY)  # three at a time, no bucket of 3 without padding
+    assert runner.num_replays == 0
+    llm.generate(PROMPTS[:2], GREEDY)
+    assert runner.num_replays > 0
+    llm.shutdown()
+
+
+def test_padding_sequence_holds_one_slot_per_manager():
+    llm = make_llm("separate")
+    before = {
+        kind: llm.executor.resource_manager.get_resource_manager(kind).get_max_resource_count()
+        for kind in (ResourceManagerType.KV_CACHE_MANAGER, ResourceManagerType.DRAFT_KV_CACHE_MANAGER)
+    }
+    attach_runner(llm)
+    for kind, count in before.items():
+        manager = llm.executor.resource_manager.get_resource_manager(kind)
+        assert manager.get_max_resource_count() == count - 1
+        assert manager.get_cache(PADDING_REQUEST_ID).num_blocks == 1
+    llm.shutdown()
+
+
+def test_cuda_graph_config_sizes():
+    assert CudaGraphConfig().to_runtime(20).batch_sizes == (1, 2, 4, 8, 16, 20)
+    assert CudaGraphConfig().to_runtime(1).batch_sizes == (1,)
+    assert CudaGraphConfig(max_batch_size=8).to_runtime(64).batch_sizes == (1, 2, 4, 8)
+    assert CudaGraphConfig(batch_sizes=[4, 1, 4]).to_runtime(8).batch_sizes == (1, 4)
+    with pytest.raises(ValueError, match="batch_sizes"):
+        CudaGraphConfig(batch_sizes=[16]).to_runtime(8)
+    with pytest.raises(ValueError, match="batch_sizes"):
+        CudaGraphOptions(())
+
+
+def test_cuda_graph_config_where_graphs_cannot_run(tiny_checkpoint):
+    # the default turns itself off on the CPU; asked for explicitly, it is an error that says why
+    llm = LLM(tiny_checkpoint, device="cpu")
+    assert llm.executor.cuda_graph_runner is None
+    llm.shutdown()
+    with pytest.raises(ValueError, match="cuda_graph_config needs device='cuda'"):
+        LLM(tiny_checkpoint, device="cpu", cuda_graph_config=CudaGraphConfig())
