@@ -64,6 +64,7 @@ class Settings:
     device: str
     dtype: str
     attn_backend: str
+    cuda_graphs: bool
     prompt_len: int
     new_tokens: int
     max_draft_len: int
@@ -85,6 +86,7 @@ class Cell:
     decode_step_ms: float
     decode_tokens_per_s: float
     al: float | None
+    graph_steps: int  # timed steps replayed from a CUDA graph
     model_bytes: int
     truncated: bool  # --max-seconds cut the decode loop
 
@@ -150,6 +152,7 @@ def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
         device=s.device,
         attn_backend=s.attn_backend,
         speculative_config=spec,
+        **({} if s.cuda_graphs else {"cuda_graph_config": None}),
     )
 
 
@@ -184,6 +187,8 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings) -> dict:
         for i, prompt in enumerate(prompts)
     ]
     before = dataclasses.replace(executor.stats)
+    runner = executor.cuda_graph_runner
+    replays_before = runner.num_replays if runner is not None else 0
     for request in requests:
         executor.enqueue_request(request)
     _sync(s.device)
@@ -226,6 +231,7 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings) -> dict:
         "decode_step_ms": statistics.fmean(full_batch_s or step_s or [math.nan]) * 1e3,
         "decode_tokens_per_s": decode_tokens / sum(step_s) if step_s else math.nan,
         "al": 1 + accepted / iterations if iterations else None,
+        "graph_steps": (runner.num_replays if runner is not None else 0) - replays_before,
         "truncated": truncated,
     }
 
@@ -266,13 +272,13 @@ def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
 def print_report(cells: list[Cell], s: Settings, machine: str, bandwidth: float) -> None:
     print(
         f"decode step cost, M3-shaped random model ({s.scale}), {s.dtype}, attn_backend="
-        f"{s.attn_backend}, prompt {s.prompt_len} + {s.new_tokens} new tokens, "
+        f"{s.attn_backend}, cuda graphs {'on' if s.cuda_graphs else 'off'}, prompt {s.prompt_len} + {s.new_tokens} new tokens, "
         f"max_draft_len={s.max_draft_len}, max_num_tokens={s.max_num_tokens}"
     )
     print(f"machine: {machine}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + written)")
     print(
         f"{'mode':<9} {'batch':>5} {'setup s':>7} {'prefill s':>9} {'steps':>5} "
-        f"{'decode steps':>12} {'step ms':>9} {'tokens/s':>9} {'AL':>5} {'floor ms':>8} "
+        f"{'decode steps':>12} {'graphed':>7} {'step ms':>9} {'tokens/s':>9} {'AL':>5} {'floor ms':>8} "
         f"{'step / floor':>12}"
     )
     for c in cells:
@@ -281,7 +287,7 @@ def print_report(cells: list[Cell], s: Settings, machine: str, bandwidth: float)
         floor = c.floor_ms(bandwidth)
         print(
             f"{c.mode:<9} {c.batch:>5} {c.setup_s:>7.1f} {c.prefill_s:>9.2f} "
-            f"{c.num_prefill_steps:>5} {steps:>12} {c.decode_step_ms:>9.2f} "
+            f"{c.num_prefill_steps:>5} {steps:>12} {c.graph_steps:>7} {c.decode_step_ms:>9.2f} "
             f"{c.decode_tokens_per_s:>9.1f} {al:>5} {floor:>8.3f} {c.decode_step_ms / floor:>12.1f}"
         )
     if any(c.truncated for c in cells):
@@ -328,6 +334,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         choices=["VANILLA", "TRITON"],
         help="default: the LLM's (TRITON on CUDA, VANILLA on the CPU)",
     )
+    parser.add_argument(
+        "--cuda-graphs",
+        default="on",
+        choices=["on", "off"],
+        help="decode steps from CUDA graphs (on: the LLM's default, which runs them where it can: "
+        "CUDA with TRITON)",
+    )
     parser.add_argument("--scale", default="full", choices=sorted(SCALE_DEFAULTS))
     parser.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
@@ -355,6 +368,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         device=args.device,
         dtype=args.dtype,
         attn_backend=args.attn_backend or default_attn_backend(args.device),
+        cuda_graphs=args.cuda_graphs == "on"
+        and args.device == "cuda"
+        and (args.attn_backend or default_attn_backend(args.device)) == "TRITON",
         prompt_len=prompt_len if args.prompt_len is None else args.prompt_len,
         new_tokens=new_tokens if args.new_tokens is None else args.new_tokens,
         max_draft_len=args.max_draft_len,

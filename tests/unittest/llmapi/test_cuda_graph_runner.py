@@ -106,7 +106,10 @@ def test_padding_sequence_holds_one_slot_per_manager():
     llm = make_llm("separate")
     before = {
         kind: llm.executor.resource_manager.get_resource_manager(kind).get_max_resource_count()
-        for kind in (ResourceManagerType.KV_CACHE_MANAGER, ResourceManagerType.DRAFT_KV_CACHE_MANAGER)
+        for kind in (
+            ResourceManagerType.KV_CACHE_MANAGER,
+            ResourceManagerType.DRAFT_KV_CACHE_MANAGER,
+        )
     }
     attach_runner(llm)
     for kind, count in before.items():

@@ -1,5 +1,6 @@
 """On a GPU, the TRITON backend's greedy outputs equal the VANILLA reference's on the bundled
-model: target only, and Eagle3 with the unified and the separate draft KV cache."""
+model, with CUDA graphs and without: target only, and Eagle3 with the unified and the separate
+draft KV cache."""
 
 import random
 
@@ -37,19 +38,27 @@ def test_triton_greedy_equals_vanilla_on_the_bundled_model(draft_kv_cache):
         )
     )
 
-    def run(backend: str):
+    def run(backend: str, cuda_graphs: bool):
         llm = LLM(
             device="cuda",
             attn_backend=backend,
             speculative_config=spec,
             kv_cache_config=KvCacheConfig(max_tokens=128 * 64),
+            **({} if cuda_graphs else {"cuda_graph_config": None}),
         )
         outputs = llm.generate(prompts(llm), GREEDY)
+        runner = llm.executor.cuda_graph_runner
+        if cuda_graphs:  # the decode steps replayed graphs, at several batch sizes
+            assert runner.num_replays > 0 and len(runner.captured_batch_sizes) > 1
+        else:
+            assert runner is None
         llm.shutdown()
         return outputs
 
-    vanilla, triton = run("VANILLA"), run("TRITON")
+    vanilla = run("VANILLA", cuda_graphs=False)
+    triton, graphed = run("TRITON", cuda_graphs=False), run("TRITON", cuda_graphs=True)
     assert tokens(triton) == tokens(vanilla)
+    assert tokens(graphed) == tokens(triton)
     if spec is not None:
         # The drafter runs through the kernels too. Its bf16 numerics differ from the reference's
         # (fp32 einsum), so a near-tie can change one draft: acceptance stays within 2%.
@@ -57,4 +66,5 @@ def test_triton_greedy_equals_vanilla_on_the_bundled_model(draft_kv_cache):
             return sum(o.outputs[0].avg_decoded_tokens_per_iter for o in outputs) / len(outputs)
 
         assert mean_al(triton) == pytest.approx(mean_al(vanilla), rel=0.02)
+        assert mean_al(graphed) == mean_al(triton)
         assert mean_al(triton) > 3.0  # the bundled drafter is accepted through the kernels
