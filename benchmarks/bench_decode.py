@@ -144,7 +144,8 @@ def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
     blocks_per_request = math.ceil((s.prompt_len + s.new_tokens + 2 * s.max_draft_len) / 128)
     return LLM(
         target_dir,
-        kv_cache_config=KvCacheConfig(max_tokens=batch * blocks_per_request * 128),
+        # plus the slot of the CUDA graphs' padding sequence
+        kv_cache_config=KvCacheConfig(max_tokens=(batch * blocks_per_request + 1) * 128),
         max_batch_size=batch,
         max_num_tokens=s.max_num_tokens,
         max_seq_len=s.prompt_len + s.new_tokens,
