@@ -244,7 +244,10 @@ def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
         vocab = llm.model_config.vocab_size
         # the measured shapes (prompt length, decode lengths), so kernels are compiled before timing
         warmup = random_prompts(batch, s.prompt_len, vocab, s.seed + 7)
-        warmup_tokens = min(WARMUP_NEW_TOKENS, s.new_tokens)
+        # long enough that the whole batch decodes together after the chunked prefill (so the
+        # decode batch's CUDA graph is captured here, not in the timed run)
+        prefill_steps = math.ceil(batch * s.prompt_len / s.max_num_tokens)
+        warmup_tokens = min(WARMUP_NEW_TOKENS + prefill_steps, s.new_tokens)
         llm.generate(
             warmup,
             SamplingParams(

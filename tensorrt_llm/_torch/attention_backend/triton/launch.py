@@ -99,8 +99,7 @@ def launch_paged_attention(
         return out
     split = num_splits > 1
     if split:
-        partial = q.new_empty((num_splits, num_tokens, num_heads, head_dim), dtype=torch.float32)
-        lse = q.new_empty((num_splits, num_tokens, num_heads), dtype=torch.float32)
+        partial, lse = split_partials(q, num_splits)
         part_strides, lse_strides = partial.stride(), lse.stride()
     else:
         partial, lse = out, out  # lse is not read without splits
@@ -124,13 +123,28 @@ def launch_paged_attention(
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if split:
-        num_elements = num_tokens * num_heads * head_dim
-        block_s = triton.next_power_of_2(num_splits)
-        block_e = max(16, 8192 // block_s)  # a [BLOCK_S, BLOCK_E] tile of partials per program
-        split_reduce_kernel[(triton.cdiv(num_elements, block_e),)](
-            partial, *partial.stride(), lse, *lse.stride(), out, *out.stride(),
-            num_splits, num_elements,
-            HEAD_DIM=head_dim, NUM_HD=num_heads * head_dim, BLOCK_S=block_s, BLOCK_E=block_e,
-            num_warps=NUM_WARPS,
-        )  # fmt: skip
+        launch_split_reduce(partial, lse, out)
     return out
+
+
+def split_partials(
+    q: torch.Tensor, num_splits: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty fp32 partial outputs ``[num_splits, *q.shape]`` and log2-sum-exps
+    ``[num_splits, num_tokens, num_heads]`` for a split launch over ``q``'s rows."""
+    partial = q.new_empty((num_splits, *q.shape), dtype=torch.float32)
+    return partial, q.new_empty((num_splits, *q.shape[:2]), dtype=torch.float32)
+
+
+def launch_split_reduce(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
+    """``out [num_tokens, H, D]`` = the splits' partials combined by their log2-sum-exp weights."""
+    num_splits, num_tokens, num_heads, head_dim = partial.shape
+    num_elements = num_tokens * num_heads * head_dim
+    block_s = triton.next_power_of_2(num_splits)
+    block_e = max(16, 8192 // block_s)  # a [BLOCK_S, BLOCK_E] tile of partials per program
+    split_reduce_kernel[(triton.cdiv(num_elements, block_e),)](
+        partial, *partial.stride(), lse, *lse.stride(), out, *out.stride(),
+        num_splits, num_elements,
+        HEAD_DIM=head_dim, NUM_HD=num_heads * head_dim, BLOCK_S=block_s, BLOCK_E=block_e,
+        num_warps=NUM_WARPS,
+    )  # fmt: skip

@@ -28,12 +28,17 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
     MsaInputs,
     write_msa_step,
 )
+from tensorrt_llm._torch.attention_backend.triton.launch import (
+    launch_split_reduce,
+    split_partials,
+)
 from tensorrt_llm._torch.attention_backend.triton.msa_kernels import (
     INTERPRETED,
     _msa_block_scores_kernel,
     _msa_select_kernel,
     _msa_sparse_attention_kernel,
 )
+from tensorrt_llm._torch.attention_backend.triton.ops import choose_num_splits, num_sms
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -205,10 +210,12 @@ def msa_sparse_attention(
     batch: PagedBatch,
     block_size: int,
     scale: float,
+    num_splits: int = 1,
 ) -> torch.Tensor:
     """Attention of each token's query heads over only the keys (positions ``<=`` its own) of its
     selected key blocks, read through the block table (GQA: heads ``g*G .. g*G+G-1`` share KV
-    head ``g``).
+    head ``g``). ``num_splits > 1`` spreads each tile's blocks over that many programs and
+    combines their partial outputs (flash decoding: a small decode batch then fills the GPU).
 
     q ``[num_tokens, H, D]``, K / V pages ``[num_pages, tokens_per_block, Hkv, D]`` ->
     ``[num_tokens, H, D]`` in ``q``'s dtype.
@@ -223,12 +230,16 @@ def msa_sparse_attention(
             f"K pages strides {k_pages.stride()} != V pages strides {v_pages.stride()}: the kernel "
             "reads both with one layout"
         )
+    if not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits={num_splits!r} must be a positive int")
     out = torch.empty_like(q)  # [num_tokens, H, D]
     if num_tokens == 0:
         return out
+    split = num_splits > 1
+    partial, lse = split_partials(q, num_splits) if split else (out[None], out[None, :, :, 0])
     tile = selection.tile_tokens
     group_pad = triton.next_power_of_2(group)
-    grid = (batch.num_seqs, triton.cdiv(batch.max_q_len, tile), num_kv_heads)
+    grid = (batch.num_seqs, triton.cdiv(batch.max_q_len, tile), num_kv_heads * num_splits)
     _msa_sparse_attention_kernel[grid](
         q, *q.stride(),
         out, *out.stride(),
@@ -237,12 +248,15 @@ def msa_sparse_attention(
         selection.mask.view(torch.int8), *selection.mask.stride(),
         selection.tile_blocks, *selection.tile_blocks.stride(), selection.tile_counts,
         batch.cu_seqlens_q, batch.position_ids,
-        scale,
+        partial, *partial.stride(), lse, *lse.stride(),
+        scale, num_splits,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, HEAD_DIM_PAD=_pad(head_dim),
         BLOCK_SIZE=block_size, TOKENS_PER_PAGE=batch.tokens_per_page, TILE_TOKENS=tile,
         ROWS=max(16, tile * group_pad), BLOCK_N=min(64, _pad(block_size)),
-        **_dot_options(q, k_pages),
+        **_dot_options(q, k_pages), SPLIT=split,
     )  # fmt: skip
+    if split:
+        launch_split_reduce(partial, lse, out)
     return out
 
 
@@ -301,4 +315,12 @@ def triton_msa_attend(
     )  # [num_tokens, num_key_blocks]
     tile_tokens = attention_tile_tokens(batch.max_q_len, group)
     selection = msa_select_blocks(block_scores, batch, cfg, tile_tokens)
-    return msa_sparse_attention(q, k_pages, v_pages, selection, batch, cfg.block_size, scale)
+    # a tile reads at most its tokens' selected blocks (one token's at decode)
+    visited = (cfg.topk_blocks + cfg.num_local_blocks) * cfg.block_size
+    num_programs = batch.num_seqs * triton.cdiv(batch.max_q_len, tile_tokens) * k_pages.shape[2]
+    num_splits = choose_num_splits(
+        num_programs, min(batch.max_kv_len, visited), num_sms(q.device)
+    )
+    return msa_sparse_attention(
+        q, k_pages, v_pages, selection, batch, cfg.block_size, scale, num_splits
+    )

@@ -179,19 +179,27 @@ def _msa_sparse_attention_kernel(
     sel_ptr, stride_selt, stride_selb,  # selection [num_tokens, num_key_blocks], int8 (0/1)
     union_ptr, stride_ut, stride_ub, count_ptr,  # the tiles' selected blocks (_msa_select_kernel)
     cu_seqlens_q_ptr, pos_ptr,  # [num_seqs + 1], [num_tokens]
-    scale,
+    # SPLIT only: [num_splits, num_tokens, num_heads, HEAD_DIM] fp32, [num_splits, num_tokens,
+    # num_heads] fp32 (log2 units), as split_reduce_kernel (attention_kernel.py) combines them
+    part_ptr, stride_ps, stride_pt, stride_ph, stride_pd,
+    lse_ptr, stride_ls, stride_lt, stride_lh,
+    scale, num_splits,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TOKENS_PER_PAGE: tl.constexpr, TILE_TOKENS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(num_seqs, cdiv(max_q_len, TILE_TOKENS), num_kv_heads)``: rows ``r = m * GROUP_PAD +
-    g`` are query head ``kv_head * GROUP + g`` of the tile's token ``m``. The tile visits the union
-    of its tokens' selected key blocks once; row ``r`` sees the keys ``j <= pos`` of the blocks its
-    own token selected (online softmax in fp32)."""
+    """Grid ``(num_seqs, cdiv(max_q_len, TILE_TOKENS), num_kv_heads * num_splits)``: rows ``r = m *
+    GROUP_PAD + g`` are query head ``kv_head * GROUP + g`` of the tile's token ``m``. The tile
+    visits the union of its tokens' selected key blocks once (split ``s`` its ``s``-th share of
+    the union's entries); row ``r`` sees the keys ``j <= pos`` of the blocks its own token
+    selected (online softmax in fp32). With ``SPLIT`` each split writes its normalised partial
+    output and log-sum-exp instead of the output."""
     seq = tl.program_id(0)
     tile = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    kv_head = tl.program_id(2) // num_splits
+    split = tl.program_id(2) % num_splits
     q_begin = tl.load(cu_seqlens_q_ptr + seq)
     q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
     tile_begin = q_begin + tile * TILE_TOKENS
@@ -213,7 +221,9 @@ def _msa_sparse_attention_kernel(
         l_i = tl.zeros([ROWS], tl.float32)  # running sum of exp(score - m_i)
         acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
         tile_id = seq + q_begin // TILE_TOKENS + tile
-        for u in range(tl.load(count_ptr + tile_id)):
+        count = tl.load(count_ptr + tile_id)
+        share = tl.cdiv(count, num_splits)
+        for u in range(split * share, tl.minimum(count, split * share + share)):
             kblock = tl.load(union_ptr + tile_id * stride_ut + u * stride_ub)
             sel = tl.load(sel_ptr + toks * stride_selt + kblock * stride_selb, mask=row_ok, other=0)
             for n0 in range(0, BLOCK_SIZE, BLOCK_N):
@@ -239,9 +249,19 @@ def _msa_sparse_attention_kernel(
                 m_i, l_i, acc = _online_softmax_step(
                     q, k, v, visible, m_i, l_i, acc, scale, DOT_FP32, DOT_PRECISION
                 )
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        o_off = toks[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
-        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=qo_mask)
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        if SPLIT:
+            p_off = toks[:, None] * stride_pt + heads[:, None] * stride_ph
+            p_off += split * stride_ps + offs_d[None, :] * stride_pd
+            tl.store(part_ptr + p_off, out, mask=qo_mask)
+            lse = tl.where(l_i > 0, (m_i + tl.log(l_safe)) * 1.4426950408889634, float("-inf"))
+            l_off = split * stride_ls + toks * stride_lt + heads * stride_lh
+            tl.store(lse_ptr + l_off, lse, mask=row_ok)
+        else:
+            o_off = toks[:, None] * stride_ot + heads[:, None] * stride_oh
+            o_off += offs_d[None, :] * stride_od
+            tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=qo_mask)
 
 
 # Under TRITON_INTERPRET=1 the kernels are not JITFunctions. Triton's interpreter gets tl.dot of

@@ -90,7 +90,7 @@ def paged_attention(
     tiles = attention_tiles(batch.max_query_len, group, head_dim, q.element_size())
     if num_splits is None:
         num_programs = batch.num_seqs * tiles.num_query_tiles * kv.num_kv_heads
-        num_splits = choose_num_splits(num_programs, batch.max_kv_len, _num_sms(q.device))
+        num_splits = choose_num_splits(num_programs, batch.max_kv_len, num_sms(q.device))
     elif not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits={num_splits!r} must be a positive int")
     return launch_paged_attention(q, kv, batch, scale, num_splits, tiles)
@@ -114,7 +114,7 @@ def choose_num_splits(num_programs: int, max_kv_len: int, num_sms: int) -> int:
 
 
 @functools.cache
-def _num_sms(device: torch.device) -> int:
+def num_sms(device: torch.device) -> int:
     """Multiprocessors of a CUDA device; 1 elsewhere (the interpreter runs programs one by one)."""
     if device.type != "cuda":
         return 1

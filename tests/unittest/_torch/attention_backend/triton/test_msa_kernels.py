@@ -222,6 +222,24 @@ def test_a_long_chunked_prefill_and_a_long_generation_step_match_the_reference()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7])
+def test_split_blocks_give_the_unsplit_output(num_splits):
+    # splits over each tile's selected blocks: more splits than a tile has blocks leaves some
+    # empty; decode rows (one token) and a context chunk alike
+    msa = MsaConfig(index_n_heads=2, index_head_dim=4, topk_blocks=3, block_size=8)
+    case = Case(4, 1, msa, tokens_per_block=4, head_dim=8)
+    step = make_step(case, [(0, 20), (45, 1), (97, 4), (3, 1)], num_contexts=1, seed=num_splits)
+    want = step.run(msa_paged_attention)
+    _, selection = select(step)
+    k_pages, v_pages = step.manager.get_kv_pages(LAYER)
+    batch = PagedBatch.from_metadata(step.metadata, step.manager.layer_pool_index(LAYER))
+    q, scale = step.x["q"], 1 / math.sqrt(case.head_dim)
+    got = msa_sparse_attention(q, k_pages, v_pages, selection, batch, 8, scale, num_splits)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="num_splits=0"):
+        msa_sparse_attention(q, k_pages, v_pages, selection, batch, 8, scale, 0)
+
+
 def test_tied_scores_go_to_the_earlier_block():
     msa = MsaConfig(index_n_heads=1, index_head_dim=4, topk_blocks=2, block_size=8)
     case = Case(2, 2, msa, tokens_per_block=4)
