@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tensorrt_llm._torch.modules import fused
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -14,6 +16,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., dim]`` -> the same shape and dtype."""
+        if fused.use_fused(x, self.weight):
+            return fused.rms_norm(x, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * self.weight.float()).to(x.dtype)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import torch
 
+from tensorrt_llm._torch.modules import fused
+
 
 def apply_partial_rope(
     x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: float
 ) -> torch.Tensor:
     """Neox-style RoPE on the first ``rotary_dim`` dims of each head. ``x [..., T, H, D]``,
     ``positions [..., T]``."""
+    if x.dim() == 3 and fused.use_fused(x, positions):  # the paged path's [num_tokens, H, D]
+        return fused.partial_rope(x, positions, rotary_dim, theta)
     half = rotary_dim // 2
     inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, half]

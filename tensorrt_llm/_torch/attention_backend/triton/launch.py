@@ -127,9 +127,7 @@ def launch_paged_attention(
     return out
 
 
-def split_partials(
-    q: torch.Tensor, num_splits: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def split_partials(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Empty fp32 partial outputs ``[num_splits, *q.shape]`` and log2-sum-exps
     ``[num_splits, num_tokens, num_heads]`` for a split launch over ``q``'s rows."""
     partial = q.new_empty((num_splits, *q.shape), dtype=torch.float32)

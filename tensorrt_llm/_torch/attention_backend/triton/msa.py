@@ -318,9 +318,7 @@ def triton_msa_attend(
     # a tile reads at most its tokens' selected blocks (one token's at decode)
     visited = (cfg.topk_blocks + cfg.num_local_blocks) * cfg.block_size
     num_programs = batch.num_seqs * triton.cdiv(batch.max_q_len, tile_tokens) * k_pages.shape[2]
-    num_splits = choose_num_splits(
-        num_programs, min(batch.max_kv_len, visited), num_sms(q.device)
-    )
+    num_splits = choose_num_splits(num_programs, min(batch.max_kv_len, visited), num_sms(q.device))
     return msa_sparse_attention(
         q, k_pages, v_pages, selection, batch, cfg.block_size, scale, num_splits
     )
