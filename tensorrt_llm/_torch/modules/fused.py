@@ -57,8 +57,11 @@ if triton is not None:
         i = tl.arange(0, BLOCK_HALF)
         angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(
             inv_freq_ptr + i, mask=i < HALF, other=0.0
-        )
-        cos, sin = tl.cos(angle)[None, :], tl.sin(angle)[None, :]
+        )  # the fp32 product the torch form takes the cosine of
+        # cos and sin in fp64 (a precise libm call; fp32 tl.cos is an approximation that drifts at
+        # angles of thousands of radians), rounded back to fp32
+        angle = angle.to(tl.float64)
+        cos, sin = tl.cos(angle).to(tl.float32)[None, :], tl.sin(angle).to(tl.float32)[None, :]
         h = tl.arange(0, BLOCK_H)[:, None]
         src = x_ptr + t * stride_xt + h * stride_xh
         dst = out_ptr + t * stride_ot + h * stride_oh
