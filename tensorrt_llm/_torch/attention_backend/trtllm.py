@@ -164,17 +164,41 @@ class TrtllmAttentionMetadata:
         for device in (self.kv_lens, self.num_cached_tokens, self.position_ids):
             device += 1
 
-    def place(self, positions: torch.Tensor) -> None:
-        """Put sequence ``i``'s one query token at ``positions[i]`` (a device tensor), on the device
-        tensors only: no host sync, so a CUDA graph can capture it. The host copies
-        (``kv_lens_cpu``, ``position_ids_cpu``) go stale, so ``kv_len_bound`` must size the launches
-        and the backend must read only device metadata (``supports_cuda_graphs``)."""
-        self._check_one_token_each("place")
+    def place(self, first_positions: torch.Tensor) -> None:
+        """Put sequence ``i``'s query tokens at ``first_positions[i]`` onwards (a device tensor), on
+        the device tensors only: no host sync, so a CUDA graph can capture it. Every sequence must
+        be a generation step of the same width. The host copies (``kv_lens_cpu``,
+        ``position_ids_cpu``) go stale, so ``kv_len_bound`` must size the launches and the backend
+        must read only device metadata (``supports_cuda_graphs``)."""
+        width = self.seq_lens[0] if self.seq_lens else 1
+        if self.num_contexts or any(n != width for n in self.seq_lens):
+            raise ValueError(
+                "place() needs generation steps of one width; this batch has "
+                f"num_contexts={self.num_contexts}, seq_lens={self.seq_lens}"
+            )
         if self.kv_len_bound is None:
             raise ValueError("place() needs kv_len_bound: the host kv_lens no longer hold")
-        self.position_ids.copy_(positions)
-        self.num_cached_tokens.copy_(positions)
-        self.kv_lens.copy_(positions + 1)
+        offsets = torch.arange(width, device=first_positions.device)
+        self.position_ids.copy_((first_positions[:, None] + offsets).flatten())
+        self.num_cached_tokens.copy_(first_positions)
+        self.kv_lens.copy_(first_positions + width)
+
+    def rebind(
+        self, request_ids: Sequence[int], copied_from: TrtllmAttentionMetadata | None = None
+    ) -> None:
+        """The same batch shape for other sequences: their block table rows are copied into the
+        same buffer (or taken from ``copied_from``, a metadata of the same sequences in the same
+        order, with every table it holds). Positions are left to ``place``."""
+        if len(request_ids) != self.num_seqs:
+            raise ValueError(
+                f"rebind() to {len(request_ids)} sequences; this metadata has {self.num_seqs}"
+            )
+        self.request_ids = list(request_ids)
+        self._prefetched.clear()
+        if copied_from is not None:
+            self._prefetched.update(copied_from._prefetched)
+            self._prefetched[id(copied_from.kv_cache_manager)] = copied_from.kv_cache_block_offsets
+        self._block_offsets = self._fetch_block_offsets(self.kv_cache_manager)
 
     def _check_one_token_each(self, what: str) -> None:
         if self.num_contexts or any(n != 1 for n in self.seq_lens):

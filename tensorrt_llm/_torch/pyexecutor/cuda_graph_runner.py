@@ -5,13 +5,14 @@ tokens, runs as one graph: the target forward, the logits, and with one-model Ea
 accept and the whole draft chain (``Eagle3OneModelWorker.greedy_step_on_device``). Anything else
 (prefill, mixed batches, sampling, a batch larger than every bucket) runs eagerly.
 
-Per bucket of ``B`` sequences the runner owns the step's device inputs: the token ids and two
-``MetadataBuffers`` (the step's metadata and the draft chain's). Before each replay the host writes
-the batch into them (positions, lengths, block tables; the draft manager's table when the
-drafter's backend reads it); the graph reads only those tensors, whose addresses never change, and
-its launches are sized by ``kv_len_bound`` (the table's width) instead of the step's lengths. A batch
-of ``n < B`` requests is padded with rows of a padding sequence that each KV manager holds for its
-life (``add_padding_sequence``), so padded rows write only there.
+Per bucket of ``B`` sequences the runner owns the step's device inputs for the bucket's life: the
+token ids and each sequence's first position (one host-to-device copy per step), and two metadata
+objects (the step's and the draft chain's) whose buffers never move. Before each replay the host
+copies the batch's block tables into them (``rebind``; the draft manager's only where the
+drafter's backend reads it); inside the graph the positions and lengths are derived on the device
+(``place``) and the launches are sized by ``kv_len_bound`` (the table's width) instead of the
+step's lengths. A batch of ``n < B`` requests is padded with rows of a padding sequence that each
+KV manager holds for its life (``add_padding_sequence``), so padded rows write only there.
 
 A bucket is captured the first time a batch uses it: one eager run of the same step (it compiles
 the kernels and writes exactly what the replay writes), the capture, then the replay.
@@ -40,14 +41,27 @@ PADDING_REQUEST_ID = -1  # the padding sequence's id in every KV manager (reques
 
 @dataclass
 class _Bucket:
+    """A batch size's static inputs. ``inputs`` holds the token ids ``[B * T]`` then each
+    sequence's first position ``[B]``, copied in one transfer from ``staging``; ``md`` and
+    ``chain_md`` keep their buffers for the bucket's life (``rebind`` per step)."""
+
     batch_size: int
-    input_ids: torch.Tensor  # [batch_size * tokens_per_seq]
-    buffers: MetadataBuffers
-    chain_buffers: MetadataBuffers
+    staging: torch.Tensor  # host, pinned on CUDA
+    inputs: torch.Tensor  # on the device
+    md: TrtllmAttentionMetadata
+    chain_md: TrtllmAttentionMetadata | None
     graph: torch.cuda.CUDAGraph | None = None
     # logits [B * T, V], target argmax [B, T], and with Eagle3 num_accepted [B], drafts [B, K]
     outputs: tuple[torch.Tensor, ...] = ()
     addresses: dict[str, int] = field(default_factory=dict)  # what the graph reads, at capture
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.inputs[: self.md.num_tokens]
+
+    @property
+    def first_positions(self) -> torch.Tensor:
+        return self.inputs[self.md.num_tokens :]
 
 
 @dataclass
@@ -118,14 +132,17 @@ class CUDAGraphRunner:
     def run(self, batch: ScheduledRequests, batch_size: int) -> GraphStep:
         """Run ``batch`` in bucket ``batch_size`` (``bucket_size``): write its inputs, then replay
         (capturing first if the bucket is new)."""
-        bucket = self._buckets.get(batch_size) or self._new_bucket(batch_size)
-        md, chain_md = self._write_inputs(bucket, batch)
+        requests = batch.generation_requests
+        pad = batch_size - len(requests)
+        request_ids = [r.request_id for r in requests] + [PADDING_REQUEST_ID] * pad
+        bucket = self._buckets.get(batch_size) or self._new_bucket(request_ids)
+        self._write_inputs(bucket, batch, request_ids)
         if not self.options.capture:
-            bucket.outputs = self._step(bucket, md, chain_md)
+            bucket.outputs = self._step(bucket)
         elif bucket.graph is None:
-            self._capture(bucket, md, chain_md)
+            self._capture(bucket)
         else:
-            if _addresses(bucket, md, chain_md) != bucket.addresses:
+            if _addresses(bucket) != bucket.addresses:
                 raise RuntimeError(
                     f"the CUDA graph of batch size {batch_size} reads tensors that moved"
                 )
@@ -133,59 +150,52 @@ class CUDAGraphRunner:
         self.num_replays += 1
         return self._result(bucket, batch)
 
-    def _new_bucket(self, batch_size: int) -> _Bucket:
-        device = self.engine.device
-        ids = torch.zeros(batch_size * self.tokens_per_seq, dtype=torch.long, device=device)
-        bucket = _Bucket(batch_size, ids, MetadataBuffers(device), MetadataBuffers(device))
+    def _new_bucket(self, request_ids: list[int]) -> _Bucket:
+        """A bucket for ``len(request_ids)`` sequences, its metadata first bound to these."""
+        device, width, batch_size = self.engine.device, self.tokens_per_seq, len(request_ids)
+        size = batch_size * (width + 1)
+        staging = torch.zeros(size, dtype=torch.long, pin_memory=device.type == "cuda")
+        inputs = torch.zeros(size, dtype=torch.long, device=device)
+
+        def metadata(seq_len: int) -> TrtllmAttentionMetadata:
+            return TrtllmAttentionMetadata(
+                kv_cache_manager=self.engine.kv_cache_manager,
+                request_ids=request_ids,
+                seq_lens=[seq_len] * batch_size,
+                num_cached_tokens_per_seq=[0] * batch_size,  # placed on the device per step
+                num_contexts=0,
+                device=device,
+                buffers=MetadataBuffers(device),
+                kv_len_bound=self.kv_len_bound,
+            )
+
+        chain_md = metadata(1) if self.spec_worker is not None else None
+        bucket = _Bucket(batch_size, staging, inputs, metadata(width), chain_md)
         self._buckets[batch_size] = bucket
         return bucket
 
     def _write_inputs(
-        self, bucket: _Bucket, batch: ScheduledRequests
-    ) -> tuple[TrtllmAttentionMetadata, TrtllmAttentionMetadata | None]:
+        self, bucket: _Bucket, batch: ScheduledRequests, request_ids: list[int]
+    ) -> None:
+        """The batch's tokens and first positions in one host-to-device copy; the block tables
+        (and the draft manager's, where the drafter reads it) into the bucket's buffers."""
         requests = batch.generation_requests
         pad = bucket.batch_size - len(requests)
-        request_ids = [r.request_id for r in requests] + [PADDING_REQUEST_ID] * pad
-        cached = [r.get_num_tokens() - 1 for r in requests] + [0] * pad
         tokens = [t for r in requests for t in (r.get_tokens()[-1], *r.py_draft_tokens)]
         tokens += [0] * (pad * self.tokens_per_seq)
-        bucket.input_ids.copy_(torch.tensor(tokens, dtype=torch.long))
-        target = self.engine.kv_cache_manager
-        md = TrtllmAttentionMetadata(
-            kv_cache_manager=target,
-            request_ids=request_ids,
-            seq_lens=[self.tokens_per_seq] * bucket.batch_size,
-            num_cached_tokens_per_seq=cached,
-            num_contexts=0,
-            device=self.engine.device,
-            buffers=bucket.buffers,
-            kv_len_bound=self.kv_len_bound,
-        )
-        if self.spec_worker is None:
-            return md, None
-        chain_md = TrtllmAttentionMetadata(
-            kv_cache_manager=target,
-            request_ids=request_ids,
-            seq_lens=[1] * bucket.batch_size,
-            num_cached_tokens_per_seq=cached,  # placeholders: the graph places the chain
-            num_contexts=0,
-            device=self.engine.device,
-            buffers=bucket.chain_buffers,
-            kv_len_bound=self.kv_len_bound,
-        )
-        draft_manager = self.spec_worker.get_draft_kv_cache_manager()
-        for metadata in (md, chain_md):
-            self.spec_worker.prefetch_draft_table(metadata, draft_manager)
-        return md, chain_md
+        tokens += [r.get_num_tokens() - 1 for r in requests] + [0] * pad
+        bucket.staging.copy_(torch.tensor(tokens, dtype=torch.long))
+        bucket.inputs.copy_(bucket.staging, non_blocking=True)
+        bucket.md.rebind(request_ids)
+        if self.spec_worker is not None:
+            draft_manager = self.spec_worker.get_draft_kv_cache_manager()
+            self.spec_worker.prefetch_draft_table(bucket.md, draft_manager)
+            bucket.chain_md.rebind(request_ids, copied_from=bucket.md)
 
-    def _step(
-        self,
-        bucket: _Bucket,
-        md: TrtllmAttentionMetadata,
-        chain_md: TrtllmAttentionMetadata | None,
-    ) -> tuple[torch.Tensor, ...]:
+    def _step(self, bucket: _Bucket) -> tuple[torch.Tensor, ...]:
         """The captured work: device tensors in, device tensors out."""
-        engine = self.engine
+        engine, md = self.engine, bucket.md
+        md.place(bucket.first_positions)
         hidden, captured = engine.model(
             bucket.input_ids, attn_metadata=md, capture_layers=engine.capture_layers
         )
@@ -195,25 +205,20 @@ class CUDAGraphRunner:
         return (
             logits,
             *self.spec_worker.greedy_step_on_device(
-                bucket.input_ids, logits, captured, md, chain_md
+                bucket.input_ids, logits, captured, md, bucket.chain_md
             ),
         )
 
-    def _capture(
-        self,
-        bucket: _Bucket,
-        md: TrtllmAttentionMetadata,
-        chain_md: TrtllmAttentionMetadata | None,
-    ) -> None:
+    def _capture(self, bucket: _Bucket) -> None:
         stream = torch.cuda.Stream(self.engine.device)
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # compiles the kernels; writes what the replay writes
-            self._step(bucket, md, chain_md)
+            self._step(bucket)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            bucket.outputs = self._step(bucket, md, chain_md)
-        bucket.graph, bucket.addresses = graph, _addresses(bucket, md, chain_md)
+            bucket.outputs = self._step(bucket)
+        bucket.graph, bucket.addresses = graph, _addresses(bucket)
         graph.replay()
         logger.info("captured a CUDA graph for batch size %d", bucket.batch_size)
 
@@ -235,12 +240,10 @@ class CUDAGraphRunner:
         return GraphStep(logits[: n * width], [width] * n, tokens)
 
 
-def _addresses(
-    bucket: _Bucket, md: TrtllmAttentionMetadata, chain_md: TrtllmAttentionMetadata | None
-) -> dict[str, int]:
+def _addresses(bucket: _Bucket) -> dict[str, int]:
     """Where the tensors a graph reads live (they must not move between capture and replay)."""
-    out = {"input_ids": bucket.input_ids.data_ptr()}
-    for tag, metadata in (("step", md), ("chain", chain_md)):
+    out = {"inputs": bucket.inputs.data_ptr()}
+    for tag, metadata in (("step", bucket.md), ("chain", bucket.chain_md)):
         if metadata is not None:
             out.update({f"{tag}/{k}": v for k, v in metadata.tensor_addresses().items()})
     return out

@@ -220,12 +220,14 @@ class KVCacheManagerV2(BaseResourceManager):
     def commit_sequence(
         self, request_id: int, num_final_tokens: int, tokens: Sequence[int]
     ) -> None:
-        """Commit ``tokens[num_committed : num_final_tokens]`` and rewind capacity to ``num_final_tokens``."""
+        """Commit ``tokens[num_committed : num_final_tokens]`` and give back the blocks past
+        ``num_final_tokens`` (the rejected drafts' and the draft chain's). Capacity inside the last
+        kept block stays reserved: the next step reuses it without a resize."""
         cache = self._caches[request_id]
         new = tokens[cache.num_committed_tokens : num_final_tokens]
         if len(new):
             cache.commit(new)
-        if cache.capacity > num_final_tokens:
+        if -(-num_final_tokens // self.tokens_per_block) < cache.num_blocks:
             cache.resize(num_final_tokens)
             self.host_block_table.sync(request_id, cache.block_table)
 
