@@ -35,6 +35,30 @@ def _mma(a, b, DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _tile_pages(
+    table_ptr, stride_ts, stride_tl, stride_tb, seq, lane, start, pos, key_mask,
+    page_units, v_page_offset,
+    BLOCK_TOKENS: tl.constexpr, PAGE_TOKENS: tl.constexpr, ONE_ENTRY: tl.constexpr,
+):  # fmt: skip
+    """``page_row`` for a key tile starting at ``start``. ``ONE_ENTRY``: the tile lies inside one
+    table entry's span (``BLOCK_N`` divides ``block_tokens``, tiles start on a multiple of
+    ``BLOCK_N``), so one scalar load of the entry replaces a gather per key."""
+    if ONE_ENTRY:
+        entry = tl.load(
+            table_ptr + seq * stride_ts + lane * stride_tl + (start // BLOCK_TOKENS) * stride_tb
+        )
+        page = entry.to(tl.int64) * page_units + lane * v_page_offset
+        page += (pos % BLOCK_TOKENS) // PAGE_TOKENS
+        row = pos % PAGE_TOKENS
+    else:
+        page, row = page_row(
+            table_ptr, stride_ts, stride_tl, stride_tb, seq, lane, pos, key_mask,
+            page_units, v_page_offset, BLOCK_TOKENS, PAGE_TOKENS,
+        )  # fmt: skip
+    return page, row
+
+
+@triton.jit
 def _attend(
     q, q_pos, lo, hi, seq, kv_head,  # q [BLOCK_M, BLOCK_D], q_pos [BLOCK_M]; keys [lo, hi)
     k_pages_ptr, stride_kp, stride_kr, stride_kh, stride_kd,  # [num_pages, page_tokens, Hkv, D]
@@ -43,7 +67,7 @@ def _attend(
     page_units, v_page_offset, scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr, PAGE_TOKENS: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, ONE_ENTRY: tl.constexpr,
 ):  # fmt: skip
     """Online softmax of the tile's rows over keys [lo, hi): (acc [BLOCK_M, BLOCK_D], m, l)."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, log2 units
@@ -54,20 +78,10 @@ def _attend(
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
         key_mask = pos < hi
-        page, row = page_row(
-            table_ptr,
-            stride_ts,
-            stride_tl,
-            stride_tb,
-            seq,
-            0,
-            pos,
-            key_mask,
-            page_units,
-            v_page_offset,
-            BLOCK_TOKENS,
-            PAGE_TOKENS,
-        )
+        page, row = _tile_pages(
+            table_ptr, stride_ts, stride_tl, stride_tb, seq, 0, start, pos, key_mask,
+            page_units, v_page_offset, BLOCK_TOKENS, PAGE_TOKENS, ONE_ENTRY,
+        )  # fmt: skip
         k_ptrs = k_pages_ptr + page[None, :] * stride_kp + row[None, :] * stride_kr
         k_ptrs += kv_head * stride_kh + dim[:, None] * stride_kd
         k_t = tl.load(k_ptrs, mask=dim_mask[:, None] & key_mask[None, :], other=0.0)  # [D, N]
@@ -79,20 +93,10 @@ def _attend(
         p = tl.exp2(scores - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        page, row = page_row(
-            table_ptr,
-            stride_ts,
-            stride_tl,
-            stride_tb,
-            seq,
-            1,
-            pos,
-            key_mask,
-            page_units,
-            v_page_offset,
-            BLOCK_TOKENS,
-            PAGE_TOKENS,
-        )
+        page, row = _tile_pages(
+            table_ptr, stride_ts, stride_tl, stride_tb, seq, 1, start, pos, key_mask,
+            page_units, v_page_offset, BLOCK_TOKENS, PAGE_TOKENS, ONE_ENTRY,
+        )  # fmt: skip
         v_ptrs = v_pages_ptr + page[:, None] * stride_vp + row[:, None] * stride_vr
         v_ptrs += kv_head * stride_vh + dim[None, :] * stride_vd
         v = tl.load(v_ptrs, mask=key_mask[:, None] & dim_mask[None, :], other=0.0)  # [N, D]
@@ -116,6 +120,7 @@ def paged_attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr, PAGE_TOKENS: tl.constexpr,
     SPLIT: tl.constexpr, DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    ONE_ENTRY: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(num_seqs, query tiles, num_kv_heads * num_splits)``; see the module docstring."""
     seq = tl.program_id(0)
@@ -147,6 +152,7 @@ def paged_attention_kernel(
             table_ptr, stride_ts, stride_tl, stride_tb,
             page_units, v_page_offset, scale_log2,
             HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_TOKENS, PAGE_TOKENS, DOT_UPCAST, PRECISION,
+            ONE_ENTRY,
         )  # fmt: skip
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # an empty split: output 0, weight 0
         out_ptrs = (

@@ -22,7 +22,7 @@ from tensorrt_llm._torch.attention_backend.triton.step import StepBatch
 
 MIN_KV_PER_SPLIT = 256  # a split reads at least this many keys (else its setup dominates)
 MAX_SPLITS = 64
-PROGRAMS_PER_SM = 4
+PROGRAMS_PER_SM = 8
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -93,6 +93,8 @@ def paged_attention(
         num_splits = choose_num_splits(num_programs, batch.max_kv_len, num_sms(q.device))
     elif not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits={num_splits!r} must be a positive int")
+    if num_splits > 1:
+        tiles = attention_tiles(batch.max_query_len, group, head_dim, q.element_size(), split=True)
     return launch_paged_attention(q, kv, batch, scale, num_splits, tiles)
 
 

@@ -70,9 +70,9 @@ def test_the_split_count_follows_the_shape():
     # a launch that fills the device (or the CPU's single "multiprocessor") runs unsplit
     assert choose_num_splits(num_programs=264, max_kv_len=100_000, num_sms=132) == 1
     assert choose_num_splits(num_programs=5, max_kv_len=100_000, num_sms=1) == 1
-    # a small batch at long context: about four programs per multiprocessor, at most 64 splits
+    # a small batch at long context: about eight programs per multiprocessor, at most 64 splits
     assert choose_num_splits(num_programs=8, max_kv_len=100_000, num_sms=132) == 64
-    assert choose_num_splits(num_programs=64, max_kv_len=100_000, num_sms=132) == 9
+    assert choose_num_splits(num_programs=64, max_kv_len=100_000, num_sms=132) == 17
     # ... but never a split of fewer than 256 keys
     assert choose_num_splits(num_programs=8, max_kv_len=1000, num_sms=132) == 4
     assert choose_num_splits(num_programs=8, max_kv_len=200, num_sms=132) == 1
