@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,15 @@ def time_us(fn, iters: int) -> float:
         torch.cuda.synchronize()
         samples.append(start.elapsed_time(end) * 1000 / iters)
     return sorted(samples)[len(samples) // 2]
+
+
+def warm_up_gpu(seconds: float = 2.0) -> None:
+    """Busy the GPU until its clocks settle, so the first timed shape is not measured cold."""
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        x @ x
+        torch.cuda.synchronize()
 
 
 def filled(manager: KVCacheManagerV2, batch: int, context: int) -> KVCacheManagerV2:
@@ -165,6 +175,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention.py needs a CUDA device")
     print(f"draft decode attention, 16 q / 4 kv heads, head_dim 128, bf16; {machine_name('cuda')}")
+    warm_up_gpu()
     print(f"{'batch':>5} {'context':>7}  {'path':<17} {'us':>9} {'GB/s':>8} {'/ SDPA':>7}")
     for shape in args.shapes.split(","):
         batch, context = (int(x) for x in shape.split("x"))

@@ -116,7 +116,7 @@ class MiniMaxM3DraftSubpageView:
         # [2, subdiv]: page offsets of K (j) and V (subdiv + j) inside a slot
         self._lane_offsets = torch.stack(
             [torch.arange(self.subdiv), self.subdiv + torch.arange(self.subdiv)]
-        )
+        ).to(self._pool.device)
         logger.info(
             "[unified-kv] draft subpage view active: draft_layers=%s subdiv=%d tokens_per_block=%d "
             "slot_units=%d page_bytes=%d",
@@ -162,14 +162,18 @@ class MiniMaxM3DraftSubpageView:
         num_seqs: int | None = None,
     ) -> None:
         """Expand the batch's slot rows into K/V page rows, ``dst[0, :n]`` ``[n, 2, max_blocks * subdiv]``,
-        in one broadcast over the rows (no per-row Python loop)."""
+        in one broadcast over the rows on ``dst``'s device (only the slot rows cross to a GPU:
+        ``2 * subdiv`` times fewer bytes than the pages). Kernels that compute the sub-page
+        address from the target's slot table need none of this (``triton/addressing.py``)."""
         del num_contexts
-        slots = self._host_table.batch_slot_rows(request_ids, beam_width, num_seqs).long()
-        n = slots.shape[0]  # slots: [n, max_blocks]
-        pages = slots[:, None, :, None] * self.slot_units + self._lane_offsets[None, :, None, :]
+        device = dst_tensor.device
+        slots = self._host_table.batch_slot_rows(request_ids, beam_width, num_seqs)
+        slots = slots.to(device, non_blocking=device.type == "cuda").long()  # [n, max_blocks]
+        n = slots.shape[0]
+        lanes = self._lane_offsets.to(device)
+        pages = slots[:, None, :, None] * self.slot_units + lanes[None, :, None, :]
         dst_tensor[0, :n, :, : self.max_blocks_per_seq].copy_(
-            pages.reshape(n, 2, self.max_blocks_per_seq),
-            non_blocking=dst_tensor.device.type == "cuda",
+            pages.reshape(n, 2, self.max_blocks_per_seq)
         )
 
     def free_resources(self, request) -> None:
