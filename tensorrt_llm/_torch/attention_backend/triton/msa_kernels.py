@@ -171,6 +171,40 @@ def _online_softmax_step(
 
 
 @triton.jit
+def _load_kv(
+    k_ptr, v_ptr, stride_kvp, stride_kvt, stride_kvh, stride_kvd,
+    table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,
+    seq, kv_head, keys, key_ok, offs_d, d_ok, TOKENS_PER_PAGE: tl.constexpr,
+):  # fmt: skip
+    """K ``[HEAD_DIM_PAD, BLOCK_N]`` and V ``[BLOCK_N, HEAD_DIM_PAD]`` of key positions ``keys``
+    through the block table (0 where masked)."""
+    page_idx = seq * stride_table_seq + (keys // TOKENS_PER_PAGE) * stride_table_page
+    in_page = (keys % TOKENS_PER_PAGE) * stride_kvt + kv_head * stride_kvh
+    k_page = tl.load(table_k_ptr + page_idx, mask=key_ok, other=0).to(tl.int64)
+    k_off = (k_page * stride_kvp + in_page)[None, :] + offs_d[:, None] * stride_kvd
+    k = tl.load(k_ptr + k_off, mask=d_ok[:, None] & key_ok[None, :], other=0.0)
+    v_page = tl.load(table_v_ptr + page_idx, mask=key_ok, other=0).to(tl.int64)
+    v_off = (v_page * stride_kvp + in_page)[:, None] + offs_d[None, :] * stride_kvd
+    v = tl.load(v_ptr + v_off, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+    return k, v
+
+
+@triton.jit
+def _store_split(
+    part_ptr, stride_ps, stride_pt, stride_ph, stride_pd,
+    lse_ptr, stride_ls, stride_lt, stride_lh,
+    split, toks, heads, offs_d, row_ok, qo_mask, acc, m_i, l_i,
+):  # fmt: skip
+    """A split's normalised partial output and its log-sum-exp in log2 units (what
+    ``split_reduce_kernel`` combines); -inf for a row that saw no key."""
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    p_off = split * stride_ps + toks[:, None] * stride_pt + heads[:, None] * stride_ph
+    tl.store(part_ptr + p_off + offs_d[None, :] * stride_pd, acc / l_safe[:, None], mask=qo_mask)
+    lse = tl.where(l_i > 0, (m_i + tl.log(l_safe)) * 1.4426950408889634, float("-inf"))
+    tl.store(lse_ptr + split * stride_ls + toks * stride_lt + heads * stride_lh, lse, mask=row_ok)
+
+
+@triton.jit
 def _msa_sparse_attention_kernel(
     q_ptr, stride_qt, stride_qh, stride_qd,  # [num_tokens, num_heads, HEAD_DIM]
     out_ptr, stride_ot, stride_oh, stride_od,  # [num_tokens, num_heads, HEAD_DIM]
@@ -230,35 +264,24 @@ def _msa_sparse_attention_kernel(
                 offs_n = n0 + tl.arange(0, BLOCK_N)
                 keys = kblock * BLOCK_SIZE + offs_n  # [BLOCK_N] key positions
                 key_ok = (offs_n < BLOCK_SIZE) & (keys <= last_pos)
-                page_idx = seq * stride_table_seq + (keys // TOKENS_PER_PAGE) * stride_table_page
-                in_page = (keys % TOKENS_PER_PAGE) * stride_kvt + kv_head * stride_kvh
-                k_page = tl.load(table_k_ptr + page_idx, mask=key_ok, other=0).to(tl.int64)
-                k = tl.load(
-                    k_ptr + (k_page * stride_kvp + in_page)[None, :] + offs_d[:, None] * stride_kvd,
-                    mask=d_ok[:, None] & key_ok[None, :],
-                    other=0.0,
-                )  # [HEAD_DIM_PAD, BLOCK_N]
-                v_page = tl.load(table_v_ptr + page_idx, mask=key_ok, other=0).to(tl.int64)
-                v = tl.load(
-                    v_ptr + (v_page * stride_kvp + in_page)[:, None] + offs_d[None, :] * stride_kvd,
-                    mask=key_ok[:, None] & d_ok[None, :],
-                    other=0.0,
-                )  # [BLOCK_N, HEAD_DIM_PAD]
+                k, v = _load_kv(
+                    k_ptr, v_ptr, stride_kvp, stride_kvt, stride_kvh, stride_kvd,
+                    table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,
+                    seq, kv_head, keys, key_ok, offs_d, d_ok, TOKENS_PER_PAGE,
+                )  # fmt: skip
                 # a row sees a key of a block its own token selected, at a position <= its own
                 visible = (sel != 0)[:, None] & key_ok[None, :] & (keys[None, :] <= pos[:, None])
                 m_i, l_i, acc = _online_softmax_step(
                     q, k, v, visible, m_i, l_i, acc, scale, DOT_FP32, DOT_PRECISION
                 )
-        l_safe = tl.where(l_i > 0, l_i, 1.0)
-        out = acc / l_safe[:, None]
         if SPLIT:
-            p_off = toks[:, None] * stride_pt + heads[:, None] * stride_ph
-            p_off += split * stride_ps + offs_d[None, :] * stride_pd
-            tl.store(part_ptr + p_off, out, mask=qo_mask)
-            lse = tl.where(l_i > 0, (m_i + tl.log(l_safe)) * 1.4426950408889634, float("-inf"))
-            l_off = split * stride_ls + toks * stride_lt + heads * stride_lh
-            tl.store(lse_ptr + l_off, lse, mask=row_ok)
+            _store_split(
+                part_ptr, stride_ps, stride_pt, stride_ph, stride_pd,
+                lse_ptr, stride_ls, stride_lt, stride_lh,
+                split, toks, heads, offs_d, row_ok, qo_mask, acc, m_i, l_i,
+            )  # fmt: skip
         else:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
             o_off = toks[:, None] * stride_ot + heads[:, None] * stride_oh
             o_off += offs_d[None, :] * stride_od
             tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=qo_mask)
