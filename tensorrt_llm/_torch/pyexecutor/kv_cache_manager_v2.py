@@ -288,8 +288,14 @@ class KVCacheManagerV2(BaseResourceManager):
         return max(self.config.max_draft_len - 1, 0)
 
     def _reserve(self, request_id: int, capacity: int) -> bool:
+        """Hold at least ``capacity`` positions, to the end of the last block they need (the same
+        slots; the next steps inside that block then need no resize)."""
         cache = self._caches[request_id]
-        return capacity <= cache.capacity or bool(self.resize_sequence(request_id, capacity))
+        if capacity <= cache.capacity:
+            return True
+        tpb = self.tokens_per_block
+        whole = min(-(-capacity // tpb), self.max_blocks_per_seq) * tpb
+        return bool(self.resize_sequence(request_id, max(capacity, whole)))
 
     def update_resources(self, scheduled_batch: ScheduledRequests) -> None:
         """Commit what the step made final; drop the slots of rejected drafts."""
