@@ -18,9 +18,12 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 
 
-def context_result(request: LlmRequest, transceiver: KvCacheTransceiver) -> DisaggregatedParams:
-    """The reply to a context-only request that ran: the handle to its held KV, or, when it ended
-    outright (the end id at once, an error, a cancel), ``finished`` with its tokens."""
+def context_result(
+    request: LlmRequest, transceiver: KvCacheTransceiver, hold_s: float = 0.0
+) -> DisaggregatedParams:
+    """The reply to a context-only request that ran: the handle to its held KV (held ``hold_s``
+    more seconds), or, when it ended outright (the end id at once, an error, a cancel),
+    ``finished`` with its tokens."""
     if request.finish_reason is not FinishReason.CONTEXT_DONE:
         return DisaggregatedParams(
             request_type=RequestType.FINISHED,
@@ -32,7 +35,7 @@ def context_result(request: LlmRequest, transceiver: KvCacheTransceiver) -> Disa
         first_token=request.output_token_ids[0],
         draft_tokens=list(request.py_draft_tokens),
         prompt_token_ids=list(request.prompt_token_ids),
-        transfer_handle=transceiver.export(request.request_id),
+        transfer_handle=transceiver.export(request.request_id, hold_s),
     )
 
 

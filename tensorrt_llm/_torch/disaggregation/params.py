@@ -73,10 +73,21 @@ class LayoutFingerprint(_Message):
         return [f"{k}: local {mine[k]!r} vs peer {other[k]!r}" for k in mine if mine[k] != other[k]]
 
 
-class TransferHandle(_Message):
-    """What a generation server needs to pull one request's slots from a context server."""
+TRANSFER_ID_PATTERN = r"^[A-Za-z0-9_-]{16,64}$"
 
-    request_id: int  # the context server's id of the request (named in the pull's notification)
+
+class TransferHandle(_Message):
+    """What a generation server needs to pull one request's slots from a context server.
+
+    ``transfer_id`` is an unguessable id the context server gives this hold (and nothing else):
+    the pull's notification names it, and only a notification naming a live hold's id releases
+    that hold. ``expires_at`` (wall clock, seconds) is when the context server may free the slots;
+    a pull that has not finished before then is refused or its data discarded.
+    """
+
+    request_id: int  # the context server's id of the request (for logs)
+    transfer_id: str = Field(pattern=TRANSFER_ID_PATTERN)
+    expires_at: float
     agent_name: str  # the context server's NIXL agent
     agent_metadata: str  # base64 of the agent's NIXL metadata bytes
     fingerprint: LayoutFingerprint

@@ -9,15 +9,30 @@ registered, so the drafter's KV stays behind (upstream's behaviour, kept for mea
 The control plane is a ``TransferHandle`` (JSON: agent metadata as base64 of NIXL's own bytes, slot
 ids, pool base addresses and a layout fingerprint). When a READ completes, NIXL delivers a
 notification to the context side; this module alone encodes and decodes it. Nothing is unpickled.
+
+Each hold is one transfer with an unguessable ``transfer_id`` and an expiry:
+
+- the context side releases a hold only on a notification naming a live transfer's id (an unknown,
+  finished or malformed one is logged and skipped), so nobody can free another request's slots by
+  naming its request id;
+- the generation side refuses a handle whose hold has ended (or ends within ``STALE_MARGIN_S``),
+  re-checks after the READ and discards the data if the hold ended meanwhile (the context side may
+  have given the slots to another request), and refuses a handle it has already pulled.
+
+The expiry is wall-clock time, so the two servers' clocks must agree to within ``STALE_MARGIN_S``.
 """
 
 from __future__ import annotations
 
 import base64
+import re
+import secrets
 import time
+from collections import OrderedDict
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.disaggregation.params import (
+    TRANSFER_ID_PATTERN,
     LayoutFingerprint,
     PoolFingerprint,
     TransferHandle,
@@ -25,7 +40,17 @@ from tensorrt_llm._torch.disaggregation.params import (
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm.logger import logger
 
-_PULLED = b"pulled:"  # the notification a finished pull sends: b"pulled:<context request id>"
+_PULLED = b"pulled:"  # the notification a finished pull sends: b"pulled:<transfer id>"
+STALE_MARGIN_S = 0.25  # a pull must finish this long before the hold's expiry
+_MAX_REMEMBERED_PULLS = 65536  # transfer ids a generation side remembers, to refuse a replay
+
+
+class StaleTransferError(ValueError):
+    """A pull of a hold that has ended, or of a handle already pulled: its data cannot be trusted."""
+
+
+def _now() -> float:
+    return time.time()
 
 
 def layout_fingerprint(manager: KVCacheManagerV2) -> LayoutFingerprint:
@@ -45,16 +70,16 @@ def layout_fingerprint(manager: KVCacheManagerV2) -> LayoutFingerprint:
     )
 
 
-def _encode_pulled(request_id: int) -> bytes:
-    return _PULLED + str(request_id).encode()
+def _encode_pulled(transfer_id: str) -> bytes:
+    return _PULLED + transfer_id.encode()
 
 
-def _decode_pulled(message: bytes) -> int | None:
-    """The context request id a pull notification names, or None if it is not one."""
+def _decode_pulled(message: bytes) -> str | None:
+    """The transfer id a pull notification names, or None if it is not one."""
     if not message.startswith(_PULLED):
         return None
-    body = message[len(_PULLED) :]
-    return int(body) if body.isdigit() else None
+    body = message[len(_PULLED) :].decode("ascii", errors="replace")
+    return body if re.fullmatch(TRANSFER_ID_PATTERN, body) else None
 
 
 class KvCacheTransceiver:
@@ -71,11 +96,19 @@ class KvCacheTransceiver:
         self._registrations = [self.agent.register_memory(pool) for pool in manager.pools]
         self.fingerprint = layout_fingerprint(manager)
         self._peers: set[str] = set()
+        self._live: dict[str, tuple[int, float]] = {}  # context side: id -> (request, expiry)
+        self._pulled: OrderedDict[str, None] = OrderedDict()  # generation side: ids pulled
 
-    def export(self, request_id: int) -> TransferHandle:
-        """What a generation server needs to pull ``request_id``'s slots."""
+    def export(self, request_id: int, hold_s: float) -> TransferHandle:
+        """A new transfer of ``request_id``'s slots, which this side holds for ``hold_s`` more
+        seconds: the handle a generation server pulls them with."""
+        transfer_id = secrets.token_urlsafe(24)
+        expires_at = _now() + hold_s
+        self._live[transfer_id] = (request_id, expires_at)
         return TransferHandle(
             request_id=request_id,
+            transfer_id=transfer_id,
+            expires_at=expires_at,
             agent_name=self.name,
             agent_metadata=base64.b64encode(self.agent.get_agent_metadata()).decode(),
             fingerprint=self.fingerprint,
@@ -98,8 +131,15 @@ class KvCacheTransceiver:
         timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S,
     ) -> int:
         """READ blocks ``[start_block, num_blocks)`` of the peer's request into this manager's slots
-        of ``request_id`` (already allocated). Returns the bytes moved."""
+        of ``request_id`` (already allocated). Returns the bytes moved. ``StaleTransferError`` if
+        the hold ends before the READ does, or the handle was pulled here before."""
         self.check_peer(handle)
+        if handle.transfer_id in self._pulled:
+            raise StaleTransferError(
+                f"request {request_id}: transfer {handle.transfer_id[:8]}... was already pulled "
+                "here; a handle serves one pull"
+            )
+        self._check_live(request_id, handle, "before the pull")
         peer = handle.agent_name
         if peer not in self._peers:
             self.agent.add_remote_agent(handle.agent_metadata_bytes())
@@ -123,13 +163,28 @@ class KvCacheTransceiver:
             self.agent.get_xfer_descs(local, self.mem_type),
             self.agent.get_xfer_descs(remote, self.mem_type),
             peer,
-            _encode_pulled(handle.request_id),
+            _encode_pulled(handle.transfer_id),
         )
         try:
             self._wait(xfer, f"request {request_id}: KV pull from {peer!r}", timeout_s)
         finally:
             self.agent.release_xfer_handle(xfer)
+        self._check_live(request_id, handle, "when the pull finished")
+        self._pulled[handle.transfer_id] = None
+        while len(self._pulled) > _MAX_REMEMBERED_PULLS:
+            self._pulled.popitem(last=False)
         return sum(size for _, size, _ in local)
+
+    @staticmethod
+    def _check_live(request_id: int, handle: TransferHandle, when: str) -> None:
+        left = handle.expires_at - _now()
+        if left < STALE_MARGIN_S:
+            raise StaleTransferError(
+                f"request {request_id}: the context server's hold of transfer "
+                f"{handle.transfer_id[:8]}... ends in {left:.3f}s {when} (less than "
+                f"{STALE_MARGIN_S}s); its slots may belong to another request, so the KV is not "
+                "used. Raise cache_transceiver_config.transfer_timeout_s on the context server"
+            )
 
     def _wait(self, xfer, what: str, timeout_s: float) -> None:
         state = self.agent.transfer(xfer)
@@ -144,13 +199,23 @@ class KvCacheTransceiver:
 
     def pulled_request_ids(self) -> list[int]:
         """Ids of this side's requests whose KV a peer finished pulling since the last call (to
-        release). A notification that is not a pull's is logged and skipped."""
+        release). A notification that is not a pull's, or names no live transfer of this side
+        (unknown, already released, expired), is logged and skipped; expired transfers are
+        forgotten (the executor frees their holds at the timeout)."""
         ids = []
         for peer, messages in self.agent.get_new_notifs().items():
             for message in messages:
-                request_id = _decode_pulled(message)
-                if request_id is None:
+                transfer_id = _decode_pulled(message)
+                live = self._live.pop(transfer_id, None) if transfer_id is not None else None
+                if live is None:
                     logger.warning("ignoring a NIXL notification from %r: %r", peer, message[:64])
+                elif live[1] < _now():
+                    logger.warning(
+                        "ignoring the pull of request %d from %r: its hold had ended", live[0], peer
+                    )
                 else:
-                    ids.append(request_id)
+                    ids.append(live[0])
+        now = _now()
+        for transfer_id in [t for t, (_, expiry) in self._live.items() if expiry < now]:
+            del self._live[transfer_id]
         return ids

@@ -114,6 +114,11 @@ class PyExecutor:
             self.resource_manager.free_resources(req)
         return len(done)
 
+    def hold_left_s(self, request_id: int) -> float:
+        """Seconds until a held context-only request's KV is freed unpulled (0 if not held)."""
+        held = self.held_for_transfer.get(request_id)
+        return max(0.0, held[1] - time.monotonic()) if held is not None else 0.0
+
     def enqueue_generation_only(
         self, request: LlmRequest, load_kv: Callable[[LlmRequest], int]
     ) -> None:

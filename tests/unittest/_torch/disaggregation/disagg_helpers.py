@@ -23,6 +23,8 @@ def fingerprint(slot_bytes: int = 4096) -> LayoutFingerprint:
 def handle(**changes) -> TransferHandle:
     fields = dict(
         request_id=7,
+        transfer_id="t" * 32,
+        expires_at=4102444800.0,  # 2100-01-01
         agent_name="ctx",
         agent_metadata=base64.b64encode(b"\x00nixl\xff").decode(),
         fingerprint=fingerprint(),

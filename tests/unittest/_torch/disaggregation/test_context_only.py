@@ -19,8 +19,14 @@ def ran(reason: FinishReason, tokens: list[int]) -> LlmRequest:
 
 
 def test_a_prefilled_request_answers_with_the_handle_to_its_kv():
-    transceiver = SimpleNamespace(export=lambda request_id: handle(request_id=request_id))
-    reply = context_result(ran(FinishReason.CONTEXT_DONE, [11]), transceiver)
+    exported = []
+
+    def export(request_id, hold_s):
+        exported.append((request_id, hold_s))
+        return handle(request_id=request_id)
+
+    reply = context_result(ran(FinishReason.CONTEXT_DONE, [11]), SimpleNamespace(export=export), 30)
+    assert exported == [(7, 30)]
     assert reply.to_json() == {
         "request_type": "context_only",
         "first_token": 11,

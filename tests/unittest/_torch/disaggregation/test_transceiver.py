@@ -8,8 +8,9 @@ import pytest
 import torch
 from m3_helpers import executor_config, tiny_config
 
+from tensorrt_llm._torch.disaggregation import transceiver as transceiver_module
 from tensorrt_llm._torch.disaggregation.params import TransferHandle
-from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
+from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver, StaleTransferError
 from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
@@ -51,7 +52,9 @@ def test_unified_slots_move_whole_with_the_drafters_subpages():
         KvCacheTransceiver(ctx, "ctx-unified"),
         KvCacheTransceiver(gen, "gen-unified"),
     )
-    handle = TransferHandle.model_validate_json(sender.export(0).model_dump_json())  # JSON only
+    handle = TransferHandle.model_validate_json(
+        sender.export(0, 30.0).model_dump_json()
+    )  # JSON only
     moved = receiver.pull(0, handle, num_blocks=3)
     assert moved == 3 * gen.slot_bytes()
     src, dst = ctx.get_batch_cache_indices([0])[0], gen.get_batch_cache_indices([0])[0]
@@ -76,17 +79,58 @@ def pulled(transceiver, timeout_s=10.0):
     return []
 
 
-def test_a_notification_that_is_not_a_pulls_is_logged_and_skipped(monkeypatch, caplog):
+def test_only_a_live_transfers_id_releases_its_hold(monkeypatch, caplog):
+    # issue 11, item 2: a notification naming a request id (the old format), a made-up transfer
+    # id or garbage frees nothing and does not stop the real release beside it
     sender = KvCacheTransceiver(prefilled(unified(), seed=4), "ctx-notes")
-    notes = {"gen": [b"pulled:7", b"hello", b"pulled:x", b"pulled:12"]}
+    real = sender.export(0, 30.0).transfer_id
+    forged = "A" * 32
+    notes = {"gen": [b"pulled:0", b"hello", b"pulled:" + forged.encode(), b"pulled:\xff\x00"]}
+    notes["gen"].append(b"pulled:" + real.encode())
     monkeypatch.setattr(sender.agent, "get_new_notifs", lambda: notes)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tensorrt_llm"):
-        assert sender.pulled_request_ids() == [7, 12]
-    assert [r.getMessage() for r in caplog.records if r.name == "tensorrt_llm"] == [
-        "ignoring a NIXL notification from 'gen': b'hello'",
-        "ignoring a NIXL notification from 'gen': b'pulled:x'",
-    ]
+        assert sender.pulled_request_ids() == [0]
+    skipped = [r.getMessage() for r in caplog.records if r.name == "tensorrt_llm"]
+    assert len(skipped) == 4 and all(m.startswith("ignoring a NIXL notification") for m in skipped)
+    with caplog.at_level(logging.WARNING, logger="tensorrt_llm"):
+        assert sender.pulled_request_ids() == []  # the same id again: the hold is gone
+
+
+def receiving_pair(name):
+    ctx = prefilled(unified(), seed=5)
+    gen = unified()
+    gen.add_sequence(0, PROMPT)
+    assert gen.resize_sequence(0, len(PROMPT))
+    return KvCacheTransceiver(ctx, f"ctx-{name}"), KvCacheTransceiver(gen, f"gen-{name}")
+
+
+def test_a_handle_whose_hold_has_ended_is_refused_before_any_read():
+    # issue 11, item 3: the context side frees the slots at the hold's end; a pull after it would
+    # read whatever request got them next
+    sender, receiver = receiving_pair("expired")
+    handle = sender.export(0, hold_s=0.1)  # within the stale margin already
+    with pytest.raises(StaleTransferError, match="ends in .* before the pull"):
+        receiver.pull(0, handle, num_blocks=3)
+    assert not receiver.manager.pools[0].any()  # nothing was read
+
+
+def test_a_pull_that_outlives_the_hold_is_discarded(monkeypatch):
+    sender, receiver = receiving_pair("late")
+    handle = sender.export(0, hold_s=30.0)
+    clock = iter([handle.expires_at - 10.0, handle.expires_at - 0.01])  # before, then after
+    monkeypatch.setattr(transceiver_module, "_now", lambda: next(clock))
+    with pytest.raises(StaleTransferError, match="when the pull finished"):
+        receiver.pull(0, handle, num_blocks=3)
+
+
+def test_a_handle_serves_one_pull():
+    # a replayed handle: the first pull's notification may already have freed the slots
+    sender, receiver = receiving_pair("replay")
+    handle = sender.export(0, hold_s=30.0)
+    receiver.pull(0, handle, num_blocks=3)
+    with pytest.raises(StaleTransferError, match="already pulled"):
+        receiver.pull(0, handle, num_blocks=3)
 
 
 def test_an_incompatible_peer_is_refused_with_the_difference():
@@ -98,7 +142,7 @@ def test_an_incompatible_peer_is_refused_with_the_difference():
     with pytest.raises(
         ValueError, match="incompatible KV cache layout on peer 'ctx-mismatch': pools"
     ):
-        receiver.pull(0, KvCacheTransceiver(ctx, "ctx-mismatch").export(0), num_blocks=3)
+        receiver.pull(0, KvCacheTransceiver(ctx, "ctx-mismatch").export(0, 30.0), num_blocks=3)
 
 
 def test_separate_mode_moves_the_target_only():
@@ -119,7 +163,7 @@ def test_separate_mode_moves_the_target_only():
         KvCacheTransceiver(ctx_target, "ctx-sep"),
         KvCacheTransceiver(gen_target, "gen-sep"),
     )
-    receiver.pull(0, sender.export(0), num_blocks=3)
+    receiver.pull(0, sender.export(0, 30.0), num_blocks=3)
     slots = gen_target.get_batch_cache_indices([0])[0]
     assert torch.equal(
         gen_target.pools[0][slots], ctx_target.pools[0][ctx_target.get_batch_cache_indices([0])[0]]
