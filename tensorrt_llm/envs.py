@@ -54,4 +54,18 @@ TRTLLM_M3_DRAFT_KV_TOKENS_PER_BLOCK: EnvVar[int | None] = EnvVar(
     "power of two dividing tokens_per_block; equal to tokens_per_block gives the identity view.",
 )
 
-ALL: tuple[EnvVar, ...] = (TRTLLM_LOG_LEVEL, TRTLLM_M3_DRAFT_KV_TOKENS_PER_BLOCK)
+TRTLLM_DISAGG_SECRET: EnvVar[str] = EnvVar(
+    "TRTLLM_DISAGG_SECRET",
+    "",
+    str,
+    "The secret a disaggregated deployment shares (at least 16 characters, the same on the router "
+    "and on every context and generation server): context servers sign their KV transfer handles "
+    "with it, generation servers accept only handles it verifies, and the servers take "
+    "disaggregated_params only from a caller that presents it (the router).",
+)
+
+ALL: tuple[EnvVar, ...] = (
+    TRTLLM_LOG_LEVEL,
+    TRTLLM_M3_DRAFT_KV_TOKENS_PER_BLOCK,
+    TRTLLM_DISAGG_SECRET,
+)

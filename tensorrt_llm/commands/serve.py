@@ -58,7 +58,13 @@ def serve_disaggregated(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"trtllm-serve: {exc}", file=sys.stderr)
         return 2
-    router = DisaggRouter(config["context_servers"]["urls"], config["generation_servers"]["urls"])
+    try:
+        router = DisaggRouter(
+            config["context_servers"]["urls"], config["generation_servers"]["urls"]
+        )
+    except ValueError as exc:  # TRTLLM_DISAGG_SECRET unset or short
+        print(f"trtllm-serve: {exc}", file=sys.stderr)
+        return 2
     import uvicorn
 
     uvicorn.run(

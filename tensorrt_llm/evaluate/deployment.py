@@ -4,6 +4,8 @@ its own ``trtllm-serve`` process on loopback), and the evaluation tasks driven t
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -21,6 +23,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def deployment_env() -> dict[str, str]:
+    """The servers' environment: this one, with a fresh ``TRTLLM_DISAGG_SECRET`` if none is set
+    (the router and the servers of one deployment share it)."""
+    secret = os.environ.get("TRTLLM_DISAGG_SECRET") or secrets.token_hex(16)
+    return {**os.environ, "TRTLLM_DISAGG_SECRET": secret}
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
@@ -72,11 +81,14 @@ def disaggregated_deployment(
             for name in ("ctx", "gen")
         }
         commands["router"] = serve + ["disaggregated", "-c", str(tmp / "disagg.yaml")]
+        env = deployment_env()
         procs = {}
         try:
             for name, command in commands.items():
                 log = stack.enter_context(open(tmp / f"{name}.log", "w"))
-                procs[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+                procs[name] = subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, env=env
+                )
             urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
             for name in ("ctx", "gen", "router"):
                 wait_healthy(urls[name], procs[name])

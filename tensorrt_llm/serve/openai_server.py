@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
@@ -199,6 +200,21 @@ class OpenAIServer:
         return llm_request, None
 
     async def _serve(self, body, token_ids: list[int], request: Request, chat: bool):
+        transceiver = self.llm.transceiver
+        if (
+            body.disaggregated_params is not None
+            and transceiver is not None
+            and not trust.authorized(
+                request.headers.get(trust.DISAGG_AUTH_HEADER), transceiver.secret
+            )
+        ):
+            raise ServerError(
+                403,
+                "disaggregated_params are taken only from this deployment's router (the "
+                f"{trust.DISAGG_AUTH_HEADER} header with TRTLLM_DISAGG_SECRET)",
+                kind="permission_error",
+                param="disaggregated_params",
+            )
         params = self._params(body)
         try:
             llm_request, load_kv = self._llm_request(body, token_ids, params)

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
+from tensorrt_llm._torch.disaggregation.trust import DISAGG_AUTH_HEADER, deployment_secret
 from tensorrt_llm.serve.openai_server import error_response
 
 
@@ -49,7 +50,9 @@ class DisaggRouter:
         self.generation_urls = [_base(u) for u in generation_urls]
         self._ctx = itertools.cycle(self.context_urls)
         self._gen = itertools.cycle(self.generation_urls)
-        self.client = httpx.AsyncClient(timeout=timeout_s)
+        # the servers take disaggregated_params only with the deployment's secret (trust.py)
+        auth = {DISAGG_AUTH_HEADER: deployment_secret().decode()}
+        self.client = httpx.AsyncClient(timeout=timeout_s, headers=auth)
         self.app = FastAPI(title="trtllm-serve disaggregated")
         self._routes()
 

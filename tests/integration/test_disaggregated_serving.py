@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tensorrt_llm.evaluate.deployment import free_port, metric, wait_healthy
+from tensorrt_llm.evaluate.deployment import deployment_env, free_port, metric, wait_healthy
 
 pytest.importorskip("nixl")
 pytestmark = pytest.mark.slow
@@ -45,8 +45,9 @@ def deployment(tmp_path_factory):
     urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
     with contextlib.ExitStack() as stack:
         logs = {n: stack.enter_context(open(tmp / f"{n}.log", "w")) for n in commands}
+        env = deployment_env()
         procs = {
-            n: subprocess.Popen(c, stdout=logs[n], stderr=subprocess.STDOUT)
+            n: subprocess.Popen(c, stdout=logs[n], stderr=subprocess.STDOUT, env=env)
             for n, c in commands.items()
         }
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 
@@ -22,21 +23,22 @@ def context_result(
     request: LlmRequest, transceiver: KvCacheTransceiver, hold_s: float = 0.0
 ) -> DisaggregatedParams:
     """The reply to a context-only request that ran: the handle to its held KV (held ``hold_s``
-    more seconds), or, when it ended outright (the end id at once, an error, a cancel),
-    ``finished`` with its tokens."""
+    more seconds), signed with the deployment's secret, or, when it ended outright (the end id at
+    once, an error, a cancel), ``finished`` with its tokens."""
     if request.finish_reason is not FinishReason.CONTEXT_DONE:
         return DisaggregatedParams(
             request_type=RequestType.FINISHED,
             output_token_ids=list(request.output_token_ids),
             finish_reason=request.finish_reason,
         )
-    return DisaggregatedParams(
+    reply = DisaggregatedParams(
         request_type=RequestType.CONTEXT_ONLY,
         first_token=request.output_token_ids[0],
         draft_tokens=list(request.py_draft_tokens),
         prompt_token_ids=list(request.prompt_token_ids),
         transfer_handle=transceiver.export(request.request_id, hold_s),
     )
+    return trust.sign(reply, transceiver.secret)
 
 
 def release_pulled(executor: PyExecutor, transceiver: KvCacheTransceiver) -> int:

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.params import (
     DisaggregatedParams,
     RequestType,
@@ -48,8 +49,10 @@ def resume_from_context(
     transceiver: KvCacheTransceiver,
 ) -> PromptKvPull:
     """Give ``request`` (made from ``params.prompt_token_ids``) the context server's first token
-    and drafts; returns the ``load_kv`` to hand to ``PyExecutor.enqueue_generation_only``."""
+    and drafts; returns the ``load_kv`` to hand to ``PyExecutor.enqueue_generation_only``.
+    ``trust.UntrustedParamsError`` unless a context server of this deployment signed ``params``."""
     handle = check_resumable(params)
+    trust.verify(params, transceiver.secret)
     if request.prompt_token_ids != params.prompt_token_ids:
         raise ValueError(
             f"request {request.request_id}: its prompt is not disaggregated_params.prompt_token_ids"

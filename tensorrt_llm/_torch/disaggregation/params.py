@@ -127,6 +127,8 @@ class DisaggregatedParams(_Message):
     transfer_handle: TransferHandle | None = None
     output_token_ids: list[int] | None = None
     finish_reason: FinishReason | None = None
+    # HMAC-SHA256 (hex) of the other fields but request_type, by the context server (trust.py)
+    signature: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @model_validator(mode="after")
     def _fields_match_the_request_type(self) -> DisaggregatedParams:

@@ -37,6 +37,7 @@ from tensorrt_llm._torch.disaggregation.params import (
     PoolFingerprint,
     TransferHandle,
 )
+from tensorrt_llm._torch.disaggregation.trust import deployment_secret
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm.logger import logger
 
@@ -84,10 +85,16 @@ def _decode_pulled(message: bytes) -> str | None:
 
 class KvCacheTransceiver:
     def __init__(
-        self, manager: KVCacheManagerV2, name: str, backends: tuple[str, ...] = ("UCX",)
+        self,
+        manager: KVCacheManagerV2,
+        name: str,
+        backends: tuple[str, ...] = ("UCX",),
+        secret: bytes | None = None,
     ) -> None:
+        """``secret``: the deployment's (``trust.py``); None reads ``TRTLLM_DISAGG_SECRET``."""
         from nixl._api import nixl_agent, nixl_agent_config
 
+        self.secret = deployment_secret() if secret is None else secret
         self.manager = manager
         self.name = name
         self.agent = nixl_agent(name, nixl_agent_config(backends=list(backends)))

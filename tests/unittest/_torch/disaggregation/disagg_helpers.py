@@ -1,7 +1,9 @@
 """Hand-made control-plane messages for tests that need no NIXL agent."""
 
 import base64
+import os
 
+from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.params import (
     DisaggregatedParams,
     LayoutFingerprint,
@@ -34,11 +36,16 @@ def handle(**changes) -> TransferHandle:
     return TransferHandle(**{**fields, **changes})
 
 
-def context_reply(prompt_token_ids: list[int] = (1, 2, 3)) -> DisaggregatedParams:
-    return DisaggregatedParams(
+SECRET = os.environ["TRTLLM_DISAGG_SECRET"].encode()  # the tests' deployment (conftest.py)
+
+
+def context_reply(prompt_token_ids: list[int] = (1, 2, 3), **handle_changes) -> DisaggregatedParams:
+    """A context server's reply, signed with the tests' deployment secret."""
+    reply = DisaggregatedParams(
         request_type=RequestType.CONTEXT_ONLY,
         first_token=11,
         draft_tokens=[12, 13, 14],
         prompt_token_ids=list(prompt_token_ids),
-        transfer_handle=handle(),
+        transfer_handle=handle(**handle_changes),
     )
+    return trust.sign(reply, SECRET)

@@ -2,8 +2,9 @@
 
 from types import SimpleNamespace
 
-from disagg_helpers import handle
+from disagg_helpers import SECRET, handle
 
+from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.context_only import context_result, release_pulled
 from tensorrt_llm._torch.disaggregation.params import RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
@@ -25,9 +26,11 @@ def test_a_prefilled_request_answers_with_the_handle_to_its_kv():
         exported.append((request_id, hold_s))
         return handle(request_id=request_id)
 
-    reply = context_result(ran(FinishReason.CONTEXT_DONE, [11]), SimpleNamespace(export=export), 30)
+    transceiver = SimpleNamespace(export=export, secret=SECRET)
+    reply = context_result(ran(FinishReason.CONTEXT_DONE, [11]), transceiver, 30)
     assert exported == [(7, 30)]
-    assert reply.to_json() == {
+    trust.verify(reply, SECRET)  # signed with the deployment's secret
+    assert reply.model_copy(update={"signature": None}).to_json() == {
         "request_type": "context_only",
         "first_token": 11,
         "draft_tokens": [12, 13],

@@ -6,7 +6,7 @@ import inspect
 from types import SimpleNamespace
 
 import pytest
-from disagg_helpers import context_reply, handle
+from disagg_helpers import SECRET, context_reply, handle
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.disaggregation.generation_only import (
@@ -29,6 +29,8 @@ PROMPT = list(range(300))  # 2 full blocks of 128 tokens and a partial one
 
 
 class RecordingTransceiver:
+    secret = SECRET
+
     def __init__(self, refuse: bool = False) -> None:
         self.refuse, self.pulls = refuse, []
 
