@@ -53,6 +53,7 @@ def resume_from_context(
     ``trust.UntrustedParamsError`` unless a context server of this deployment signed ``params``."""
     handle = check_resumable(params)
     trust.verify(params, transceiver.secret)
+    _check_tokens(params, executor)
     if request.prompt_token_ids != params.prompt_token_ids:
         raise ValueError(
             f"request {request.request_id}: its prompt is not disaggregated_params.prompt_token_ids"
@@ -60,6 +61,25 @@ def resume_from_context(
     request.output_token_ids = [params.first_token]
     request.py_draft_tokens = list(params.draft_tokens)
     return PromptKvPull(executor, transceiver, handle)
+
+
+def _check_tokens(params: DisaggregatedParams, executor: PyExecutor) -> None:
+    """The first token and drafts must be ids of this model and at most ``max_draft_len`` drafts:
+    a bad one fails this request here, before it can join (and fail) a batch."""
+    vocab = executor.model_engine.model.config.vocab_size
+    bad = [t for t in (params.first_token, *params.draft_tokens) if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(
+            f"disaggregated_params: first_token and draft_tokens must be in [0, {vocab}); "
+            f"got {bad[:5]}"
+        )
+    worker = executor.spec_worker
+    max_drafts = worker.max_draft_len if worker is not None else 0
+    if len(params.draft_tokens) > max_drafts:
+        raise ValueError(
+            f"disaggregated_params.draft_tokens has {len(params.draft_tokens)} tokens; this server "
+            f"verifies at most max_draft_len={max_drafts}"
+        )
 
 
 @dataclass(frozen=True)

@@ -224,20 +224,24 @@ class PyExecutor:
             tokens = step.new_tokens[i]
             if not tokens:
                 continue
-            if req.state is LlmRequestState.GENERATION_IN_PROGRESS:
-                req.num_decode_iterations += 1
-                req.num_accepted_draft_tokens += step.num_accepted[i] or 0
-                self.stats.num_decode_iterations += 1
-                self.stats.num_accepted_draft_tokens += step.num_accepted[i] or 0
+            decoding = req.state is LlmRequestState.GENERATION_IN_PROGRESS
             req.state = LlmRequestState.GENERATION_IN_PROGRESS
+            emitted = 0
             for j, token in enumerate(tokens):
                 if req.sampling_params.return_generation_logits:
                     req.py_generation_logits.append(rows[j].cpu())
                 req.output_token_ids.append(token)
+                emitted += 1
                 self.stats.num_generated_tokens += 1
                 self._check_stop(req, token)
                 if req.is_finished:
                     break
+            if decoding:  # AL counts the accepted drafts that were emitted, not those cut off
+                accepted = min(step.num_accepted[i] or 0, emitted - 1)
+                req.num_decode_iterations += 1
+                req.num_accepted_draft_tokens += accepted
+                self.stats.num_decode_iterations += 1
+                self.stats.num_accepted_draft_tokens += accepted
             req.py_draft_tokens = [] if req.is_finished else step.next_drafts[i]
             if req.context_only and not req.is_finished:
                 req.finish(FinishReason.CONTEXT_DONE)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from disagg_helpers import SECRET, context_reply, handle
 
-from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
+from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S, trust
 from tensorrt_llm._torch.disaggregation.generation_only import (
     PromptKvPull,
     check_resumable,
@@ -56,6 +56,8 @@ def executor():
         kv_cache_manager=manager,
         resource_manager=SimpleNamespace(resource_managers={"kv": manager}),
         transfer_timeout_s=5.0,
+        model_engine=SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=100))),
+        spec_worker=SimpleNamespace(max_draft_len=3),
     )
 
 
@@ -64,6 +66,27 @@ def test_resuming_takes_the_context_servers_first_token_and_drafts():
     load_kv = resume_from_context(request, context_reply(), executor(), RecordingTransceiver())
     assert request.output_token_ids == [11] and request.py_draft_tokens == [12, 13, 14]
     assert isinstance(load_kv, PromptKvPull) and load_kv.handle == handle()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"first_token": 100}, r"must be in \[0, 100\); got \[100\]"),
+        ({"draft_tokens": [12, -1, 14]}, r"got \[-1\]"),
+        (
+            {"draft_tokens": [1, 2, 3, 4]},
+            "has 4 tokens; this server verifies at most max_draft_len=3",
+        ),
+    ],
+    ids=["first_token", "draft", "too_many_drafts"],
+)
+def test_bad_tokens_fail_the_request_before_it_joins_a_batch(change, message):
+    # issue 11, item 8: an out-of-vocabulary token used to fail the whole batch in the forward
+    request = LlmRequest(request_id=3, prompt_token_ids=[1, 2, 3], max_new_tokens=8)
+    bad = trust.sign(context_reply().model_copy(update=change), SECRET)  # even a signed one
+    with pytest.raises(ValueError, match=message):
+        resume_from_context(request, bad, executor(), RecordingTransceiver())
+    assert request.output_token_ids == []
 
 
 def test_only_a_context_servers_handle_can_be_resumed():
