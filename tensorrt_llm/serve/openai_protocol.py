@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 
@@ -17,18 +17,19 @@ class OpenAIBaseModel(BaseModel):
 
 class _SamplingFields(OpenAIBaseModel):
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    # Strict: `true` is not a max_tokens and "yes" is not a stream flag.
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    seed: int | None = None
+    top_k: StrictInt | None = Field(default=None, ge=0)
+    seed: StrictInt | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: dict | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: StrictInt = Field(default=1, ge=1, le=1)
     user: str | None = None
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     # Disaggregated serving: {"request_type": "context_only"} asks a context server to prefill and
     # keep the KV; a generation server gets the context server's result as "generation_only".
     disaggregated_params: DisaggregatedParams | None = None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
@@ -93,6 +94,12 @@ class OpenAIServer:
         @app.exception_handler(ServerError)
         async def _server_error(_: Request, exc: ServerError):
             return error_response(exc.status, exc.message, exc.kind, exc.param)
+
+        @app.exception_handler(StarletteHTTPException)
+        async def _http_error(request: Request, exc: StarletteHTTPException):
+            kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+            message = f"{request.method} {request.url.path}: {exc.detail}"
+            return error_response(exc.status_code, message, kind)
 
         @app.get("/health")
         async def health():
@@ -238,10 +245,11 @@ class OpenAIServer:
             last = snap
         if last.finish_reason is FinishReason.ERROR:
             self.counters["errors"] += 1
+            refused = isinstance(last.stop_reason, str)  # admission refused it (a ValueError)
             raise ServerError(
-                400 if isinstance(last.stop_reason, str) else 500,
+                400 if refused else 500,
                 str(last.stop_reason or "generation failed"),
-                "server_error",
+                "invalid_request_error" if refused else "server_error",
             )
         text = self._text(last)
         self.counters["generation_tokens"] += len(last.token_ids)
