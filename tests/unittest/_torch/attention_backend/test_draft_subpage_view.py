@@ -82,7 +82,9 @@ def test_the_view_declares_the_paged_kv_contract_and_nothing_of_the_manager():
     assert not hasattr(type(view), "__getattr__")
 
 
-def test_expansion_of_chosen_slots_and_clamped_padding():
+def test_expansion_of_chosen_slots_and_slot_zero_padding():
+    # entries past a row's slots expand to slot 0's sub-pages; that no kernel reads them is
+    # test_reads_stay_in_rows.py's (slot 0 poisoned)
     mgr = m3_manager()
     mgr.impl._pool._free.rotate(-5)  # the next allocation starts at slot 5
     mgr.add_sequence(7, list(range(300)))
