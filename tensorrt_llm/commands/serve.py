@@ -76,6 +76,9 @@ def serve_disaggregated(argv: list[str]) -> int:
     return 0
 
 
+SHUTDOWN_GRACE_S = 10
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["disaggregated"]:
@@ -98,7 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     try:
-        uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(  # on SIGTERM, in-flight requests get SHUTDOWN_GRACE_S to finish
+            server.app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        )
     finally:
         server.shutdown()
     return 0

@@ -13,9 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
@@ -24,6 +22,7 @@ from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm.llmapi.engine_loop import EngineLoop
 from tensorrt_llm.llmapi.llm import LLM
 from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm.serve.errors import ServerError, error_response, install_error_handling
 from tensorrt_llm.serve.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -33,22 +32,7 @@ from tensorrt_llm.serve.openai_protocol import (
     now,
 )
 
-
-class ServerError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        kind: str = "invalid_request_error",
-        param: str | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
-
-
-def error_response(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
-    body = ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=status))
-    return JSONResponse(body.model_dump(), status_code=status)
+DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
 
 @dataclass
@@ -71,6 +55,7 @@ class OpenAIServer:
         )
         self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "errors": 0}
         self.app = FastAPI(title="trtllm-serve")
+        install_error_handling(self.app)
         self._routes()
 
     def shutdown(self) -> None:
@@ -79,27 +64,6 @@ class OpenAIServer:
     # ---- routes -------------------------------------------------------------------------------
     def _routes(self) -> None:
         app = self.app
-
-        @app.exception_handler(RequestValidationError)
-        async def _invalid(_: Request, exc: RequestValidationError):
-            first = exc.errors()[0] if exc.errors() else {}
-            param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-            return error_response(
-                400,
-                f"{param}: {first.get('msg', 'invalid request')}",
-                "invalid_request_error",
-                param,
-            )
-
-        @app.exception_handler(ServerError)
-        async def _server_error(_: Request, exc: ServerError):
-            return error_response(exc.status, exc.message, exc.kind, exc.param)
-
-        @app.exception_handler(StarletteHTTPException)
-        async def _http_error(request: Request, exc: StarletteHTTPException):
-            kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-            message = f"{request.method} {request.url.path}: {exc.detail}"
-            return error_response(exc.status_code, message, kind)
 
         @app.get("/health")
         async def health():
@@ -151,13 +115,21 @@ class OpenAIServer:
         @app.post("/v1/completions")
         async def completions(body: CompletionRequest, request: Request):
             prompt = body.prompt
-            token_ids = prompt if isinstance(prompt, list) else self.llm.tokenizer.encode(prompt)
+            token_ids = (  # tokenized off the event loop: a long prompt stalls no other request
+                prompt
+                if isinstance(prompt, list)
+                else await asyncio.to_thread(self.llm.tokenizer.encode, prompt)
+            )
             return await self._serve(body, token_ids, request, chat=False)
 
         @app.post("/v1/chat/completions")
         async def chat(body: ChatCompletionRequest, request: Request):
-            text = self.llm.tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
-            return await self._serve(body, self.llm.tokenizer.encode(text), request, chat=True)
+            messages = [m.model_dump() for m in body.messages]
+            tokenizer = self.llm.tokenizer
+            token_ids = await asyncio.to_thread(
+                lambda: tokenizer.encode(tokenizer.apply_chat_template(messages))
+            )
+            return await self._serve(body, token_ids, request, chat=True)
 
     # ---- generation ---------------------------------------------------------------------------
     def _params(self, body) -> SamplingParams:
@@ -240,9 +212,9 @@ class OpenAIServer:
                 self._sse(rid, updates, params, chat, len(token_ids), body),
                 media_type="text/event-stream",
             )
-        last = None
-        async for snap in updates:
-            last = snap
+        last = await self._until_finished(updates, request, llm_request.request_id)
+        if last is None:  # the client went away: its request was cancelled, nobody to answer
+            return JSONResponse({}, status_code=499)
         if last.finish_reason is FinishReason.ERROR:
             self.counters["errors"] += 1
             refused = isinstance(last.stop_reason, str)  # admission refused it (a ValueError)
@@ -313,6 +285,27 @@ class OpenAIServer:
         finally:
             if not finished:
                 self.engine.cancel(llm_request.request_id)
+
+    async def _until_finished(
+        self, updates: AsyncIterator[Snapshot], request: Request, request_id: int
+    ) -> Snapshot | None:
+        """The last snapshot of a non-streamed request, or None if its client disconnected first
+        (then the request is cancelled and its KV freed at once, not when it would have ended)."""
+
+        async def last() -> Snapshot:
+            final = None
+            async for snap in updates:
+                final = snap
+            return final
+
+        task = asyncio.ensure_future(last())
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                self.engine.cancel(request_id)
+                return None
+        return task.result()
 
     def _text(self, snap: Snapshot) -> str:
         tokens = snap.token_ids

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
 from tensorrt_llm._torch.disaggregation.trust import DISAGG_AUTH_HEADER, deployment_secret
-from tensorrt_llm.serve.openai_server import error_response
+from tensorrt_llm.serve.errors import error_response
 
 
 def load_disagg_config(path: Path) -> dict:

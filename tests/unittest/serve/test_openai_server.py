@@ -107,6 +107,18 @@ def test_a_disconnected_stream_frees_its_slots_and_metrics_report(server):
     assert "trtllm_acceptance_length" in text and 'trtllm_kv_cache_slots{state="used"} 0' in text
 
 
+def test_a_disconnected_non_streamed_request_is_cancelled(server):
+    # issue 11, item 10: an abandoned non-streamed request used to run to its end, holding slots
+    srv, url = server
+    body = {"prompt": "<|user|>" + "Count on. " * 3, "max_tokens": 900, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "/v1/completions", json=body, timeout=httpx.Timeout(5.0, read=1.0))
+    deadline = time.time() + 5  # the 900 tokens alone take far longer on the CPU
+    while time.time() < deadline and srv.llm.kv_cache_manager.get_kv_cache_stats().num_used_slots:
+        time.sleep(0.1)
+    assert srv.llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
+
+
 @pytest.mark.parametrize(
     "params, param, message",
     [

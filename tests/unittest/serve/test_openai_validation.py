@@ -64,3 +64,12 @@ def test_a_body_that_is_not_a_request_object_is_a_400(client, body):
 def test_an_unknown_kv_cache_dtype_is_refused_at_configuration():
     with pytest.raises(ValueError, match="dtype"):
         KvCacheConfig(dtype="fp8")
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_read(client):
+    # issue 11, item 11: a 10 MB body used to be read and tokenized on the event loop
+    body = '{"prompt": "' + "a" * (10 * 2**20) + '"}'
+    reply = client.post(
+        "/v1/completions", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert reply.status_code == 413 and "limit" in reply.json()["error"]["message"]

@@ -1,0 +1,74 @@
+"""Every error a server answers is an OpenAI error object with the matching status."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tensorrt_llm.serve.openai_protocol import ErrorInfo, ErrorResponse
+
+MAX_BODY_BYTES = 8 * 2**20  # a larger request body is refused (413) before it is read
+
+
+class ServerError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+def error_response(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+    body = ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=status))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+class _BodySizeLimit:
+    """Refuses a request whose declared body is over ``MAX_BODY_BYTES`` before reading it (a plain
+    ASGI middleware: it leaves ``receive`` alone, so handlers still see a client disconnect)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
+            if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+                reply = error_response(
+                    413,
+                    f"the request body is {length} bytes; the limit is {MAX_BODY_BYTES}",
+                    "invalid_request_error",
+                )
+                await reply(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def install_error_handling(app: FastAPI) -> None:
+    """The body-size limit, and OpenAI error objects for validation errors, ``ServerError`` and
+    unknown paths or methods."""
+    app.add_middleware(_BodySizeLimit)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return error_response(
+            400, f"{param}: {first.get('msg', 'invalid request')}", "invalid_request_error", param
+        )
+
+    @app.exception_handler(ServerError)
+    async def _server_error(_: Request, exc: ServerError):
+        return error_response(exc.status, exc.message, exc.kind, exc.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return error_response(exc.status_code, message, kind)
