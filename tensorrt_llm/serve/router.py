@@ -11,16 +11,18 @@ ended on the context server (``finished``) is answered from there.
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import httpx
 import yaml
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
 from tensorrt_llm._torch.disaggregation.trust import DISAGG_AUTH_HEADER, deployment_secret
-from tensorrt_llm.serve.errors import error_response
+from tensorrt_llm.serve.errors import error_response, install_error_handling
+from tensorrt_llm.serve.openai_protocol import ErrorInfo, ErrorResponse
 
 
 def load_disagg_config(path: Path) -> dict:
@@ -42,6 +44,9 @@ def _base(url: str) -> str:
     return url if url.startswith("http") else f"http://{url}"
 
 
+_HEALTH_TIMEOUT_S = 2.0
+
+
 class DisaggRouter:
     def __init__(
         self, context_urls: list[str], generation_urls: list[str], timeout_s: float = 600.0
@@ -53,7 +58,9 @@ class DisaggRouter:
         # the servers take disaggregated_params only with the deployment's secret (trust.py)
         auth = {DISAGG_AUTH_HEADER: deployment_secret().decode()}
         self.client = httpx.AsyncClient(timeout=timeout_s, headers=auth)
+        self.counters = {"requests": 0, "errors": 0, "backend_failures": 0, "cut_streams": 0}
         self.app = FastAPI(title="trtllm-serve disaggregated")
+        install_error_handling(self.app)
         self._routes()
 
     def _routes(self) -> None:
@@ -61,16 +68,34 @@ class DisaggRouter:
 
         @app.get("/health")
         async def health():
-            return {
-                "status": "ok",
+            """Ok only while every context and generation server answers its own ``/health``."""
+            down = [
+                url for url in self.context_urls + self.generation_urls if not await self._up(url)
+            ]
+            body = {
+                "status": "ok" if not down else "degraded",
                 "context_servers": self.context_urls,
                 "generation_servers": self.generation_urls,
+                "unreachable": down,
             }
+            return JSONResponse(body, status_code=200 if not down else 503)
+
+        @app.get("/metrics")
+        async def metrics():
+            lines = []
+            for name, value in self.counters.items():
+                lines += [f"# TYPE trtllm_router_{name} counter", f"trtllm_router_{name} {value}"]
+            return PlainTextResponse(
+                "\n".join(lines) + "\n", media_type="text/plain; version=0.0.4"
+            )
 
         @app.get("/v1/models")
         async def models():
-            reply = await self.client.get(self.generation_urls[0] + "/v1/models")
-            return JSONResponse(reply.json(), status_code=reply.status_code)
+            try:
+                reply = await self.client.get(self.generation_urls[0] + "/v1/models")
+                return JSONResponse(reply.json(), status_code=reply.status_code)
+            except (httpx.HTTPError, ValueError) as exc:
+                return self._failure(f"generation server unreachable: {exc}")
 
         @app.post("/v1/completions")
         async def completions(request: Request):
@@ -80,11 +105,28 @@ class DisaggRouter:
         async def chat(request: Request):
             return await self._route("/v1/chat/completions", request)
 
+    async def _up(self, url: str) -> bool:
+        try:
+            reply = await self.client.get(url + "/health", timeout=_HEALTH_TIMEOUT_S)
+            return reply.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _failure(self, message: str) -> JSONResponse:
+        self.counters["backend_failures"] += 1
+        return error_response(502, message, "server_error")
+
     async def _route(self, path: str, request: Request):
+        self.counters["requests"] += 1
         try:
             body = await request.json()
-        except ValueError:
-            return error_response(400, "the request body is not JSON", "invalid_request_error")
+        except (ValueError, RecursionError):
+            body = None
+        if not isinstance(body, dict):
+            self.counters["errors"] += 1
+            return error_response(
+                400, "the request body must be a JSON object", "invalid_request_error"
+            )
         handed_over = await self._context_phase(path, body)
         if not isinstance(handed_over, DisaggregatedParams):
             return handed_over  # the context server's answer (it finished there, or an error)
@@ -93,16 +135,28 @@ class DisaggRouter:
         if not body.get("stream"):
             try:
                 reply = await self.client.post(gen_url, json=gen_body)
-            except httpx.HTTPError as exc:
-                return error_response(502, f"generation server unreachable: {exc}", "server_error")
-            return JSONResponse(reply.json(), status_code=reply.status_code)
+                return JSONResponse(reply.json(), status_code=reply.status_code)
+            except (httpx.HTTPError, ValueError) as exc:
+                return self._failure(f"generation server {gen_url}: {exc}")
+        return StreamingResponse(self._relay(gen_url, gen_body), media_type="text/event-stream")
 
-        async def relay():
-            async with self.client.stream("POST", gen_url, json=gen_body) as reply:
+    async def _relay(self, url: str, body: dict):
+        """The generation server's events as they come; if it fails or goes away mid-stream, an
+        OpenAI error event and ``[DONE]``, so the client sees an end and a reason."""
+        try:
+            async with self.client.stream("POST", url, json=body) as reply:
                 async for chunk in reply.aiter_raw():
                     yield chunk
-
-        return StreamingResponse(relay(), media_type="text/event-stream")
+        except httpx.HTTPError as exc:
+            self.counters["cut_streams"] += 1
+            error = ErrorResponse(
+                error=ErrorInfo(
+                    message=f"generation server {url} failed mid-stream: {exc}",
+                    type="server_error",
+                    code=502,
+                )
+            )
+            yield f"\n\ndata: {json.dumps(error.model_dump())}\n\ndata: [DONE]\n\n".encode()
 
     async def _context_phase(self, path: str, body: dict) -> DisaggregatedParams | JSONResponse:
         """Prefill on a context server; returns the ``generation_only`` params to send on, or
@@ -111,11 +165,13 @@ class DisaggRouter:
         ctx_body = {**body, "stream": False, "disaggregated_params": ask.to_json()}
         try:
             ctx_reply = await self.client.post(next(self._ctx) + path, json=ctx_body)
-        except httpx.HTTPError as exc:
-            return error_response(502, f"context server unreachable: {exc}", "server_error")
+            result = ctx_reply.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            return self._failure(f"context server: {exc}")
+        if not isinstance(result, dict):
+            return self._failure("context server: its reply is not a JSON object")
         if ctx_reply.status_code != 200:
-            return JSONResponse(ctx_reply.json(), status_code=ctx_reply.status_code)
-        result = ctx_reply.json()
+            return JSONResponse(result, status_code=ctx_reply.status_code)
         raw = result.pop("disaggregated_params", None)
         try:
             params = None if raw is None else DisaggregatedParams.model_validate(raw)

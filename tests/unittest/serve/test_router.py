@@ -1,0 +1,132 @@
+"""The disaggregated router's failures (issue 11, item 9): OpenAI errors for every failure, an
+error event and ``[DONE]`` when a generation server dies mid-stream, a ``/health`` that reflects
+its backends, and its own ``/metrics``. The backends here are small stand-in servers."""
+
+import base64
+import json
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+from fastapi.testclient import TestClient
+
+from tensorrt_llm._torch.disaggregation.params import (
+    DisaggregatedParams,
+    LayoutFingerprint,
+    RequestType,
+    TransferHandle,
+)
+from tensorrt_llm.serve.router import DisaggRouter
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def context_reply() -> dict:
+    fingerprint = LayoutFingerprint.build(
+        tokens_per_block=128, layers=[0], draft_layers=[], pools=[]
+    )
+    handle = TransferHandle(
+        request_id=1,
+        transfer_id="t" * 32,
+        expires_at=time.time() + 60,
+        agent_name="ctx",
+        agent_metadata=base64.b64encode(b"agent").decode(),
+        fingerprint=fingerprint,
+        slots=[3],
+        pool_addresses=[4096],
+    )
+    params = DisaggregatedParams(
+        request_type=RequestType.CONTEXT_ONLY,
+        first_token=5,
+        prompt_token_ids=[1, 2],
+        transfer_handle=handle,
+    )
+    return {"choices": [], "disaggregated_params": params.to_json()}
+
+
+def stand_ins() -> tuple[FastAPI, FastAPI]:
+    ctx, gen = FastAPI(), FastAPI()
+
+    @ctx.post("/v1/completions")
+    async def prefill():
+        return context_reply()
+
+    @gen.post("/v1/completions")
+    async def decode():
+        async def events():
+            yield b'data: {"choices": [{"text": "a"}]}\n\n'
+            raise RuntimeError("the generation server dies")
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @gen.get("/health")
+    @ctx.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    return ctx, gen
+
+
+@pytest.fixture(scope="module")
+def live_backends():
+    servers, urls = [], []
+    for app in stand_ins():
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+        threading.Thread(target=server.run, daemon=True).start()
+        servers.append(server)
+        urls.append(f"127.0.0.1:{port}")
+    deadline = time.time() + 10
+    while not all(s.started for s in servers) and time.time() < deadline:
+        time.sleep(0.05)
+    yield urls
+    for server in servers:
+        server.should_exit = True
+
+
+@pytest.fixture
+def dead_router():
+    dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]  # nothing listens there
+    with TestClient(DisaggRouter(dead[:1], dead[1:]).app) as client:
+        yield client
+
+
+def test_with_dead_backends_every_answer_is_an_openai_error(dead_router):
+    health = dead_router.get("/health")
+    assert health.status_code == 503 and len(health.json()["unreachable"]) == 2
+    for reply in (
+        dead_router.get("/v1/models"),
+        dead_router.post("/v1/completions", json={"prompt": "hi"}),
+    ):
+        assert reply.status_code == 502 and reply.json()["error"]["type"] == "server_error"
+    assert "trtllm_router_backend_failures 2" in dead_router.get("/metrics").text
+
+
+@pytest.mark.parametrize("body", ["[]", "null", "[" * 100_000 + "]" * 100_000, "{oops"])
+def test_a_body_that_is_not_an_object_is_a_400(dead_router, body):
+    reply = dead_router.post(
+        "/v1/completions", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_generation_server_dying_mid_stream_ends_the_stream_with_an_error(live_backends):
+    router = DisaggRouter(live_backends[:1], live_backends[1:])
+    with TestClient(router.app) as client:
+        assert client.get("/health").status_code == 200
+        with client.stream("POST", "/v1/completions", json={"prompt": "hi", "stream": True}) as r:
+            assert r.status_code == 200
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[0] == 'data: {"choices": [{"text": "a"}]}'
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["type"] == "server_error" and "mid-stream" in error["message"]
+    assert router.counters["cut_streams"] == 1
