@@ -62,6 +62,8 @@ class PyExecutor:
         self.detokenize = detokenize
         self.active: list[LlmRequest] = []
         self.held_for_transfer: dict[int, tuple[LlmRequest, float]] = {}
+        # generation-only requests waiting for the KV they need (enqueue_generation_only)
+        self.waiting_generation_only: list[tuple[LlmRequest, Callable[[LlmRequest], int]]] = []
         self.transfer_timeout_s = DEFAULT_TRANSFER_TIMEOUT_S  # how long held KV waits for a pull
         self._admitted: set[int] = set()
         self.stats = ExecutorStats()
@@ -72,7 +74,7 @@ class PyExecutor:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.active)
+        return bool(self.active or self.waiting_generation_only)
 
     def enqueue_request(self, request: LlmRequest) -> None:
         if request.prompt_len == 0:
@@ -92,7 +94,12 @@ class PyExecutor:
         self.active.append(request)
 
     def cancel_request(self, request_id: int) -> bool:
-        """Finish a request now and free its KV. Returns False if it is not active."""
+        """Finish a request now and free its KV. Returns False if it is not active or waiting."""
+        for i, (req, _) in enumerate(self.waiting_generation_only):
+            if req.request_id == request_id:
+                del self.waiting_generation_only[i]
+                req.finish(FinishReason.CANCELLED)
+                return True
         for req in self.active:
             if req.request_id == request_id:
                 req.finish(FinishReason.CANCELLED)
@@ -124,26 +131,50 @@ class PyExecutor:
     ) -> None:
         """Start a request at its first generation step: its prompt's KV comes from ``load_kv``
         (which allocates and fills the slots, and returns the prompt tokens it did not compute), its
-        first token and drafts from the context server. No prefill runs here."""
-        self.enqueue_request(request)
+        first token and drafts from the context server. No prefill runs here.
+
+        Admission is the scheduler's rule for a new prompt: the request waits, in arrival order,
+        until the KV it needs to completion fits beside what the admitted requests are owed; only
+        then does ``load_kv`` run. A request that fails to load ends with ``FinishReason.ERROR``
+        (raised here when it fails at once)."""
+        self.enqueue_request(request)  # the checks; it joins ``active`` once admitted
         self.active.remove(request)
-        try:
-            self.stats.num_transferred_tokens += load_kv(request)
-        except Exception:
-            self.resource_manager.free_resources(request)
-            raise
-        request.context_current_position = request.prompt_len
-        request.state = LlmRequestState.GENERATION_IN_PROGRESS
-        self._admitted.add(request.request_id)
-        self.active.append(request)
-        self._check_stop(
-            request, request.output_token_ids[-1]
-        )  # the context server's token may end it
-        if request.is_finished:
-            self._release(request)
+        self.waiting_generation_only.append((request, load_kv))
+        self._admit_generation_only()
+        if request.finish_reason is FinishReason.ERROR:
+            raise ValueError(str(request.stop_reason))
+
+    def _admit_generation_only(self) -> None:
+        kv = self.kv_cache_manager
+        while self.waiting_generation_only:
+            request, load_kv = self.waiting_generation_only[0]
+            owed = sum(
+                kv.get_needed_resource_to_completion(r)
+                for r in self.active
+                if r.request_id in self._admitted
+            )
+            if owed + kv.get_needed_resource_to_completion(request) > kv.get_num_free_blocks():
+                return  # it waits for slots (no overtaking)
+            self.waiting_generation_only.pop(0)
+            try:
+                self.stats.num_transferred_tokens += load_kv(request)
+            except Exception as exc:  # this request ends; the others go on
+                self.resource_manager.free_resources(request)
+                request.finish(FinishReason.ERROR, str(exc))
+                continue
+            request.context_current_position = request.prompt_len
+            request.state = LlmRequestState.GENERATION_IN_PROGRESS
+            self._admitted.add(request.request_id)
+            self.active.append(request)
+            self._check_stop(
+                request, request.output_token_ids[-1]
+            )  # the context's token may end it
+            if request.is_finished:
+                self._release(request)
 
     def step(self) -> list[LlmRequest]:
         """Run one iteration; returns the requests that finished in it (already freed)."""
+        self._admit_generation_only()
         batch = self.scheduler.schedule(self.active, self._admitted)
         if batch.batch_size == 0:
             return []

@@ -61,3 +61,25 @@ def test_generation_server_decodes_what_the_aggregated_llm_decodes(prompts, mode
         assert (
             al(outputs) < al(aggregated) - 0.1
         )  # the drafter's prompt KV stayed on the context side
+
+
+def test_generation_only_requests_wait_for_slots_instead_of_failing(prompts):
+    # issue 11, item 7: a generation server with room for two requests at a time used to fail
+    # the third with "no KV slots"; now each waits until the KV it needs to completion fits
+    ctx = make("unified", True)
+    gen = LLM(
+        device="cpu",
+        max_batch_size=16,
+        kv_cache_config=KvCacheConfig(max_tokens=128 * 5),
+        speculative_config=Eagle3DecodingConfig(
+            max_draft_len=3, speculative_model=str(BUNDLED_DRAFT)
+        ),
+        cache_transceiver_config=CacheTransceiverConfig(),
+    )
+    short = SamplingParams(max_tokens=24)
+    wanted = [o.outputs[0].token_ids for o in make("unified", False).generate(prompts[:6], short)]
+    params = ctx.generate_context_only(prompts[:6], short)
+    outputs = gen.generate_from_context([p.to_json() for p in params], short)
+    assert [o.outputs[0].token_ids for o in outputs] == wanted
+    assert all(o.outputs[0].finish_reason == "length" for o in outputs)
+    assert gen.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
