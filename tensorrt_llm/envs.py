@@ -64,8 +64,17 @@ TRTLLM_DISAGG_SECRET: EnvVar[str] = EnvVar(
     "disaggregated_params only from a caller that presents it (the router).",
 )
 
+TRTLLM_API_KEY: EnvVar[str] = EnvVar(
+    "TRTLLM_API_KEY",
+    "",
+    str,
+    "trtllm-serve's API key when --api-key is not given: every path but /health then needs "
+    "'Authorization: Bearer <key>' (the router forwards the client's header to its servers).",
+)
+
 ALL: tuple[EnvVar, ...] = (
     TRTLLM_LOG_LEVEL,
     TRTLLM_M3_DRAFT_KV_TOKENS_PER_BLOCK,
     TRTLLM_DISAGG_SECRET,
+    TRTLLM_API_KEY,
 )

@@ -54,6 +54,11 @@ class TransformersTokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
 
+    @property
+    def special_tokens(self) -> list[str]:
+        """The text of every special (control) token, e.g. ``<|end|>``."""
+        return [t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special]
+
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 

@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tensorrt_llm import envs
 from tensorrt_llm.bundled import BUNDLED_DRAFT, bundled_target
 from tensorrt_llm.llmapi.llm_args import load_yaml_options
 
@@ -21,6 +22,7 @@ def build_server(
     config: Path | None,
     device: str = "auto",
     served_model_name: str | None = None,
+    api_key: str | None = None,
 ):
     from tensorrt_llm.llmapi import LLM
     from tensorrt_llm.serve.openai_server import OpenAIServer
@@ -40,7 +42,7 @@ def build_server(
         )
     options.setdefault("device", device)
     llm = LLM(model, **options)
-    return OpenAIServer(llm, served_model_name or Path(model).name)
+    return OpenAIServer(llm, served_model_name or Path(model).name, api_key)
 
 
 def serve_disaggregated(argv: list[str]) -> int:
@@ -92,9 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--served-model-name", default=None)
+    parser.add_argument(
+        "--api-key",
+        default=envs.TRTLLM_API_KEY.get() or None,
+        help="require 'Authorization: Bearer <key>' on every path but /health "
+        "(default: TRTLLM_API_KEY)",
+    )
     args = parser.parse_args(argv)
     try:
-        server = build_server(args.model, args.config, args.device, args.served_model_name)
+        server = build_server(
+            args.model, args.config, args.device, args.served_model_name, args.api_key
+        )
     except ValueError as exc:
         print(f"trtllm-serve: {exc}", file=sys.stderr)
         return 2

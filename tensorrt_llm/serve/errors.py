@@ -1,6 +1,9 @@
-"""Every error a server answers is an OpenAI error object with the matching status."""
+"""Every error a server answers is an OpenAI error object with the matching status; the guards
+that answer before a handler runs (body size, API key)."""
 
 from __future__ import annotations
+
+import hmac
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -50,10 +53,32 @@ class _BodySizeLimit:
         await self.app(scope, receive, send)
 
 
-def install_error_handling(app: FastAPI) -> None:
-    """The body-size limit, and OpenAI error objects for validation errors, ``ServerError`` and
-    unknown paths or methods."""
+class _ApiKey:
+    """With an API key set, every path but ``/health`` needs ``Authorization: Bearer <key>``."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                reply = error_response(
+                    401,
+                    "missing or wrong API key (Authorization: Bearer <key>)",
+                    "authentication_error",
+                )
+                await reply(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def install_error_handling(app: FastAPI, api_key: str | None = None) -> None:
+    """The body-size limit, the API key when one is set, and OpenAI error objects for validation
+    errors, ``ServerError`` and unknown paths or methods."""
     app.add_middleware(_BodySizeLimit)
+    if api_key:
+        app.add_middleware(_ApiKey, api_key=api_key)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError):

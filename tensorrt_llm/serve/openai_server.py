@@ -47,7 +47,8 @@ class Snapshot:
 
 
 class OpenAIServer:
-    def __init__(self, llm: LLM, model_name: str) -> None:
+    def __init__(self, llm: LLM, model_name: str, api_key: str | None = None) -> None:
+        """``api_key``: when set, every path but ``/health`` needs ``Authorization: Bearer``."""
         self.llm = llm
         self.model_name = model_name
         self.engine = EngineLoop(
@@ -55,7 +56,7 @@ class OpenAIServer:
         )
         self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "errors": 0}
         self.app = FastAPI(title="trtllm-serve")
-        install_error_handling(self.app)
+        install_error_handling(self.app, api_key)
         self._routes()
 
     def shutdown(self) -> None:
@@ -125,6 +126,7 @@ class OpenAIServer:
         @app.post("/v1/chat/completions")
         async def chat(body: ChatCompletionRequest, request: Request):
             messages = [m.model_dump() for m in body.messages]
+            self._refuse_control_tokens(messages)
             tokenizer = self.llm.tokenizer
             token_ids = await asyncio.to_thread(
                 lambda: tokenizer.encode(tokenizer.apply_chat_template(messages))
@@ -285,6 +287,20 @@ class OpenAIServer:
         finally:
             if not finished:
                 self.engine.cancel(llm_request.request_id)
+
+    def _refuse_control_tokens(self, messages: list[dict[str, str]]) -> None:
+        """Message content is text: a special token in it (``<|end|><|assistant|>``) would be read
+        as the chat template's control token, so it is refused."""
+        specials = self.llm.tokenizer.special_tokens
+        for i, message in enumerate(messages):
+            found = [t for t in specials if t in message["content"]]
+            if found:
+                raise ServerError(
+                    400,
+                    f"messages.{i}.content contains the special token(s) {found}; message content "
+                    "may not contain the chat template's control tokens",
+                    param=f"messages.{i}.content",
+                )
 
     async def _until_finished(
         self, updates: AsyncIterator[Snapshot], request: Request, request_id: int

@@ -19,6 +19,7 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from tensorrt_llm import envs
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
 from tensorrt_llm._torch.disaggregation.trust import DISAGG_AUTH_HEADER, deployment_secret
 from tensorrt_llm.serve.errors import error_response, install_error_handling
@@ -60,7 +61,7 @@ class DisaggRouter:
         self.client = httpx.AsyncClient(timeout=timeout_s, headers=auth)
         self.counters = {"requests": 0, "errors": 0, "backend_failures": 0, "cut_streams": 0}
         self.app = FastAPI(title="trtllm-serve disaggregated")
-        install_error_handling(self.app)
+        install_error_handling(self.app, envs.TRTLLM_API_KEY.get() or None)
         self._routes()
 
     def _routes(self) -> None:
@@ -127,24 +128,27 @@ class DisaggRouter:
             return error_response(
                 400, "the request body must be a JSON object", "invalid_request_error"
             )
-        handed_over = await self._context_phase(path, body)
+        forward = {k: v for k, v in request.headers.items() if k == "authorization"}
+        handed_over = await self._context_phase(path, body, forward)
         if not isinstance(handed_over, DisaggregatedParams):
             return handed_over  # the context server's answer (it finished there, or an error)
         gen_body = {**body, "disaggregated_params": handed_over.to_json()}
         gen_url = next(self._gen) + path
         if not body.get("stream"):
             try:
-                reply = await self.client.post(gen_url, json=gen_body)
+                reply = await self.client.post(gen_url, json=gen_body, headers=forward)
                 return JSONResponse(reply.json(), status_code=reply.status_code)
             except (httpx.HTTPError, ValueError) as exc:
                 return self._failure(f"generation server {gen_url}: {exc}")
-        return StreamingResponse(self._relay(gen_url, gen_body), media_type="text/event-stream")
+        return StreamingResponse(
+            self._relay(gen_url, gen_body, forward), media_type="text/event-stream"
+        )
 
-    async def _relay(self, url: str, body: dict):
+    async def _relay(self, url: str, body: dict, headers: dict[str, str]):
         """The generation server's events as they come; if it fails or goes away mid-stream, an
         OpenAI error event and ``[DONE]``, so the client sees an end and a reason."""
         try:
-            async with self.client.stream("POST", url, json=body) as reply:
+            async with self.client.stream("POST", url, json=body, headers=headers) as reply:
                 async for chunk in reply.aiter_raw():
                     yield chunk
         except httpx.HTTPError as exc:
@@ -158,13 +162,17 @@ class DisaggRouter:
             )
             yield f"\n\ndata: {json.dumps(error.model_dump())}\n\ndata: [DONE]\n\n".encode()
 
-    async def _context_phase(self, path: str, body: dict) -> DisaggregatedParams | JSONResponse:
+    async def _context_phase(
+        self, path: str, body: dict, headers: dict[str, str]
+    ) -> DisaggregatedParams | JSONResponse:
         """Prefill on a context server; returns the ``generation_only`` params to send on, or
         the reply to give the client when there is nothing to hand over."""
         ask = DisaggregatedParams(request_type=RequestType.CONTEXT_ONLY)
         ctx_body = {**body, "stream": False, "disaggregated_params": ask.to_json()}
         try:
-            ctx_reply = await self.client.post(next(self._ctx) + path, json=ctx_body)
+            ctx_reply = await self.client.post(
+                next(self._ctx) + path, json=ctx_body, headers=headers
+            )
             result = ctx_reply.json()
         except (httpx.HTTPError, ValueError) as exc:
             return self._failure(f"context server: {exc}")
