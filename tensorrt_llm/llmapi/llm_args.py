@@ -117,6 +117,9 @@ class CacheTransceiverConfig(StrictBaseModel):
 
     backend: Literal["NIXL"] = "NIXL"
     transfer_timeout_s: float = Field(default=DEFAULT_TRANSFER_TIMEOUT_S, gt=0)
+    # A context server refuses new context-only requests (429) while KV held for pulls that have
+    # not come fills this fraction of its slots, so stuck or absent pulls cannot pin the cache.
+    max_held_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
 
 
 class TorchLlmArgs(StrictBaseModel):

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm.llmapi.engine_loop import EngineLoop
 from tensorrt_llm.llmapi.llm import LLM
 from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm.serve import guards
 from tensorrt_llm.serve.errors import ServerError, error_response, install_error_handling
 from tensorrt_llm.serve.openai_protocol import (
     ChatCompletionRequest,
@@ -126,7 +126,7 @@ class OpenAIServer:
         @app.post("/v1/chat/completions")
         async def chat(body: ChatCompletionRequest, request: Request):
             messages = [m.model_dump() for m in body.messages]
-            self._refuse_control_tokens(messages)
+            guards.refuse_control_tokens(self.llm.tokenizer, messages)
             tokenizer = self.llm.tokenizer
             token_ids = await asyncio.to_thread(
                 lambda: tokenizer.encode(tokenizer.apply_chat_template(messages))
@@ -181,22 +181,9 @@ class OpenAIServer:
         return llm_request, None
 
     async def _serve(self, body, token_ids: list[int], request: Request, chat: bool):
-        transceiver = self.llm.transceiver
-        if (
-            body.disaggregated_params is not None
-            and transceiver is not None
-            and not trust.authorized(
-                request.headers.get(trust.DISAGG_AUTH_HEADER), transceiver.secret
-            )
-        ):
-            raise ServerError(
-                403,
-                "disaggregated_params are taken only from this deployment's router (the "
-                f"{trust.DISAGG_AUTH_HEADER} header with TRTLLM_DISAGG_SECRET)",
-                kind="permission_error",
-                param="disaggregated_params",
-            )
+        guards.check_disagg_access(self.llm, request, body.disaggregated_params)
         params = self._params(body)
+        await guards.check_hold_room(self.llm, self.engine, body.disaggregated_params)
         try:
             llm_request, load_kv = self._llm_request(body, token_ids, params)
         except (ValueError, TypeError) as exc:
@@ -287,20 +274,6 @@ class OpenAIServer:
         finally:
             if not finished:
                 self.engine.cancel(llm_request.request_id)
-
-    def _refuse_control_tokens(self, messages: list[dict[str, str]]) -> None:
-        """Message content is text: a special token in it (``<|end|><|assistant|>``) would be read
-        as the chat template's control token, so it is refused."""
-        specials = self.llm.tokenizer.special_tokens
-        for i, message in enumerate(messages):
-            found = [t for t in specials if t in message["content"]]
-            if found:
-                raise ServerError(
-                    400,
-                    f"messages.{i}.content contains the special token(s) {found}; message content "
-                    "may not contain the chat template's control tokens",
-                    param=f"messages.{i}.content",
-                )
 
     async def _until_finished(
         self, updates: AsyncIterator[Snapshot], request: Request, request_id: int

@@ -121,6 +121,11 @@ class PyExecutor:
             self.resource_manager.free_resources(req)
         return len(done)
 
+    def held_transfer_slots(self) -> int:
+        """KV slots held for pulls that have not come (context-only requests that finished)."""
+        kv = self.kv_cache_manager
+        return sum(kv.get_cache(rid).num_blocks for rid in self.held_for_transfer)
+
     def hold_left_s(self, request_id: int) -> float:
         """Seconds until a held context-only request's KV is freed unpulled (0 if not held)."""
         held = self.held_for_transfer.get(request_id)

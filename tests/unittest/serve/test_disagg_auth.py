@@ -52,3 +52,23 @@ def test_the_router_with_the_secret_gets_a_signed_handle(client):
     assert reply.status_code == 200 and params["request_type"] == "context_only"
     assert len(params["signature"]) == 64 and len(params["transfer_handle"]["transfer_id"]) >= 16
     assert len(llm.executor.held_for_transfer) == 1
+
+
+def test_holds_that_fill_max_held_fraction_refuse_new_context_requests():
+    # issue 11, item 5: unpulled holds used to pin 15 of 16 slots while new requests waited
+    llm = LLM(
+        device="cpu",
+        kv_cache_config=KvCacheConfig(max_tokens=128 * 8),
+        cache_transceiver_config=CacheTransceiverConfig(
+            transfer_timeout_s=30, max_held_fraction=0.25
+        ),
+    )
+    server = OpenAIServer(llm, "m3-tiny")
+    headers = {DISAGG_AUTH_HEADER: os.environ["TRTLLM_DISAGG_SECRET"]}
+    with TestClient(server.app) as client:
+        codes = [client.post("/v1/completions", json=BODY, headers=headers) for _ in range(3)]
+    server.shutdown()
+    assert [r.status_code for r in codes] == [200, 200, 429]  # 2 of 8 slots held: the limit
+    error = codes[2].json()["error"]
+    assert error["type"] == "rate_limit_error" and "max_held_fraction" in error["message"]
+    assert llm.executor.held_transfer_slots() == 2
