@@ -106,12 +106,16 @@ def apply_preset(args, presets: dict[str, tuple[int, int, int]]) -> torch.device
     return device
 
 
-def write_training_record(args, device: torch.device, script: str) -> None:
-    """``training.json`` beside the weights: what made them (the evaluation reads the corpus
-    seed and size from it to keep its problems out of the training set)."""
+def write_training_record(
+    args, device: torch.device, script: str, corpus_seed: int, long_min_chars: int
+) -> None:
+    """``training.json`` beside the weights: what made them. The evaluation reads the corpus
+    (``corpus_seed``, ``conversations``, ``long_min_chars``) to keep its problems out of it."""
     record = {
         "script": f"examples/training/{script}",
         "seed": args.seed,
+        "corpus_seed": corpus_seed,
+        "long_min_chars": long_min_chars,
         "steps": args.steps,
         "batch_tokens": args.batch_tokens,
         "conversations": args.conversations,

@@ -122,7 +122,9 @@ def main() -> None:
                 )
     model.eval()
     save_pretrained(model.to(torch.bfloat16), config, args.out)
-    write_training_record(args, device, "train_target.py")
+    write_training_record(
+        args, device, "train_target.py", corpus_seed=args.seed, long_min_chars=700
+    )
     save_tokenizer(tokenizer, args.out)
     print(
         f"saved {args.out} after {args.steps} steps in {time.time() - start:.0f}s (final loss {loss.item():.4f})"

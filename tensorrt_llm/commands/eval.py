@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         summary = build_al_table(
             make,
-            args.model,
+            [args.model, args.speculative_model],
             args.num_samples or 200,
             args.num_conversations,
             args.out_dir,
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out_dir}/al_table.md, al_table.json, al_per_turn.png")
         return 0 if summary["outputs_identical_in_every_mode"] else 1
     llm = make(None if args.draft_kv_cache == "none" else args.draft_kv_cache)
-    exclude = training_questions(args.model)
+    exclude = training_questions(args.model, args.speculative_model)
     if args.task == "gsm8k-tiny":
         result = run_gsm8k(llm, args.num_samples or 200, exclude, progress)
     elif args.task == "long-prompt":

@@ -24,7 +24,7 @@ MODES = (("target only", None), ("Eagle3 separate", "separate"), ("Eagle3 unifie
 
 def build_al_table(
     make_llm: Callable[[str | None], object],
-    model_dir: str,
+    training_dirs: list[str],
     num_gsm8k: int,
     num_conversations: int,
     out_dir: Path,
@@ -36,7 +36,7 @@ def build_al_table(
     (tokens per block, draft length, device) are recorded with the results. With
     ``deployment_options(mode)`` (the servers' LLM options) every mode also runs disaggregated:
     a router, a context and a generation server started on loopback, driven over HTTP."""
-    exclude = training_questions(model_dir)
+    exclude = training_questions(*training_dirs)  # no problem of the target's or drafter's corpus
     results = {}
     outputs = {}
     for label, mode in MODES:

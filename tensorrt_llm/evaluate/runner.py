@@ -22,7 +22,7 @@ from tensorrt_llm.evaluate.tasks import (
 from tensorrt_llm.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=128)
-EVAL_SEED = 20_000  # training uses seeds 0 and 101; eval problems also skip any training question
+EVAL_SEED = 20_000  # the corpora use seeds 0 and 101; eval problems also skip any training question
 
 
 @dataclass
@@ -39,14 +39,23 @@ def _mean_al(outputs) -> float:
     return sum(values) / len(values)
 
 
-def training_questions(model_dir: str | Path) -> set[str]:
-    """The user turns of the corpus the target was trained on (from its ``training.json``)."""
-    path = Path(model_dir) / "training.json"
-    if not path.is_file():
-        return set()
-    record = json.loads(path.read_text())
-    convs = training_conversations(record["seed"], record["conversations"])
-    return {c[0]["content"] for c in convs}
+def training_questions(*model_dirs: str | Path) -> set[str]:
+    """The user turns of every corpus the checkpoints in ``model_dirs`` (the target, its drafter)
+    were trained on, from each one's ``training.json`` (``corpus_seed``: the seed of the corpus,
+    which the drafter's script offsets from its own ``seed``)."""
+    questions: set[str] = set()
+    for model_dir in model_dirs:
+        path = Path(model_dir) / "training.json"
+        if not path.is_file():
+            continue
+        record = json.loads(path.read_text())
+        convs = training_conversations(
+            record.get("corpus_seed", record["seed"]),
+            record["conversations"],
+            record.get("long_min_chars", 700),
+        )
+        questions |= {c[0]["content"] for c in convs}
+    return questions
 
 
 def held_out(generator: Callable, count: int, seed: int, exclude: set[str]) -> list:
