@@ -157,7 +157,11 @@ class TrtllmAttentionMetadata:
     def advance(self) -> None:
         """Every sequence moves one position on (one query token each: a draft chain step). The
         block table stays: the positions must be within the slots already reserved."""
-        self._check_one_token_each("advance")
+        if self.num_contexts or any(n != 1 for n in self.seq_lens):
+            raise ValueError(
+                "advance() needs one generation token per sequence; this batch has "
+                f"num_contexts={self.num_contexts}, seq_lens={self.seq_lens}"
+            )
         self.num_cached_tokens_per_seq = [n + 1 for n in self.num_cached_tokens_per_seq]
         for host in (self.kv_lens_cpu, self.position_ids_cpu):
             host += 1
@@ -199,13 +203,6 @@ class TrtllmAttentionMetadata:
             self._prefetched.update(copied_from._prefetched)
             self._prefetched[id(copied_from.kv_cache_manager)] = copied_from.kv_cache_block_offsets
         self._block_offsets = self._fetch_block_offsets(self.kv_cache_manager)
-
-    def _check_one_token_each(self, what: str) -> None:
-        if self.num_contexts or any(n != 1 for n in self.seq_lens):
-            raise ValueError(
-                f"{what}() needs one generation token per sequence; this batch has "
-                f"num_contexts={self.num_contexts}, seq_lens={self.seq_lens}"
-            )
 
     def tensor_addresses(self) -> dict[str, int]:
         """Where each device tensor a step reads lives (a CUDA graph replays only if none moved)."""

@@ -150,14 +150,16 @@ class PyExecutor:
             raise ValueError(str(request.stop_reason))
 
     def _admit_generation_only(self) -> None:
+        if not self.waiting_generation_only:
+            return
         kv = self.kv_cache_manager
+        owed = sum(
+            kv.get_needed_resource_to_completion(r)
+            for r in self.active
+            if r.request_id in self._admitted
+        )
         while self.waiting_generation_only:
             request, load_kv = self.waiting_generation_only[0]
-            owed = sum(
-                kv.get_needed_resource_to_completion(r)
-                for r in self.active
-                if r.request_id in self._admitted
-            )
             if owed + kv.get_needed_resource_to_completion(request) > kv.get_num_free_blocks():
                 return  # it waits for slots (no overtaking)
             self.waiting_generation_only.pop(0)
@@ -171,9 +173,8 @@ class PyExecutor:
             request.state = LlmRequestState.GENERATION_IN_PROGRESS
             self._admitted.add(request.request_id)
             self.active.append(request)
-            self._check_stop(
-                request, request.output_token_ids[-1]
-            )  # the context's token may end it
+            owed += kv.get_needed_resource_to_completion(request)  # what it still needs
+            self._check_stop(request, request.output_token_ids[-1])  # the first token may end it
             if request.is_finished:
                 self._release(request)
 
