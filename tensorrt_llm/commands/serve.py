@@ -16,6 +16,13 @@ from tensorrt_llm import envs
 from tensorrt_llm.bundled import BUNDLED_DRAFT, bundled_target
 from tensorrt_llm.llmapi.llm_args import load_yaml_options
 
+# Every trtllm-serve process (servers and router) keeps an idle HTTP connection open this long, well
+# past the 5 s after which HTTP clients (httpx, the OpenAI client, the router's ROUTER_KEEPALIVE_S)
+# drop theirs: a client then never sends on a connection the server is closing at that moment
+# (with both at 5 s, about 1 in 40 requests sent at the edge failed with a read error, a 502 at
+# the router).
+SERVER_KEEP_ALIVE_S = 30
+
 
 def build_server(
     model: str | None,
@@ -74,6 +81,7 @@ def serve_disaggregated(argv: list[str]) -> int:
         host=config.get("hostname", "127.0.0.1"),
         port=int(config.get("port", 8000)),
         log_level="warning",
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
     )
     return 0
 
@@ -117,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             log_level="warning",
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            timeout_keep_alive=SERVER_KEEP_ALIVE_S,
         )
     finally:
         server.shutdown()

@@ -46,11 +46,18 @@ def _base(url: str) -> str:
 
 
 _HEALTH_TIMEOUT_S = 2.0
+# The router drops an idle connection to a backend after this long: well before the backend closes
+# it (commands/serve.SERVER_KEEP_ALIVE_S), so no request is sent on a connection being closed.
+ROUTER_KEEPALIVE_S = 5.0
 
 
 class DisaggRouter:
     def __init__(
-        self, context_urls: list[str], generation_urls: list[str], timeout_s: float = 600.0
+        self,
+        context_urls: list[str],
+        generation_urls: list[str],
+        timeout_s: float = 600.0,
+        keepalive_s: float = ROUTER_KEEPALIVE_S,
     ) -> None:
         self.context_urls = [_base(u) for u in context_urls]
         self.generation_urls = [_base(u) for u in generation_urls]
@@ -58,7 +65,9 @@ class DisaggRouter:
         self._gen = itertools.cycle(self.generation_urls)
         # the servers take disaggregated_params only with the deployment's secret (trust.py)
         auth = {DISAGG_AUTH_HEADER: deployment_secret().decode()}
-        self.client = httpx.AsyncClient(timeout=timeout_s, headers=auth)
+        self.client = httpx.AsyncClient(
+            timeout=timeout_s, headers=auth, limits=httpx.Limits(keepalive_expiry=keepalive_s)
+        )
         self.counters = {"requests": 0, "errors": 0, "backend_failures": 0, "cut_streams": 0}
         self.app = FastAPI(title="trtllm-serve disaggregated")
         install_error_handling(self.app, envs.TRTLLM_API_KEY.get() or None)
