@@ -42,6 +42,6 @@ def context_result(
 
 
 def release_pulled(executor: PyExecutor, transceiver: KvCacheTransceiver) -> int:
-    """Free the held requests a generation server has pulled, or whose hold timed out. Returns
-    how many were freed."""
-    return executor.release_transferred(transceiver.pulled_request_ids())
+    """Free the held requests a generation server has pulled, or whose hold timed out, each
+    transfer revoked before its slots are freed. Returns how many were freed."""
+    return executor.release_transferred(transceiver.pulled_request_ids(), transceiver.revoke)

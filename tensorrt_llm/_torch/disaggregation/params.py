@@ -81,8 +81,11 @@ class TransferHandle(_Message):
 
     ``transfer_id`` is an unguessable id the context server gives this hold (and nothing else):
     the pull's notification names it, and only a notification naming a live hold's id releases
-    that hold. ``expires_at`` (wall clock, seconds) is when the context server may free the slots;
-    a pull that has not finished before then is refused or its data discarded.
+    that hold. ``ticket`` is a random nonce the context server keeps at ``ticket_address`` while
+    the hold lives and zeroes before it frees the slots: the puller reads it back after the data,
+    so data read from slots that were freed meanwhile is never used. ``expires_at`` (wall clock,
+    seconds) is when the context server frees the slots unpulled; a handle that near its end is
+    refused before any read.
     """
 
     request_id: int  # the context server's id of the request (for logs)
@@ -93,6 +96,8 @@ class TransferHandle(_Message):
     fingerprint: LayoutFingerprint
     slots: list[NonNegativeInt]  # the context server's slot id per logical block of the prompt
     pool_addresses: list[NonNegativeInt]  # base address of each pool, in pool order
+    ticket_address: NonNegativeInt  # where the context server keeps this hold's ticket (8 bytes)
+    ticket: int = Field(gt=0, lt=2**63)
 
     @field_validator("agent_metadata")
     @classmethod

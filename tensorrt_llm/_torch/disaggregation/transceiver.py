@@ -10,16 +10,19 @@ The control plane is a ``TransferHandle`` (JSON: agent metadata as base64 of NIX
 ids, pool base addresses and a layout fingerprint). When a READ completes, NIXL delivers a
 notification to the context side; this module alone encodes and decodes it. Nothing is unpickled.
 
-Each hold is one transfer with an unguessable ``transfer_id`` and an expiry:
+Each hold is one transfer with an unguessable ``transfer_id``, a ticket and an expiry:
 
 - the context side releases a hold only on a notification naming a live transfer's id (an unknown,
   finished or malformed one is logged and skipped), so nobody can free another request's slots by
   naming its request id;
-- the generation side refuses a handle whose hold has ended (or ends within ``STALE_MARGIN_S``),
-  re-checks after the READ and discards the data if the hold ended meanwhile (the context side may
-  have given the slots to another request), and refuses a handle it has already pulled.
-
-The expiry is wall-clock time, so the two servers' clocks must agree to within ``STALE_MARGIN_S``.
+- the context side keeps a random nonce (the ticket) in a registered word while the hold lives and
+  zeroes it *before* it frees the slots (``revoke``, called by the executor). The generation side
+  READs the data, then READs the ticket back (the pull's notification rides on that second READ):
+  if the ticket no longer matches, the slots may have been freed and given to another request
+  during the READ, so the data is discarded with ``StaleTransferError``. This holds whatever the
+  two clocks say, and it refuses a handle replayed to another generation server after its pull;
+- the generation side also refuses a handle whose hold ends within ``STALE_MARGIN_S`` (before any
+  read) and a handle it has already pulled.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import re
 import secrets
 import time
 from collections import OrderedDict
+
+import torch
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.disaggregation.params import (
@@ -44,6 +49,7 @@ from tensorrt_llm.logger import logger
 _PULLED = b"pulled:"  # the notification a finished pull sends: b"pulled:<transfer id>"
 STALE_MARGIN_S = 0.25  # a pull must finish this long before the hold's expiry
 _MAX_REMEMBERED_PULLS = 65536  # transfer ids a generation side remembers, to refuse a replay
+MAX_HELD_TRANSFERS = 4096  # tickets a context side has: transfers held at once
 
 
 class StaleTransferError(ValueError):
@@ -102,16 +108,34 @@ class KvCacheTransceiver:
         self.device_id = manager.device.index or 0
         self._registrations = [self.agent.register_memory(pool) for pool in manager.pools]
         self.fingerprint = layout_fingerprint(manager)
+        # context side: one word per held transfer, its nonce while live, 0 once revoked
+        self._tickets = torch.zeros(MAX_HELD_TRANSFERS, dtype=torch.int64)
+        self._free_tickets = list(range(MAX_HELD_TRANSFERS - 1, -1, -1))
+        # generation side: where a peer's ticket is read back after the data (one pull at a time)
+        self._ticket_read = torch.zeros(1, dtype=torch.int64)
+        self._registrations += [
+            self.agent.register_memory(t, "DRAM") for t in (self._tickets, self._ticket_read)
+        ]
         self._peers: set[str] = set()
         self._live: dict[str, tuple[int, float]] = {}  # context side: id -> (request, expiry)
+        self._holds: dict[int, tuple[str, int]] = {}  # context side: request -> (id, ticket index)
         self._pulled: OrderedDict[str, None] = OrderedDict()  # generation side: ids pulled
 
     def export(self, request_id: int, hold_s: float) -> TransferHandle:
         """A new transfer of ``request_id``'s slots, which this side holds for ``hold_s`` more
-        seconds: the handle a generation server pulls them with."""
+        seconds (until ``revoke``): the handle a generation server pulls them with."""
+        self.revoke(request_id)  # a request has one transfer at a time
+        if not self._free_tickets:
+            raise RuntimeError(
+                f"request {request_id}: {MAX_HELD_TRANSFERS} transfers are already held unpulled"
+            )
+        index = self._free_tickets.pop()
+        ticket = secrets.randbits(63) or 1
+        self._tickets[index] = ticket
         transfer_id = secrets.token_urlsafe(24)
         expires_at = _now() + hold_s
         self._live[transfer_id] = (request_id, expires_at)
+        self._holds[request_id] = (transfer_id, index)
         return TransferHandle(
             request_id=request_id,
             transfer_id=transfer_id,
@@ -121,7 +145,19 @@ class KvCacheTransceiver:
             fingerprint=self.fingerprint,
             slots=self.manager.get_batch_cache_indices([request_id])[0],
             pool_addresses=[pool.data_ptr() for pool in self.manager.pools],
+            ticket_address=self._tickets.data_ptr() + index * self._tickets.element_size(),
+            ticket=ticket,
         )
+
+    def revoke(self, request_id: int) -> None:
+        """End ``request_id``'s transfer before its slots are freed: a pull of it that has not
+        read its ticket back yet will find it gone and discard what it read."""
+        transfer_id, index = self._holds.pop(request_id, (None, None))
+        if transfer_id is None:
+            return
+        self._live.pop(transfer_id, None)
+        self._tickets[index] = 0
+        self._free_tickets.append(index)
 
     def check_peer(self, handle: TransferHandle) -> None:
         theirs = handle.fingerprint
@@ -139,7 +175,8 @@ class KvCacheTransceiver:
     ) -> int:
         """READ blocks ``[start_block, num_blocks)`` of the peer's request into this manager's slots
         of ``request_id`` (already allocated). Returns the bytes moved. ``StaleTransferError`` if
-        the hold ends before the READ does, or the handle was pulled here before."""
+        the hold is near its end, was revoked before its ticket was read back after the data, or
+        the handle was pulled here before."""
         self.check_peer(handle)
         if handle.transfer_id in self._pulled:
             raise StaleTransferError(
@@ -163,24 +200,44 @@ class KvCacheTransceiver:
             size = pool.shape[1]
             local += [(pool.data_ptr() + s * size, size, self.device_id) for s in local_slots]
             remote += [(remote_base + s * size, size, self.device_id) for s in remote_slots]
-        if not local:
-            return 0
-        xfer = self.agent.initialize_xfer(
-            "READ",
-            self.agent.get_xfer_descs(local, self.mem_type),
-            self.agent.get_xfer_descs(remote, self.mem_type),
-            peer,
-            _encode_pulled(handle.transfer_id),
-        )
-        try:
-            self._wait(xfer, f"request {request_id}: KV pull from {peer!r}", timeout_s)
-        finally:
-            self.agent.release_xfer_handle(xfer)
-        self._check_live(request_id, handle, "when the pull finished")
+        if local:  # (none when this side's prefix cache held every block)
+            what = f"request {request_id}: KV pull from {peer!r}"
+            self._read(local, remote, self.mem_type, peer, b"", what, timeout_s)
+        self._check_ticket(request_id, handle, timeout_s)
         self._pulled[handle.transfer_id] = None
         while len(self._pulled) > _MAX_REMEMBERED_PULLS:
             self._pulled.popitem(last=False)
         return sum(size for _, size, _ in local)
+
+    def _check_ticket(self, request_id: int, handle: TransferHandle, timeout_s: float) -> None:
+        """READ the hold's ticket back (with the notification that releases the hold) and refuse
+        the data if the context side revoked it: the slots may have been freed during the READ."""
+        self._ticket_read.zero_()
+        local = [(self._ticket_read.data_ptr(), self._ticket_read.element_size(), 0)]
+        remote = [(handle.ticket_address, self._ticket_read.element_size(), 0)]
+        what = f"request {request_id}: reading the ticket of transfer {handle.transfer_id[:8]}..."
+        notice = _encode_pulled(handle.transfer_id)
+        self._read(local, remote, "DRAM", handle.agent_name, notice, what, timeout_s)
+        if int(self._ticket_read[0]) != handle.ticket:
+            raise StaleTransferError(
+                f"request {request_id}: the context server ended the hold of transfer "
+                f"{handle.transfer_id[:8]}... before the pull finished (it timed out, or another "
+                "pull of the same handle came first); its slots may belong to another request, so "
+                "the KV is not used"
+            )
+
+    def _read(self, local, remote, mem_type, peer, notice, what, timeout_s) -> None:
+        xfer = self.agent.initialize_xfer(
+            "READ",
+            self.agent.get_xfer_descs(local, mem_type),
+            self.agent.get_xfer_descs(remote, mem_type),
+            peer,
+            notice,
+        )
+        try:
+            self._wait(xfer, what, timeout_s)
+        finally:
+            self.agent.release_xfer_handle(xfer)
 
     @staticmethod
     def _check_live(request_id: int, handle: TransferHandle, when: str) -> None:

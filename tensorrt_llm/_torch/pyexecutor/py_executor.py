@@ -107,9 +107,12 @@ class PyExecutor:
                 return True
         return False
 
-    def release_transferred(self, request_ids: list[int] | None = None) -> int:
+    def release_transferred(
+        self, request_ids: list[int] | None = None, revoke: Callable[[int], None] | None = None
+    ) -> int:
         """Free context-only requests that were pulled (``request_ids``) or waited past the
-        transfer timeout. Returns how many were freed."""
+        transfer timeout, calling ``revoke(request_id)`` before each one's slots are freed.
+        Returns how many were freed."""
         now, pulled = time.monotonic(), set(request_ids or ())
         done = [
             rid
@@ -118,6 +121,8 @@ class PyExecutor:
         ]
         for rid in done:
             req, _ = self.held_for_transfer.pop(rid)
+            if revoke is not None:
+                revoke(rid)
             self.resource_manager.free_resources(req)
         return len(done)
 

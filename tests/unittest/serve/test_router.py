@@ -44,6 +44,8 @@ def context_reply() -> dict:
         fingerprint=fingerprint,
         slots=[3],
         pool_addresses=[4096],
+        ticket_address=150000000,
+        ticket=12345,
     )
     params = DisaggregatedParams(
         request_type=RequestType.CONTEXT_ONLY,

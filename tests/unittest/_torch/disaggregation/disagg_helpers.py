@@ -32,6 +32,8 @@ def handle(**changes) -> TransferHandle:
         fingerprint=fingerprint(),
         slots=[4, 1, 9],
         pool_addresses=[140000000],
+        ticket_address=150000000,
+        ticket=12345,
     )
     return TransferHandle(**{**fields, **changes})
 

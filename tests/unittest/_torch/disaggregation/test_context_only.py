@@ -1,5 +1,6 @@
 """The context server's reply to a context-only request, and releasing what was pulled."""
 
+import time
 from types import SimpleNamespace
 
 from disagg_helpers import SECRET, handle
@@ -8,6 +9,7 @@ from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.context_only import context_result, release_pulled
 from tensorrt_llm._torch.disaggregation.params import RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
+from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 
 
 def ran(reason: FinishReason, tokens: list[int]) -> LlmRequest:
@@ -52,10 +54,22 @@ def test_a_request_that_ended_at_its_first_token_answers_finished():
 def test_the_pulled_requests_are_the_ones_released():
     released = []
 
-    def release_transferred(request_ids):
-        released.append(request_ids)
+    def release_transferred(request_ids, revoke):
+        released.append((request_ids, revoke))
         return len(request_ids)
 
     executor = SimpleNamespace(release_transferred=release_transferred)
-    transceiver = SimpleNamespace(pulled_request_ids=lambda: [4, 9])
-    assert release_pulled(executor, transceiver) == 2 and released == [[4, 9]]
+    transceiver = SimpleNamespace(pulled_request_ids=lambda: [4, 9], revoke=print)
+    assert release_pulled(executor, transceiver) == 2 and released == [([4, 9], print)]
+
+
+def test_a_hold_is_revoked_before_its_slots_are_freed():
+    # the ticket must be gone before the slots can be given to another request (transceiver.py)
+    events = []
+    held = {4: ("req4", time.monotonic() + 60), 5: ("req5", time.monotonic() - 1)}
+    executor = SimpleNamespace(
+        held_for_transfer=held,
+        resource_manager=SimpleNamespace(free_resources=lambda r: events.append(("free", r))),
+    )
+    assert PyExecutor.release_transferred(executor, [4], lambda r: events.append(("revoke", r)))
+    assert events == [("revoke", 4), ("free", "req4"), ("revoke", 5), ("free", "req5")]

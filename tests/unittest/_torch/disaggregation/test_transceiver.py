@@ -3,14 +3,18 @@ same descriptors in unified mode, stay behind in separate mode; an incompatible 
 
 import logging
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 from m3_helpers import executor_config, tiny_config
 
-from tensorrt_llm._torch.disaggregation import transceiver as transceiver_module
 from tensorrt_llm._torch.disaggregation.params import TransferHandle
-from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver, StaleTransferError
+from tensorrt_llm._torch.disaggregation.transceiver import (
+    MAX_HELD_TRANSFERS,
+    KvCacheTransceiver,
+    StaleTransferError,
+)
 from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
@@ -115,13 +119,49 @@ def test_a_handle_whose_hold_has_ended_is_refused_before_any_read():
     assert not receiver.manager.pools[0].any()  # nothing was read
 
 
-def test_a_pull_that_outlives_the_hold_is_discarded(monkeypatch):
+def test_a_hold_revoked_during_the_pull_is_discarded(monkeypatch):
+    # the context side timed out and freed the slots while the data was in flight: the data read
+    # may be another request's, and only the ticket read back after it can tell
     sender, receiver = receiving_pair("late")
     handle = sender.export(0, hold_s=30.0)
-    clock = iter([handle.expires_at - 10.0, handle.expires_at - 0.01])  # before, then after
-    monkeypatch.setattr(transceiver_module, "_now", lambda: next(clock))
-    with pytest.raises(StaleTransferError, match="when the pull finished"):
+    data_read = receiver._read
+
+    def read_then_context_frees(local, remote, mem_type, peer, notice, what, timeout_s):
+        data_read(local, remote, mem_type, peer, notice, what, timeout_s)
+        if not notice:  # the data READ, not the ticket's
+            sender.revoke(0)
+
+    monkeypatch.setattr(receiver, "_read", read_then_context_frees)
+    with pytest.raises(StaleTransferError, match="ended the hold .* before the pull finished"):
         receiver.pull(0, handle, num_blocks=3)
+
+
+def test_a_replay_on_another_generation_server_gets_no_data():
+    # issue 11, acceptance 3: the first pull releases the hold, the slots go to another request,
+    # then the same (validly signed) handle is sent to a second generation server
+    sender, first = receiving_pair("replay-a")
+    second = KvCacheTransceiver(receiving_pair("replay-b")[1].manager, "gen-replay-b2")
+    handle = sender.export(0, hold_s=30.0)
+    first.pull(0, handle, num_blocks=3)
+    assert pulled(sender) == [0]
+    sender.revoke(0)  # what the executor does before it frees the slots
+    ctx = sender.manager
+    ctx.free_resources(SimpleNamespace(request_id=0))
+    ctx.add_sequence(1, [7] * 300)  # another request now owns the slots
+    assert ctx.resize_sequence(1, 300)
+    with pytest.raises(StaleTransferError, match="ended the hold"):
+        second.pull(0, handle, num_blocks=3)
+
+
+def test_tickets_are_reused_once_revoked():
+    sender = KvCacheTransceiver(prefilled(unified(), seed=6), "ctx-tickets")
+    first = sender.export(0, 30.0)
+    assert sender._tickets[(first.ticket_address - sender._tickets.data_ptr()) // 8] == first.ticket
+    again = sender.export(0, 30.0)  # a second export of the request ends its first transfer
+    assert again.ticket != first.ticket and len(sender._holds) == 1
+    sender.revoke(0)
+    sender.revoke(0)  # idempotent
+    assert not sender._tickets.any() and len(sender._free_tickets) == MAX_HELD_TRANSFERS
 
 
 def test_a_handle_serves_one_pull():
