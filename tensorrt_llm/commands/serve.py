@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from tensorrt_llm import envs
+from tensorrt_llm._torch.disaggregation.binding import bind_ucx_to
 from tensorrt_llm.bundled import BUNDLED_DRAFT, bundled_target
 from tensorrt_llm.llmapi.llm_args import load_yaml_options
 
@@ -98,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         "model", nargs="?", default=None, help="checkpoint directory (default: the bundled one)"
     )
     parser.add_argument("--config", type=Path, default=None, help="YAML file of LLM options")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to serve on; KV transfers (UCX) use only its interface and RDMA devices",
+    )
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--served-model-name", default=None)
@@ -110,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
+        bind_ucx_to(args.host)  # KV transfers listen where the HTTP server does
         server = build_server(
             args.model, args.config, args.device, args.served_model_name, args.api_key
         )

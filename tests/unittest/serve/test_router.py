@@ -5,6 +5,7 @@ its backends, and its own ``/metrics``. The backends here are small stand-in ser
 import asyncio
 import base64
 import json
+import os
 import socket
 import threading
 import time
@@ -179,8 +180,10 @@ def test_the_router_never_sends_on_a_connection_its_backend_is_closing():
 
 
 def test_trtllm_serve_keeps_connections_past_the_clients_expiry(monkeypatch, tmp_path):
+    from tensorrt_llm._torch.disaggregation.binding import interface_of
     from tensorrt_llm.commands import serve
 
+    monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
     runs = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: runs.append(kwargs))
     monkeypatch.setattr(
@@ -194,3 +197,4 @@ def test_trtllm_serve_keeps_connections_past_the_clients_expiry(monkeypatch, tmp
     )
     assert serve.main([]) == 0 and serve.main(["disaggregated", "-c", str(config)]) == 0
     assert [r["timeout_keep_alive"] for r in runs] == [serve.SERVER_KEEP_ALIVE_S] * 2
+    assert os.environ["UCX_NET_DEVICES"].split(",")[0] == interface_of("127.0.0.1")  # item 6
