@@ -53,51 +53,129 @@ def metric(url: str, name: str) -> float:
     raise KeyError(name)
 
 
+SERVE = [sys.executable, "-m", "tensorrt_llm.commands.serve"]
+
+
+class Deployment:
+    """``trtllm-serve`` processes on loopback, by name, logging to ``workdir/<name>.log``: start,
+    kill (SIGKILL, as a crash), restart on the same port, stop them all."""
+
+    def __init__(self, workdir: Path, env: dict[str, str] | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.env = env or deployment_env()
+        self.ports: dict[str, int] = {}
+        self.urls: dict[str, str] = {}
+        self.commands: dict[str, list[str]] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def reserve(self, *names: str) -> None:
+        """Pick ports for servers that must know each other's (the router's config)."""
+        for name in names:
+            self.ports[name] = free_port()
+            self.urls[name] = f"http://127.0.0.1:{self.ports[name]}"
+
+    def write_yaml(self, filename: str, data: dict) -> Path:
+        path = self.workdir / filename
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    def server(self, name: str, options: dict, device: str = "cpu") -> None:
+        """A model server with LLM ``options`` (the bundled model when they name none)."""
+        config = self.write_yaml(f"{name}.yaml", options)
+        self.start(name, ["--config", str(config), "--device", device])
+
+    def router(self, name: str, context: list[str], generation: list[str]) -> None:
+        """A disaggregated router in front of the named servers."""
+        if name not in self.ports:
+            self.reserve(name)
+        config = self.write_yaml(
+            f"{name}.yaml",
+            {
+                "hostname": "127.0.0.1",
+                "port": self.ports[name],
+                "context_servers": {
+                    "urls": [self.urls[n].removeprefix("http://") for n in context]
+                },
+                "generation_servers": {
+                    "urls": [self.urls[n].removeprefix("http://") for n in generation]
+                },
+            },
+        )
+        self.start(name, ["disaggregated", "-c", str(config)], port_flag=False)
+
+    def start(self, name: str, args: list[str], port_flag: bool = True) -> None:
+        if name not in self.ports:
+            self.reserve(name)
+        self.commands[name] = (
+            SERVE + args + (["--port", str(self.ports[name])] if port_flag else [])
+        )
+        self._launch(name)
+
+    def _launch(self, name: str) -> None:
+        with open(self.workdir / f"{name}.log", "a") as log:
+            self.procs[name] = subprocess.Popen(
+                self.commands[name], stdout=log, stderr=subprocess.STDOUT, env=self.env
+            )
+
+    def wait_healthy(self, *names: str) -> None:
+        for name in names or tuple(self.procs):
+            wait_healthy(self.urls[name], self.procs[name])
+
+    def kill(self, name: str) -> None:
+        self.procs[name].kill()
+        self.procs[name].wait(timeout=30)
+
+    def restart(self, name: str) -> None:
+        """Start ``name`` again with the same command and port, and wait until it is healthy."""
+        if self.procs[name].poll() is None:
+            self.kill(name)
+        self._launch(name)
+        self.wait_healthy(name)
+
+    def log(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@contextlib.contextmanager
+def running(workdir: Path | None = None) -> Iterator[Deployment]:
+    """A ``Deployment`` whose processes are all stopped on exit."""
+    with contextlib.ExitStack() as stack:
+        tmp = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        deployment = Deployment(tmp)
+        try:
+            yield deployment
+        finally:
+            deployment.stop()
+
+
+def disaggregation_options(options: dict, **transceiver) -> dict:
+    """``options`` of a context or generation server: plus a NIXL transceiver."""
+    return {**options, "cache_transceiver_config": {"backend": "NIXL", **transceiver}}
+
+
 @contextlib.contextmanager
 def disaggregated_deployment(
     options: dict, device: str = "cpu", log_dir: Path | None = None
 ) -> Iterator[dict]:
     """Start a context server and a generation server (``options`` plus a NIXL transceiver) and a
     router; yields their URLs ``{"router", "ctx", "gen"}`` and stops them all on exit."""
-    with contextlib.ExitStack() as stack:
-        tmp = Path(log_dir or stack.enter_context(tempfile.TemporaryDirectory()))
-        worker = {**options, "cache_transceiver_config": {"backend": "NIXL"}}
-        (tmp / "worker.yaml").write_text(yaml.safe_dump(worker))
-        ports = {name: free_port() for name in ("ctx", "gen", "router")}
-        (tmp / "disagg.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "hostname": "127.0.0.1",
-                    "port": ports["router"],
-                    "context_servers": {"urls": [f"127.0.0.1:{ports['ctx']}"]},
-                    "generation_servers": {"urls": [f"127.0.0.1:{ports['gen']}"]},
-                }
-            )
-        )
-        serve = [sys.executable, "-m", "tensorrt_llm.commands.serve"]
-        commands = {
-            name: serve
-            + ["--config", str(tmp / "worker.yaml"), "--device", device, "--port", str(ports[name])]
-            for name in ("ctx", "gen")
-        }
-        commands["router"] = serve + ["disaggregated", "-c", str(tmp / "disagg.yaml")]
-        env = deployment_env()
-        procs = {}
-        try:
-            for name, command in commands.items():
-                log = stack.enter_context(open(tmp / f"{name}.log", "w"))
-                procs[name] = subprocess.Popen(
-                    command, stdout=log, stderr=subprocess.STDOUT, env=env
-                )
-            urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-            for name in ("ctx", "gen", "router"):
-                wait_healthy(urls[name], procs[name])
-            yield urls
-        finally:
-            for proc in procs.values():
-                proc.terminate()
-            for proc in procs.values():
-                proc.wait(timeout=30)
+    with running(log_dir) as deployment:
+        deployment.reserve("ctx", "gen", "router")
+        for name in ("ctx", "gen"):
+            deployment.server(name, disaggregation_options(options), device)
+        deployment.router("router", ["ctx"], ["gen"])
+        deployment.wait_healthy("ctx", "gen", "router")
+        yield deployment.urls
 
 
 def chat_many(

@@ -10,8 +10,10 @@ ended on the context server (``finished``) is answered from there.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -49,6 +51,7 @@ _HEALTH_TIMEOUT_S = 2.0
 # The router drops an idle connection to a backend after this long: well before the backend closes
 # it (commands/serve.SERVER_KEEP_ALIVE_S), so no request is sent on a connection being closed.
 ROUTER_KEEPALIVE_S = 5.0
+_FIRST_RETRY_S, _LAST_RETRY_S = 0.05, 1.0  # pauses between tries of a full context server
 
 
 class DisaggRouter:
@@ -58,7 +61,10 @@ class DisaggRouter:
         generation_urls: list[str],
         timeout_s: float = 600.0,
         keepalive_s: float = ROUTER_KEEPALIVE_S,
+        context_wait_s: float = 120.0,
     ) -> None:
+        """``context_wait_s``: how long a request waits while every context server is full
+        (429) before the client gets that 429."""
         self.context_urls = [_base(u) for u in context_urls]
         self.generation_urls = [_base(u) for u in generation_urls]
         self._ctx = itertools.cycle(self.context_urls)
@@ -68,7 +74,14 @@ class DisaggRouter:
         self.client = httpx.AsyncClient(
             timeout=timeout_s, headers=auth, limits=httpx.Limits(keepalive_expiry=keepalive_s)
         )
-        self.counters = {"requests": 0, "errors": 0, "backend_failures": 0, "cut_streams": 0}
+        self.context_wait_s = context_wait_s
+        self.counters = {
+            "requests": 0,
+            "errors": 0,
+            "backend_failures": 0,
+            "cut_streams": 0,
+            "context_retries": 0,
+        }
         self.app = FastAPI(title="trtllm-serve disaggregated")
         install_error_handling(self.app, envs.TRTLLM_API_KEY.get() or None)
         self._routes()
@@ -149,17 +162,34 @@ class DisaggRouter:
                 return JSONResponse(reply.json(), status_code=reply.status_code)
             except (httpx.HTTPError, ValueError) as exc:
                 return self._failure(f"generation server {gen_url}: {exc}")
-        return StreamingResponse(
-            self._relay(gen_url, gen_body, forward), media_type="text/event-stream"
-        )
+        return await self._stream(gen_url, gen_body, forward)
 
-    async def _relay(self, url: str, body: dict, headers: dict[str, str]):
-        """The generation server's events as they come; if it fails or goes away mid-stream, an
-        OpenAI error event and ``[DONE]``, so the client sees an end and a reason."""
+    async def _stream(self, url: str, body: dict, headers: dict[str, str]):
+        """The generation server's stream; its refusal (an error status, before any event) is
+        answered as that status and error, not as a stream."""
         try:
-            async with self.client.stream("POST", url, json=body, headers=headers) as reply:
-                async for chunk in reply.aiter_raw():
-                    yield chunk
+            reply = await self.client.send(
+                self.client.build_request("POST", url, json=body, headers=headers), stream=True
+            )
+        except httpx.HTTPError as exc:
+            return self._failure(f"generation server {url}: {exc}")
+        if reply.status_code != 200:
+            try:
+                content = await reply.aread()
+                return JSONResponse(json.loads(content), status_code=reply.status_code)
+            except (httpx.HTTPError, ValueError) as exc:
+                return self._failure(f"generation server {url}: HTTP {reply.status_code}: {exc}")
+            finally:
+                await reply.aclose()
+        return StreamingResponse(self._relay(url, reply), media_type="text/event-stream")
+
+    async def _relay(self, url: str, reply: httpx.Response):
+        """The generation server's events as they come; if it fails or goes away mid-stream, an
+        OpenAI error event and ``[DONE]``, so the client sees an end and a reason. A client that
+        leaves closes the generation server's stream, which cancels the request there."""
+        try:
+            async for chunk in reply.aiter_raw():
+                yield chunk
         except httpx.HTTPError as exc:
             self.counters["cut_streams"] += 1
             error = ErrorResponse(
@@ -170,6 +200,8 @@ class DisaggRouter:
                 )
             )
             yield f"\n\ndata: {json.dumps(error.model_dump())}\n\ndata: [DONE]\n\n".encode()
+        finally:
+            await reply.aclose()
 
     async def _context_phase(
         self, path: str, body: dict, headers: dict[str, str]
@@ -179,9 +211,7 @@ class DisaggRouter:
         ask = DisaggregatedParams(request_type=RequestType.CONTEXT_ONLY)
         ctx_body = {**body, "stream": False, "disaggregated_params": ask.to_json()}
         try:
-            ctx_reply = await self.client.post(
-                next(self._ctx) + path, json=ctx_body, headers=headers
-            )
+            ctx_reply = await self._prefill(path, ctx_body, headers)
             result = ctx_reply.json()
         except (httpx.HTTPError, ValueError) as exc:
             return self._failure(f"context server: {exc}")
@@ -193,9 +223,40 @@ class DisaggRouter:
         try:
             params = None if raw is None else DisaggregatedParams.model_validate(raw)
             if params is None or params.request_type is RequestType.FINISHED:
-                return JSONResponse(result)  # it ended on the context server
+                # it ended on the context server (the end token at once, or max_tokens 1)
+                if body.get("stream"):
+                    return StreamingResponse(_as_events(result), media_type="text/event-stream")
+                return JSONResponse(result)
             return params.for_generation()
         except ValueError as exc:
             return error_response(
                 502, f"the context server's disaggregated_params: {exc}", "server_error"
             )
+
+    async def _prefill(self, path: str, body: dict, headers: dict[str, str]) -> httpx.Response:
+        """The context servers' reply, waiting (up to ``context_wait_s``) while they answer 429:
+        each holds KV for the generation servers' pulls, and those wait for room to decode, so a
+        full context server is back pressure to wait on, not an error for the client."""
+        deadline = time.monotonic() + self.context_wait_s
+        pause = _FIRST_RETRY_S
+        while True:
+            reply = await self.client.post(next(self._ctx) + path, json=body, headers=headers)
+            if reply.status_code != 429 or time.monotonic() + pause > deadline:
+                return reply
+            self.counters["context_retries"] += 1
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, _LAST_RETRY_S)
+
+
+def _as_events(completion: dict):
+    """A whole (chat) completion as the stream a client asked for: one chunk, then ``[DONE]``."""
+    chunk = {**completion, "choices": []}
+    chunk.pop("usage", None)
+    for choice in completion.get("choices", []):
+        choice = dict(choice)
+        if completion.get("object") == "chat.completion":
+            choice["delta"] = choice.pop("message", {})
+        chunk["choices"].append(choice)
+    if completion.get("object") == "chat.completion":
+        chunk["object"] = "chat.completion.chunk"
+    yield f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()

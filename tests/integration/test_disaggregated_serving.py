@@ -1,16 +1,13 @@
 """Three processes on loopback: a router, a context server and a generation server (NIXL over UCX,
 DRAM), against an aggregated server, all on the bundled model with Eagle3 and the unified cache."""
 
-import contextlib
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
 
-from tensorrt_llm.evaluate.deployment import deployment_env, free_port, metric, wait_healthy
+from tensorrt_llm.evaluate.deployment import disaggregation_options, metric, running
 
 pytest.importorskip("nixl")
 pytestmark = pytest.mark.slow
@@ -23,42 +20,15 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("disagg")
-    (tmp / "worker.yaml").write_text(
-        "cache_transceiver_config:\n  backend: NIXL\nkv_cache_config:\n  max_tokens: 65536\n"
-    )
-    ports = {name: free_port() for name in ("ctx", "gen", "router", "agg")}
-    (tmp / "disagg.yaml").write_text(
-        f"hostname: 127.0.0.1\nport: {ports['router']}\n"
-        f"context_servers:\n  urls: ['127.0.0.1:{ports['ctx']}']\n"
-        f"generation_servers:\n  urls: ['127.0.0.1:{ports['gen']}']\n"
-    )
-    serve = [sys.executable, "-m", "tensorrt_llm.commands.serve"]
-    commands = {
-        "ctx": serve
-        + ["--config", str(tmp / "worker.yaml"), "--device", "cpu", "--port", str(ports["ctx"])],
-        "gen": serve
-        + ["--config", str(tmp / "worker.yaml"), "--device", "cpu", "--port", str(ports["gen"])],
-        "agg": serve + ["--device", "cpu", "--port", str(ports["agg"])],
-        "router": serve + ["disaggregated", "-c", str(tmp / "disagg.yaml")],
-    }
-    urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
-    with contextlib.ExitStack() as stack:
-        logs = {n: stack.enter_context(open(tmp / f"{n}.log", "w")) for n in commands}
-        env = deployment_env()
-        procs = {
-            n: subprocess.Popen(c, stdout=logs[n], stderr=subprocess.STDOUT, env=env)
-            for n, c in commands.items()
-        }
-        try:
-            for name in ("ctx", "gen", "agg", "router"):
-                wait_healthy(urls[name], procs[name])
-            yield urls
-        finally:
-            for proc in procs.values():
-                proc.terminate()
-            for proc in procs.values():
-                proc.wait(timeout=30)
+    with running(tmp_path_factory.mktemp("disagg")) as servers:
+        servers.reserve("ctx", "gen", "router", "agg")
+        worker = disaggregation_options({"kv_cache_config": {"max_tokens": 65536}})
+        servers.server("ctx", worker)
+        servers.server("gen", worker)
+        servers.server("agg", {})
+        servers.router("router", ["ctx"], ["gen"])
+        servers.wait_healthy()
+        yield servers.urls
 
 
 def ask(url: str, question: str, stream: bool = False) -> str:

@@ -24,7 +24,9 @@ _RDMA_DEVICES = Path("/sys/class/infiniband")
 def _ipv4_of(interface: str) -> str | None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", interface.encode()[:15]))
+            raw = fcntl.ioctl(
+                s.fileno(), _SIOCGIFADDR, struct.pack("256s", interface.encode()[:15])
+            )
         except OSError:  # no IPv4 address
             return None
     return socket.inet_ntoa(raw[20:24])

@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.testclient import TestClient
 
 from tensorrt_llm._torch.disaggregation.params import (
@@ -57,6 +57,27 @@ def context_reply() -> dict:
     return {"choices": [], "disaggregated_params": params.to_json()}
 
 
+def ended_on_the_context_server() -> dict:
+    finished = DisaggregatedParams(
+        request_type=RequestType.FINISHED, output_token_ids=[5], finish_reason="length"
+    )
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "5"},
+                "finish_reason": "length",
+            }
+        ],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+        "disaggregated_params": finished.to_json(),
+    }
+
+
 def stand_ins() -> tuple[FastAPI, FastAPI]:
     ctx, gen = FastAPI(), FastAPI()
 
@@ -71,6 +92,23 @@ def stand_ins() -> tuple[FastAPI, FastAPI]:
             raise RuntimeError("the generation server dies")
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+    full = {"left": 2}  # "busy": the context server is full (429) twice, then answers
+
+    @ctx.post("/v1/chat/completions")
+    async def chat_prefill(request: Request):
+        content = (await request.json())["messages"][0]["content"]
+        if content == "always busy" or (content == "busy" and full["left"] > 0):
+            full["left"] -= content == "busy"
+            return JSONResponse({"error": {"message": "full", "code": 429}}, status_code=429)
+        if content == "one token":
+            return ended_on_the_context_server()
+        return context_reply()
+
+    @gen.post("/v1/chat/completions")
+    async def refuse():
+        error = {"message": "disaggregated_params: refused", "type": "invalid_request_error"}
+        return JSONResponse({"error": error}, status_code=400)
 
     @gen.get("/health")
     @ctx.get("/health")
@@ -135,6 +173,46 @@ def test_a_generation_server_dying_mid_stream_ends_the_stream_with_an_error(live
     error = json.loads(events[-2].removeprefix("data: "))["error"]
     assert error["type"] == "server_error" and "mid-stream" in error["message"]
     assert router.counters["cut_streams"] == 1
+
+
+def chat(client, content: str, stream: bool = False):
+    body = {"messages": [{"role": "user", "content": content}], "stream": stream}
+    return client.post("/v1/chat/completions", json=body)
+
+
+def test_a_full_context_server_is_waited_on_not_passed_to_the_client(live_backends):
+    # the context servers answer 429 while their KV waits for pulls; that wait is the router's
+    router = DisaggRouter(live_backends[:1], live_backends[1:])
+    with TestClient(router.app) as client:
+        reply = chat(client, "busy")
+        assert reply.status_code == 400  # it got past the context server: the stand-in's refusal
+        assert router.counters["context_retries"] == 2
+    impatient = DisaggRouter(live_backends[:1], live_backends[1:], context_wait_s=0.3)
+    with TestClient(impatient.app) as client:
+        start = time.monotonic()
+        assert chat(client, "always busy").status_code == 429  # at most context_wait_s later
+        assert 0.1 < time.monotonic() - start < 5 and impatient.counters["context_retries"] >= 2
+
+
+def test_a_request_that_ended_on_the_context_server_is_streamed_when_asked(live_backends):
+    with TestClient(DisaggRouter(live_backends[:1], live_backends[1:]).app) as client:
+        reply = chat(client, "one token", stream=True)
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith(
+        "text/event-stream"
+    )
+    events = [line.removeprefix("data: ") for line in reply.text.splitlines() if line]
+    assert events[-1] == "[DONE]" and len(events) == 2
+    chunk = json.loads(events[0])
+    assert chunk["object"] == "chat.completion.chunk"
+    assert chunk["choices"][0]["delta"]["content"] == "5"
+    assert chunk["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_refused_stream_keeps_the_generation_servers_status(live_backends):
+    with TestClient(DisaggRouter(live_backends[:1], live_backends[1:]).app) as client:
+        reply = chat(client, "hello", stream=True)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"] == "disaggregated_params: refused"
 
 
 def test_the_router_never_sends_on_a_connection_its_backend_is_closing():
