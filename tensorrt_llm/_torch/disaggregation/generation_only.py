@@ -105,6 +105,11 @@ class PromptKvPull:
         )
         return request.prompt_len - reused
 
+    def abandon(self) -> None:
+        """This request will not pull (it was cancelled, refused or failed first): tell the
+        context server, which frees its hold now rather than at its timeout."""
+        self.transceiver.release(self.handle)
+
     def _allocate(self, request: LlmRequest) -> int:
         """Slots for the whole prompt in every KV manager; returns the prompt tokens the target's
         prefix cache already held (``request.num_reused_tokens``)."""

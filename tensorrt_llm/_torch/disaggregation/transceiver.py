@@ -46,7 +46,7 @@ from tensorrt_llm._torch.disaggregation.trust import deployment_secret
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm.logger import logger
 
-_PULLED = b"pulled:"  # the notification a finished pull sends: b"pulled:<transfer id>"
+_PULLED = b"pulled:"  # a finished (or abandoned) pull sends b"pulled:<transfer id>": free the hold
 STALE_MARGIN_S = 0.25  # a pull must finish this long before the hold's expiry
 _MAX_REMEMBERED_PULLS = 65536  # transfer ids a generation side remembers, to refuse a replay
 MAX_HELD_TRANSFERS = 4096  # tickets a context side has: transfers held at once
@@ -184,10 +184,7 @@ class KvCacheTransceiver:
                 "here; a handle serves one pull"
             )
         self._check_live(request_id, handle, "before the pull")
-        peer = handle.agent_name
-        if peer not in self._peers:
-            self.agent.add_remote_agent(handle.agent_metadata_bytes())
-            self._peers.add(peer)
+        peer = self._connect(handle)
         local_slots = self.manager.get_batch_cache_indices([request_id])[0][start_block:num_blocks]
         remote_slots = handle.slots[start_block:num_blocks]
         if len(local_slots) != len(remote_slots):
@@ -208,6 +205,23 @@ class KvCacheTransceiver:
         while len(self._pulled) > _MAX_REMEMBERED_PULLS:
             self._pulled.popitem(last=False)
         return sum(size for _, size, _ in local)
+
+    def _connect(self, handle: TransferHandle) -> str:
+        peer = handle.agent_name
+        if peer not in self._peers:
+            self.agent.add_remote_agent(handle.agent_metadata_bytes())
+            self._peers.add(peer)
+        return peer
+
+    def release(self, handle: TransferHandle) -> None:
+        """Tell the context side that this side will not pull ``handle``: it frees the hold now
+        instead of at its timeout. Best effort (the timeout still frees it)."""
+        if handle.transfer_id in self._pulled:
+            return
+        try:
+            self.agent.send_notif(self._connect(handle), _encode_pulled(handle.transfer_id))
+        except Exception as exc:  # NIXL raises its own types; the hold still ends at its timeout
+            logger.warning("could not release transfer %s...: %s", handle.transfer_id[:8], exc)
 
     def _check_ticket(self, request_id: int, handle: TransferHandle, timeout_s: float) -> None:
         """READ the hold's ticket back (with the notification that releases the hold) and refuse

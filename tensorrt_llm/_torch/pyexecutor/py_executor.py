@@ -95,9 +95,10 @@ class PyExecutor:
 
     def cancel_request(self, request_id: int) -> bool:
         """Finish a request now and free its KV. Returns False if it is not active or waiting."""
-        for i, (req, _) in enumerate(self.waiting_generation_only):
+        for i, (req, load_kv) in enumerate(self.waiting_generation_only):
             if req.request_id == request_id:
                 del self.waiting_generation_only[i]
+                _abandon(load_kv)
                 req.finish(FinishReason.CANCELLED)
                 return True
         for req in self.active:
@@ -146,8 +147,14 @@ class PyExecutor:
         Admission is the scheduler's rule for a new prompt: the request waits, in arrival order,
         until the KV it needs to completion fits beside what the admitted requests are owed; only
         then does ``load_kv`` run. A request that fails to load ends with ``FinishReason.ERROR``
-        (raised here when it fails at once)."""
-        self.enqueue_request(request)  # the checks; it joins ``active`` once admitted
+        (raised here when it fails at once). A request refused, cancelled or failed before its KV
+        is loaded calls ``load_kv.abandon()`` when ``load_kv`` has one (so the context server can
+        free what it holds for the load now, not at its timeout)."""
+        try:
+            self.enqueue_request(request)  # the checks; it joins ``active`` once admitted
+        except ValueError:
+            _abandon(load_kv)
+            raise
         self.active.remove(request)
         self.waiting_generation_only.append((request, load_kv))
         self._admit_generation_only()
@@ -171,6 +178,7 @@ class PyExecutor:
             try:
                 self.stats.num_transferred_tokens += load_kv(request)
             except Exception as exc:  # this request ends; the others go on
+                _abandon(load_kv)
                 self.resource_manager.free_resources(request)
                 request.finish(FinishReason.ERROR, str(exc))
                 continue
@@ -309,3 +317,10 @@ class PyExecutor:
         req.text_limit = index
         req.finish(FinishReason.STOP, stop)
         return True
+
+
+def _abandon(load_kv: Callable[[LlmRequest], int]) -> None:
+    """``load_kv`` will not run (again): let it give up what it was waiting on, if it can."""
+    abandon = getattr(load_kv, "abandon", None)  # PromptKvPull has one; a plain function not
+    if abandon is not None:
+        abandon()

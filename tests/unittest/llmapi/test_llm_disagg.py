@@ -4,6 +4,7 @@ decodes; the drafter's KV travels in unified mode (AL kept) and not in separate 
 
 import json
 import random
+import time
 
 import pytest
 
@@ -83,3 +84,29 @@ def test_generation_only_requests_wait_for_slots_instead_of_failing(prompts):
     assert [o.outputs[0].token_ids for o in outputs] == wanted
     assert all(o.outputs[0].finish_reason == "length" for o in outputs)
     assert gen.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
+
+
+def test_a_request_cancelled_before_its_pull_frees_the_context_servers_hold(prompts):
+    # a generation-only request that leaves the queue unpulled tells the context server, which
+    # frees its hold at once instead of after transfer_timeout_s (60 s here)
+    ctx = make("unified", True)
+    gen = LLM(
+        device="cpu",
+        kv_cache_config=KvCacheConfig(max_tokens=128 * 3),
+        speculative_config=Eagle3DecodingConfig(
+            max_draft_len=3, speculative_model=str(BUNDLED_DRAFT)
+        ),
+        cache_transceiver_config=CacheTransceiverConfig(),
+    )
+    short = SamplingParams(max_tokens=24)
+    for params in ctx.generate_context_only(prompts[:6], short):
+        gen.executor.enqueue_generation_only(*gen.generation_only_request(params.to_json(), short))
+    waiting = [request for request, _ in gen.executor.waiting_generation_only]
+    assert waiting and len(ctx.executor.held_for_transfer) == 6
+    for request in waiting:
+        assert gen.executor.cancel_request(request.request_id)
+    deadline = time.monotonic() + 10
+    while ctx.executor.held_for_transfer and time.monotonic() < deadline:
+        ctx.release_pulled()  # the pulls of the admitted ones, the releases of the others
+        time.sleep(0.05)
+    assert not ctx.executor.held_for_transfer

@@ -210,3 +210,11 @@ def test_separate_mode_moves_the_target_only():
     )
     draft_slots = gen_draft.get_batch_cache_indices([0])[0]
     assert not gen_draft.pools[0][draft_slots].any()  # nothing moved the separate drafter's KV
+
+
+def test_a_release_frees_the_hold_without_a_read():
+    sender, receiver = receiving_pair("release")
+    handle = sender.export(0, hold_s=30.0)
+    receiver.release(handle)
+    assert pulled(sender) == [0]
+    assert not receiver.manager.pools[0].any()  # nothing was read
