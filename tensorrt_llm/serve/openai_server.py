@@ -169,6 +169,11 @@ class OpenAIServer:
                 param="disaggregated_params",
             )
         if disagg.request_type is RequestType.GENERATION_ONLY:
+            if disagg.prompt_token_ids != token_ids:
+                raise ValueError(
+                    "the request's prompt is not the one the context server prefilled "
+                    "(disaggregated_params.prompt_token_ids)"
+                )
             return self.llm.generation_only_request(disagg, params)
         if disagg.request_type is not RequestType.CONTEXT_ONLY:
             raise ValueError(

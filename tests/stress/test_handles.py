@@ -1,0 +1,156 @@
+"""Forged, replayed and stale transfer handles, forged pull notifications and malformed
+generation-only fields, against real servers (a context server, two generation servers, a router):
+each is refused with a clear error, none yields KV or a wrong 200, legitimate requests beside them
+succeed, and no server keeps a slot afterwards (issue 11, items 1-4, 8 and acceptance 3)."""
+
+import base64
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from conftest import SHORT_HOLD_S, disaggregated
+from stress_helpers import assert_no_slot_in_use, kv_state
+
+from tensorrt_llm._torch.disaggregation import trust
+from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
+from tensorrt_llm.evaluate.deployment import running
+
+pytest.importorskip("nixl")
+pytestmark = pytest.mark.slow
+QUESTION = "Ann has 58 cups. Ann gets 7 more cups. How many?"
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    with running(tmp_path_factory.mktemp("handles")) as deployment:
+        yield disaggregated(deployment, generation=("gen", "gen2"), hold_s=SHORT_HOLD_S)
+
+
+@pytest.fixture
+def auth(servers):
+    return {trust.DISAGG_AUTH_HEADER: servers.env["TRTLLM_DISAGG_SECRET"]}
+
+
+@pytest.fixture(autouse=True)
+def nothing_leaks(servers):
+    yield
+    names = ("ctx", "gen", "gen2")
+    assert_no_slot_in_use(*(servers.urls[n] for n in names), within_s=SHORT_HOLD_S + 20)
+
+
+def body(params: dict | None = None, question: str = QUESTION) -> dict:
+    request = {
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+    return request if params is None else {**request, "disaggregated_params": params}
+
+
+def prefill(servers, auth) -> dict:
+    """A context server's signed reply (what the router would send on)."""
+    reply = httpx.post(
+        servers.urls["ctx"] + "/v1/chat/completions",
+        json=body({"request_type": "context_only"}),
+        headers=auth,
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+    return {**reply.json()["disaggregated_params"], "request_type": "generation_only"}
+
+
+def generate(servers, name: str, params: dict, headers: dict) -> httpx.Response:
+    url = servers.urls[name] + "/v1/chat/completions"
+    return httpx.post(url, json=body(params), headers=headers, timeout=60)
+
+
+def refused(reply: httpx.Response, status: int, words: str) -> bool:
+    error = reply.json()["error"]
+    return reply.status_code == status and words in error["message"]
+
+
+def resigned(servers, params: dict, **changes) -> dict:
+    """``params`` changed and signed again with the deployment's secret: what only a server (or a
+    holder of the secret) could make; the fields themselves must still be checked."""
+    secret = servers.env["TRTLLM_DISAGG_SECRET"].encode()
+    changed = DisaggregatedParams.model_validate({**params, **changes})
+    return trust.sign(changed, secret).to_json()
+
+
+def answer(servers) -> str:
+    reply = httpx.post(servers.urls["router"] + "/v1/chat/completions", json=body(), timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["choices"][0]["message"]["content"]
+
+
+def test_forged_handles_are_refused_and_the_real_one_serves(servers, auth):
+    params = prefill(servers, auth)
+    handle = params["transfer_handle"]
+    elsewhere = {**params, "transfer_handle": {**handle, "slots": [0, 1, 2]}}
+    assert refused(generate(servers, "gen", elsewhere, auth), 400, "do not match their signature")
+    unsigned = {k: v for k, v in params.items() if k != "signature"}
+    assert refused(generate(servers, "gen", unsigned, auth), 400, "carry no signature")
+    assert generate(servers, "gen", params, {}).status_code == 403  # not from the router
+    reply = generate(servers, "gen", params, auth)
+    assert reply.status_code == 200
+    assert reply.json()["choices"][0]["message"]["content"] == answer(servers)
+
+
+def _until_released(servers, within_s: float = SHORT_HOLD_S + 10) -> None:
+    deadline = time.monotonic() + within_s
+    while kv_state(servers.urls["ctx"])["held_for_transfer"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert kv_state(servers.urls["ctx"])["held_for_transfer"] == 0
+
+
+def test_a_replayed_handle_is_refused_on_the_same_and_on_another_server(servers, auth):
+    params = prefill(servers, auth)
+    assert generate(servers, "gen", params, auth).status_code == 200
+    assert refused(generate(servers, "gen", params, auth), 400, "already pulled")
+    _until_released(servers)  # the first pull's notification freed the hold
+    answer(servers)  # another request may own those slots now
+    assert refused(generate(servers, "gen2", params, auth), 400, "ended the hold")
+
+
+def test_a_stale_handle_is_refused(servers, auth):
+    params = prefill(servers, auth)
+    _until_released(servers)  # nobody pulled it: the context server's hold timed out
+    assert refused(generate(servers, "gen", params, auth), 400, "before the pull")
+
+
+def test_forged_pull_notifications_free_nothing(servers, auth):
+    from nixl._api import nixl_agent, nixl_agent_config
+
+    params = prefill(servers, auth)
+    handle = params["transfer_handle"]
+    attacker = nixl_agent("attacker", nixl_agent_config(backends=["UCX"]))
+    victim = attacker.add_remote_agent(base64.b64decode(handle["agent_metadata"]))
+    guesses = [f"pulled:{handle['request_id']}", "pulled:" + secrets.token_urlsafe(24), "pulled:"]
+    for message in [*guesses, "hello", "pulled:\xff"]:
+        attacker.send_notif(victim, message.encode(errors="surrogateescape"))
+    time.sleep(1.0)
+    assert kv_state(servers.urls["ctx"])["held_for_transfer"] == 1  # still held for its pull
+    assert generate(servers, "gen", params, auth).status_code == 200
+
+
+MALFORMED = {
+    "first_token": ({"first_token": 10**6}, "first_token and draft_tokens must be in"),
+    "draft_tokens": ({"draft_tokens": [1] * 10}, "verifies at most max_draft_len"),
+    "a negative draft": ({"draft_tokens": [-3]}, "first_token and draft_tokens must be in"),
+    "prompt_token_ids": ({"prompt_token_ids": [5, 6, 7]}, "is not the one the context server"),
+}
+
+
+def test_malformed_generation_only_fields_fail_only_their_request(servers, auth):
+    bad = {
+        name: resigned(servers, prefill(servers, auth), **c) for name, (c, _) in MALFORMED.items()
+    }
+    with ThreadPoolExecutor(8) as pool:
+        legit = [pool.submit(answer, servers) for _ in range(6)]
+        replies = {n: pool.submit(generate, servers, "gen", p, auth) for n, p in bad.items()}
+        expected = answer(servers)
+        assert all(f.result() == expected for f in legit)
+        for name, (_, words) in MALFORMED.items():
+            assert refused(replies[name].result(), 400, words), (name, replies[name].text)
