@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from conftest import SHORT_HOLD_S, disaggregated
+from conftest import disaggregated
 from stress_helpers import assert_no_slot_in_use, kv_state
 
 from tensorrt_llm._torch.disaggregation import trust
@@ -20,12 +20,13 @@ from tensorrt_llm.evaluate.deployment import running
 pytest.importorskip("nixl")
 pytestmark = pytest.mark.slow
 QUESTION = "Ann has 58 cups. Ann gets 7 more cups. How many?"
+HANDLES_HOLD_S = 10.0  # long enough for a test's steps between a prefill and its pull
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     with running(tmp_path_factory.mktemp("handles")) as deployment:
-        yield disaggregated(deployment, generation=("gen", "gen2"), hold_s=SHORT_HOLD_S)
+        yield disaggregated(deployment, generation=("gen", "gen2"), hold_s=HANDLES_HOLD_S)
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def auth(servers):
 def nothing_leaks(servers):
     yield
     names = ("ctx", "gen", "gen2")
-    assert_no_slot_in_use(*(servers.urls[n] for n in names), within_s=SHORT_HOLD_S + 20)
+    assert_no_slot_in_use(*(servers.urls[n] for n in names), within_s=HANDLES_HOLD_S + 20)
 
 
 def body(params: dict | None = None, question: str = QUESTION) -> dict:
@@ -98,7 +99,7 @@ def test_forged_handles_are_refused_and_the_real_one_serves(servers, auth):
     assert reply.json()["choices"][0]["message"]["content"] == answer(servers)
 
 
-def _until_released(servers, within_s: float = SHORT_HOLD_S + 10) -> None:
+def _until_released(servers, within_s: float = HANDLES_HOLD_S + 10) -> None:
     deadline = time.monotonic() + within_s
     while kv_state(servers.urls["ctx"])["held_for_transfer"] and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -22,7 +22,9 @@ Each hold is one transfer with an unguessable ``transfer_id``, a ticket and an e
   during the READ, so the data is discarded with ``StaleTransferError``. This holds whatever the
   two clocks say, and it refuses a handle replayed to another generation server after its pull;
 - the generation side also refuses a handle whose hold ends within ``STALE_MARGIN_S`` (before any
-  read) and a handle it has already pulled.
+  read) and a handle it has already pulled;
+- a generation side that will not pull (its request was cancelled or refused first) sends the
+  same notification without a read (``release``), so the hold ends now, not at its timeout.
 """
 
 from __future__ import annotations
