@@ -9,7 +9,7 @@ from tensorrt_llm.evaluate.deployment import disaggregation_options, running
 # How long a context server holds KV for a pull: the default (60 s) under load, where a pull may
 # wait that long for room on its generation server; SHORT_HOLD_S where a test waits for holds that
 # can never be pulled (their generation server died) or makes a handle stale on purpose.
-SHORT_HOLD_S = 4.0
+SHORT_HOLD_S = 10.0
 
 
 @pytest.fixture(scope="module")
