@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
@@ -23,6 +23,8 @@ from tensorrt_llm.llmapi.llm import LLM
 from tensorrt_llm.sampling_params import SamplingParams
 from tensorrt_llm.serve import guards
 from tensorrt_llm.serve.errors import ServerError, error_response, install_error_handling
+from tensorrt_llm.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from tensorrt_llm.serve.metrics import RequestTimer, ServerMetrics
 from tensorrt_llm.serve.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -44,6 +46,7 @@ class Snapshot:
     text_limit: int | None
     avg_decoded_tokens_per_iter: float | None
     disaggregated_params: DisaggregatedParams | None = None
+    admitted_at: float | None = None  # time.monotonic() when the scheduler granted its KV
 
 
 class OpenAIServer:
@@ -54,7 +57,7 @@ class OpenAIServer:
         self.engine = EngineLoop(
             llm.executor, llm.release_pulled if llm.transceiver is not None else None
         )
-        self.counters = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "errors": 0}
+        self.metrics = ServerMetrics(llm)
         self.app = FastAPI(title="trtllm-serve")
         install_error_handling(self.app, api_key)
         self._routes()
@@ -111,27 +114,29 @@ class OpenAIServer:
 
         @app.get("/metrics")
         async def metrics():
-            return PlainTextResponse(self._metrics(), media_type="text/plain; version=0.0.4")
+            return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
         @app.post("/v1/completions")
         async def completions(body: CompletionRequest, request: Request):
+            timer = self.metrics.timer()
             prompt = body.prompt
             token_ids = (  # tokenized off the event loop: a long prompt stalls no other request
                 prompt
                 if isinstance(prompt, list)
                 else await asyncio.to_thread(self.llm.tokenizer.encode, prompt)
             )
-            return await self._serve(body, token_ids, request, chat=False)
+            return await self._serve(body, token_ids, request, timer, chat=False)
 
         @app.post("/v1/chat/completions")
         async def chat(body: ChatCompletionRequest, request: Request):
+            timer = self.metrics.timer()
             messages = [m.model_dump() for m in body.messages]
             guards.refuse_control_tokens(self.llm.tokenizer, messages)
             tokenizer = self.llm.tokenizer
             token_ids = await asyncio.to_thread(
                 lambda: tokenizer.encode(tokenizer.apply_chat_template(messages))
             )
-            return await self._serve(body, token_ids, request, chat=True)
+            return await self._serve(body, token_ids, request, timer, chat=True)
 
     # ---- generation ---------------------------------------------------------------------------
     def _params(self, body) -> SamplingParams:
@@ -185,7 +190,9 @@ class OpenAIServer:
         body.stream = False  # a context server answers once, with the KV handle
         return llm_request, None
 
-    async def _serve(self, body, token_ids: list[int], request: Request, chat: bool):
+    async def _serve(
+        self, body, token_ids: list[int], request: Request, timer: RequestTimer, chat: bool
+    ):
         guards.check_disagg_access(self.llm, request, body.disaggregated_params)
         params = self._params(body)
         await guards.check_hold_room(self.llm, self.engine, body.disaggregated_params)
@@ -197,10 +204,10 @@ class OpenAIServer:
                 param = "disaggregated_params"
             raise ServerError(400, str(exc), param=param) from None
         token_ids = llm_request.prompt_token_ids
-        self.counters["requests"] += 1
-        self.counters["prompt_tokens"] += len(token_ids)
+        self.metrics.requests.inc()
+        self.metrics.prompt_tokens.inc(len(token_ids))
         rid = new_id("chatcmpl" if chat else "cmpl")
-        updates = self._run(llm_request, request, load_kv)
+        updates = self._run(llm_request, request, load_kv, timer)
         if body.stream:
             return StreamingResponse(
                 self._sse(rid, updates, params, chat, len(token_ids), body),
@@ -210,7 +217,7 @@ class OpenAIServer:
         if last is None:  # the client went away: its request was cancelled, nobody to answer
             return JSONResponse({}, status_code=499)
         if last.finish_reason is FinishReason.ERROR:
-            self.counters["errors"] += 1
+            self.metrics.errors.inc()
             refused = isinstance(last.stop_reason, str)  # admission refused it (a ValueError)
             raise ServerError(
                 400 if refused else 500,
@@ -218,7 +225,6 @@ class OpenAIServer:
                 "invalid_request_error" if refused else "server_error",
             )
         text = self._text(last)
-        self.counters["generation_tokens"] += len(last.token_ids)
         choice = {
             "index": 0,
             "finish_reason": last.finish_reason,
@@ -246,7 +252,7 @@ class OpenAIServer:
         return reply
 
     async def _run(
-        self, llm_request: LlmRequest, request: Request, load_kv=None
+        self, llm_request: LlmRequest, request: Request, load_kv, timer: RequestTimer
     ) -> AsyncIterator[Snapshot]:
         """Submit, then yield a snapshot after every step that touched the request. Leaving early
         (a disconnected client, a cancelled task) cancels the request and frees its slots."""
@@ -263,6 +269,7 @@ class OpenAIServer:
                 req.text_limit,
                 req.avg_decoded_tokens_per_iter,
                 result,
+                req.admitted_at,
             )
             loop.call_soon_threadsafe(updates.put_nowait, snap)
 
@@ -275,6 +282,8 @@ class OpenAIServer:
             while not finished:
                 snap = await updates.get()
                 finished = snap.finished
+                al = snap.avg_decoded_tokens_per_iter
+                timer.update(len(snap.token_ids), snap.admitted_at, finished, al)
                 yield snap
         finally:
             if not finished:
@@ -321,11 +330,11 @@ class OpenAIServer:
         hold = (
             max((len(s) for s in params.stop or []), default=1) - 1
         )  # a stop string may still complete
-        sent = ""
-        first = True
+        sent, first, emitted = "", True, 0
         async for snap in updates:
+            emitted = len(snap.token_ids)
             if snap.finish_reason is FinishReason.ERROR:
-                self.counters["errors"] += 1
+                self.metrics.errors.inc()
                 yield f"data: {json.dumps(ErrorResponse(error=ErrorInfo(message=str(snap.stop_reason), type='server_error', code=500)).model_dump())}\n\n"
                 break
             text = self._text(snap)
@@ -342,43 +351,14 @@ class OpenAIServer:
                 choice["text"] = delta
             if snap.finished:
                 choice["avg_decoded_tokens_per_iter"] = snap.avg_decoded_tokens_per_iter
-                self.counters["generation_tokens"] += len(snap.token_ids)
             first = False
             yield f"data: {json.dumps({'id': rid, 'object': kind, 'created': now(), 'model': self.model_name, 'choices': [choice]})}\n\n"
+        if (body.stream_options or {}).get("include_usage"):  # one last chunk: usage, no choices
+            usage = {
+                "prompt_tokens": num_prompt,
+                "completion_tokens": emitted,
+                "total_tokens": num_prompt + emitted,
+            }
+            chunk = {"id": rid, "object": kind, "created": now(), "model": self.model_name}
+            yield f"data: {json.dumps(chunk | {'choices': [], 'usage': usage})}\n\n"
         yield "data: [DONE]\n\n"
-
-    # ---- metrics ------------------------------------------------------------------------------
-    def _metrics(self) -> str:
-        stats = self.llm.executor.stats
-        kv = self.llm.kv_cache_manager.get_kv_cache_stats()
-        worker = self.llm.executor.spec_worker
-        mode = "target only" if worker is None else worker.draft_kv_mode or "unresolved"
-        lines = [
-            "# TYPE trtllm_requests_total counter",
-            f"trtllm_requests_total {self.counters['requests']}",
-            "# TYPE trtllm_request_errors_total counter",
-            f"trtllm_request_errors_total {self.counters['errors']}",
-            "# TYPE trtllm_prompt_tokens_total counter",
-            f"trtllm_prompt_tokens_total {self.counters['prompt_tokens']}",
-            "# TYPE trtllm_generation_tokens_total counter",
-            f"trtllm_generation_tokens_total {stats.num_generated_tokens}",
-            "# TYPE trtllm_acceptance_length gauge",
-            f"trtllm_acceptance_length {stats.avg_decoded_tokens_per_iter or 1.0}",
-            "# TYPE trtllm_kv_cache_slots gauge",
-            f'trtllm_kv_cache_slots{{state="free"}} {kv.num_free_slots}',
-            f'trtllm_kv_cache_slots{{state="used"}} {kv.num_used_slots}',
-            f'trtllm_kv_cache_slots{{state="cached"}} {kv.num_cached_slots}',
-            "# TYPE trtllm_prefix_reuse_hits_total counter",
-            f"trtllm_prefix_reuse_hits_total {kv.num_reused_blocks}",
-            "# TYPE trtllm_prefix_reused_tokens_total counter",
-            f"trtllm_prefix_reused_tokens_total {stats.num_reused_tokens}",
-            "# TYPE trtllm_context_tokens_computed_total counter",
-            f"trtllm_context_tokens_computed_total {stats.num_context_tokens_computed}",
-            "# TYPE trtllm_transferred_tokens_total counter",
-            f"trtllm_transferred_tokens_total {stats.num_transferred_tokens}",
-            "# TYPE trtllm_held_for_transfer gauge",
-            f"trtllm_held_for_transfer {len(self.llm.executor.held_for_transfer)}",
-            "# TYPE trtllm_draft_kv_mode gauge",
-            f'trtllm_draft_kv_mode{{mode="{mode}"}} 1',
-        ]
-        return "\n".join(lines) + "\n"

@@ -9,8 +9,46 @@
 
 import os
 
+import pytest
 import torch
 
 os.environ.setdefault("TRTLLM_DISAGG_SECRET", "unit-tests-deployment-secret")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _serve_in_thread(app):
+    """``app`` on a free loopback port in a uvicorn thread; returns (url, stop)."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+
+    def stop():
+        server.should_exit = True
+        thread.join(timeout=10)
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+@pytest.fixture(scope="module")
+def bundled_server():
+    """A live trtllm-serve of the bundled model (Eagle3 unified, CPU): (OpenAIServer, base URL)."""
+    from tensorrt_llm.commands.serve import build_server
+
+    server = build_server(None, None, device="cpu")
+    url, stop = _serve_in_thread(server.app)
+    yield server, url
+    stop()
+    server.shutdown()

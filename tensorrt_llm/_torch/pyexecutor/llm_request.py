@@ -60,6 +60,7 @@ class LlmRequest:
     # Disaggregated serving: a context-only request stops after its prompt (first token and first
     # drafts made) and keeps its KV for a generation server to pull.
     context_only: bool = False
+    admitted_at: float | None = None  # time.monotonic() when the scheduler granted its KV
 
     def __post_init__(self) -> None:
         if self.sampling_params.seed is not None:

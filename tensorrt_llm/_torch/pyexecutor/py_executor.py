@@ -185,6 +185,7 @@ class PyExecutor:
             request.context_current_position = request.prompt_len
             request.state = LlmRequestState.GENERATION_IN_PROGRESS
             self._admitted.add(request.request_id)
+            request.admitted_at = time.monotonic()
             self.active.append(request)
             owed += kv.get_needed_resource_to_completion(request)  # what it still needs
             self._check_stop(request, request.output_token_ids[-1])  # the first token may end it

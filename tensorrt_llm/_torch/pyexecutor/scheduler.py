@@ -8,6 +8,7 @@ Admission is first-come first-served: a request that does not fit blocks those b
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -92,6 +93,7 @@ class GuaranteedNoEvictScheduler:
                     break
                 owed += need
                 admitted.add(req.request_id)
+                req.admitted_at = time.monotonic()
             remaining = req.prompt_len - req.context_current_position
             chunk = min(remaining, budget)
             if chunk <= 0 or (chunk < remaining and not self.enable_chunked_prefill):

@@ -1,33 +1,15 @@
 """A live trtllm-serve (bundled model, Eagle3 unified, CPU) driven by the openai client."""
 
-import socket
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
-
-from tensorrt_llm.commands.serve import build_server
 
 
 @pytest.fixture(scope="module")
-def server():
-    srv = build_server(None, None, device="cpu")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(srv.app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not uv.started and time.time() < deadline:
-        time.sleep(0.05)
-    yield srv, f"http://127.0.0.1:{port}"
-    uv.should_exit = True
-    thread.join(timeout=10)
-    srv.shutdown()
+def server(bundled_server):
+    return bundled_server
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +130,75 @@ def test_a_bad_disaggregated_request_is_a_400_naming_disaggregated_params(
     )
     error = reply.json()["error"]
     assert reply.status_code == 400 and error["param"] == param and message in error["message"]
+
+
+HISTOGRAMS = (
+    "trtllm_time_to_first_token_seconds",
+    "trtllm_inter_token_latency_seconds",
+    "trtllm_e2e_request_latency_seconds",
+    "trtllm_request_queue_time_seconds",
+    "trtllm_request_acceptance_length",
+)
+
+
+def scrape(url: str) -> dict[str, dict[str, float]]:
+    """``/metrics`` parsed by prometheus_client: family -> sample name (with labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        samples = {}
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "le")
+            key = s.name + (f"{{{labels}}}" if labels else "")
+            if "le" not in s.labels:
+                samples[key] = s.value
+        families[family.name] = samples
+    return families
+
+
+def test_metrics_parse_and_the_latency_histograms_move(server, client):
+    # issue 12, acceptance 3
+    _, url = server
+    before = scrape(url)
+    assert all(before[h].get(h + "_count") is not None for h in HISTOGRAMS), sorted(before)
+    for stream in (False, True):
+        reply = client.completions.create(
+            model="target",
+            prompt=QUESTION,
+            max_tokens=12,
+            temperature=0,
+            stream=stream,
+            extra_body={"ignore_eos": True},
+        )
+        if stream:
+            list(reply)
+    after = scrape(url)
+    for name in HISTOGRAMS:
+        assert after[name][name + "_count"] >= before[name][name + "_count"] + 2, name
+        assert after[name][name + "_sum"] > before[name][name + "_sum"], name
+    itl = after["trtllm_inter_token_latency_seconds"]["trtllm_inter_token_latency_seconds_count"]
+    assert (
+        itl
+        - before["trtllm_inter_token_latency_seconds"]["trtllm_inter_token_latency_seconds_count"]
+        >= 2 * (12 - 1) - 2
+    )  # about one interval per token after the first
+    assert after["trtllm_requests"]["trtllm_requests_total"] >= 2
+    assert after["trtllm_kv_cache_slots"]["trtllm_kv_cache_slots{state=used}"] == 0
+
+
+def test_include_usage_ends_the_stream_with_the_usage(client):
+    chunks = list(
+        client.chat.completions.create(
+            model="target",
+            messages=[{"role": "user", "content": QUESTION}],
+            max_tokens=9,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    assert all(c.usage is None for c in chunks[:-1]) and chunks[-1].choices == []
+    usage = chunks[-1].usage
+    assert usage.completion_tokens == 9 and usage.total_tokens == usage.prompt_tokens + 9

@@ -1,0 +1,1 @@
+"""Benchmarks a user runs against a server (``trtllm-bench``)."""

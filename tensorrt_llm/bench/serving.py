@@ -1,0 +1,202 @@
+"""A serving benchmark against any OpenAI-compatible server: a fixed-seed workload sent at a fixed
+concurrency or at a Poisson request rate, every request streamed, and per request the time to first
+token (TTFT), the gaps between tokens (ITL), the time per output token after the first (TPOT) and,
+where the server reports it (``avg_decoded_tokens_per_iter``), the acceptance length.
+
+Output tokens are counted from the usage the server sends last (``stream_options.include_usage``);
+a server that sends none is counted one token per content chunk. A chunk that carries several
+tokens (speculative decoding emits several per step) spreads its gap over them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from tensorrt_llm.evaluate.tasks import gsm8k_tiny
+
+_WORDS = [
+    "the",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "it",
+    "be",
+    "this",
+    "are",
+    "or",
+    "an",
+]
+DATASETS = ("gsm8k", "random")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """``num_requests`` requests made from ``seed``: ``gsm8k`` questions (trtllm-eval's
+    generator; the bundled drafter's domain) or ``random`` words of ``input_len`` +- 25%."""
+
+    dataset: str = "gsm8k"
+    num_requests: int = 64
+    input_len: int = 128
+    output_len: int = 64
+    seed: int = 0
+
+    def requests(self) -> list[dict]:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset {self.dataset!r}: choose one of {DATASETS}")
+        rng = random.Random(self.seed)
+        out = []
+        for _ in range(self.num_requests):
+            if self.dataset == "gsm8k":
+                content = gsm8k_tiny(rng)[0][0]["content"]
+            else:
+                n = max(1, round(self.input_len * rng.uniform(0.75, 1.25)))
+                content = " ".join(rng.choice(_WORDS) for _ in range(n))
+            out.append({"messages": [{"role": "user", "content": content}]})
+        return out
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    error: str = ""
+    ttft: float = 0.0
+    latency: float = 0.0
+    output_tokens: int = 0
+    itls: list[float] = field(default_factory=list)
+    al: float | None = None
+
+    @property
+    def tpot(self) -> float | None:
+        if self.output_tokens < 2:
+            return None
+        return (self.latency - self.ttft) / (self.output_tokens - 1)
+
+
+def _chunk_tokens(event: dict) -> tuple[str, dict | None]:
+    """The text and the choice of one streamed chunk (chat or completions)."""
+    choices = event.get("choices") or []
+    if not choices:
+        return "", None
+    choice = choices[0]
+    delta = choice.get("delta")
+    text = (delta.get("content") if delta is not None else choice.get("text")) or ""
+    return text, choice
+
+
+async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
+    start = time.perf_counter()
+    result, chunk_times, last, usage = RequestResult(ok=False), [], start, None
+    try:
+        async with client.stream("POST", url, json=body) as reply:
+            if reply.status_code != 200:
+                await reply.aread()
+                return RequestResult(False, f"HTTP {reply.status_code}: {reply.text[:200]}")
+            async for line in reply.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line.removeprefix("data: "))
+                if "error" in event:
+                    return RequestResult(False, json.dumps(event["error"])[:200])
+                usage = event.get("usage") or usage
+                text, choice = _chunk_tokens(event)
+                now = time.perf_counter()
+                if text:
+                    chunk_times.append((now - last, now))
+                    last = now
+                if choice and choice.get("avg_decoded_tokens_per_iter") is not None:
+                    result.al = float(choice["avg_decoded_tokens_per_iter"])
+    except httpx.HTTPError as exc:
+        return RequestResult(False, repr(exc)[:200])
+    if not chunk_times:
+        return RequestResult(False, "no output tokens")
+    result.ok = True
+    result.ttft = chunk_times[0][1] - start
+    result.latency = time.perf_counter() - start
+    result.output_tokens = (usage or {}).get("completion_tokens") or len(chunk_times)
+    per_chunk = max(1.0, (result.output_tokens - 1) / max(1, len(chunk_times) - 1))
+    for gap, _ in chunk_times[1:]:  # a chunk of k tokens: k gaps of gap / k
+        k = max(1, round(per_chunk))
+        result.itls += [gap / k] * k
+    return result
+
+
+async def run_level(
+    url: str,
+    bodies: list[dict],
+    concurrency: int | None = None,
+    request_rate: float | None = None,
+    seed: int = 0,
+    on_done: Callable[[], None] | None = None,
+) -> tuple[list[RequestResult], float]:
+    """All ``bodies`` at ``concurrency`` in flight, or arriving at ``request_rate`` per second
+    (exponential gaps from ``seed``). Returns the results and the wall time."""
+    gate = asyncio.Semaphore(concurrency or len(bodies))
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=(concurrency or len(bodies)) + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def send(body: dict, delay: float) -> RequestResult:
+            await asyncio.sleep(delay)
+            async with gate:
+                result = await one_request(client, url, body)
+            if on_done is not None:
+                on_done()
+            return result
+
+        delays, t = [], 0.0
+        for _ in bodies:
+            delays.append(t)
+            t += rng.expovariate(request_rate) if request_rate else 0.0
+        start = time.perf_counter()
+        results = await asyncio.gather(*(send(b, d) for b, d in zip(bodies, delays)))
+    return list(results), time.perf_counter() - start
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "mean": statistics.fmean(values)}
+
+
+def summarize(results: list[RequestResult], wall_s: float) -> dict:
+    good = [r for r in results if r.ok]
+    tokens = sum(r.output_tokens for r in good)
+    als = [r.al for r in good if r.al is not None]
+    return {
+        "requests": len(results),
+        "failed": len(results) - len(good),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "wall_s": wall_s,
+        "request_throughput": len(good) / wall_s if wall_s else 0.0,
+        "output_tokens_per_s": tokens / wall_s if wall_s else 0.0,
+        "mean_output_tokens": tokens / len(good) if good else 0.0,
+        "ttft_s": _percentiles([r.ttft for r in good]),
+        "tpot_s": _percentiles([r.tpot for r in good if r.tpot is not None]),
+        "itl_s": _percentiles([x for r in good for x in r.itls]),
+        "mean_al": statistics.fmean(als) if als else None,
+    }

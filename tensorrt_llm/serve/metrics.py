@@ -1,0 +1,136 @@
+"""A server's Prometheus metrics, through ``prometheus_client``.
+
+Per request (observed by the HTTP handler, on the event loop): time to first token, inter-token
+latency (a step that emits n tokens counts n intervals of its duration / n), end-to-end latency,
+queue time (arrival to admission, when the scheduler grants the request its KV) and acceptance
+length. Counters of requests, errors and prompt tokens. The executor's own counts (generated,
+reused, computed and transferred tokens, KV slots, held transfers, the draft KV mode) are read when
+``/metrics`` is scraped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from tensorrt_llm.llmapi import LLM
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENCY_BUCKETS += (30.0, 60.0, 120.0, 300.0)
+AL_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
+
+
+def _seconds(what: str, doc: str, registry: CollectorRegistry) -> Histogram:
+    return Histogram(f"trtllm_{what}_seconds", doc, buckets=LATENCY_BUCKETS, registry=registry)
+
+
+class ServerMetrics:
+    def __init__(self, llm: LLM) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("trtllm_requests", "Requests accepted", registry=r)
+        self.errors = Counter("trtllm_request_errors", "Requests that failed", registry=r)
+        self.prompt_tokens = Counter("trtllm_prompt_tokens", "Prompt tokens", registry=r)
+        self.ttft = _seconds("time_to_first_token", "Arrival to the first output token", r)
+        self.itl = _seconds("inter_token_latency", "Time per output token after the first", r)
+        self.e2e = _seconds("e2e_request_latency", "Arrival to the last output token", r)
+        self.queue = _seconds("request_queue_time", "Arrival to admission (KV granted)", r)
+        self.al = Histogram(
+            "trtllm_request_acceptance_length",
+            "Tokens emitted per generation step, per finished request",
+            buckets=AL_BUCKETS,
+            registry=r,
+        )
+        r.register(_ExecutorCollector(llm))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def timer(self) -> RequestTimer:
+        return RequestTimer(self)
+
+
+class RequestTimer:
+    """One request's latencies, fed each update of its output as the handler receives it."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self.arrival = time.monotonic()
+        self.tokens = 0
+        self.last = self.arrival
+        self.queued = False
+
+    def update(
+        self, num_tokens: int, admitted_at: float | None, finished: bool, al: float | None
+    ) -> None:
+        now, m = time.monotonic(), self.metrics
+        if not self.queued and admitted_at is not None:
+            m.queue.observe(max(0.0, admitted_at - self.arrival))
+            self.queued = True
+        new = num_tokens - self.tokens
+        if new > 0:
+            if self.tokens == 0:  # (tokens that came with the first have no interval to measure)
+                m.ttft.observe(now - self.arrival)
+            else:
+                for _ in range(new):
+                    m.itl.observe((now - self.last) / new)
+            self.tokens, self.last = num_tokens, now
+        if finished:
+            m.e2e.observe(now - self.arrival)
+            if al is not None and num_tokens:
+                m.al.observe(al)
+
+
+class _ExecutorCollector:
+    """The executor's counts, read at scrape time."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+
+    def collect(self):
+        executor = self.llm.executor
+        stats = executor.stats
+        kv = self.llm.kv_cache_manager.get_kv_cache_stats()
+        counters = {
+            "trtllm_generation_tokens": ("Output tokens", stats.num_generated_tokens),
+            "trtllm_prefix_reuse_hits": (
+                "KV blocks reused from the prefix cache",
+                kv.num_reused_blocks,
+            ),
+            "trtllm_prefix_reused_tokens": ("Prompt tokens reused", stats.num_reused_tokens),
+            "trtllm_context_tokens_computed": (
+                "Prompt tokens prefilled here",
+                stats.num_context_tokens_computed,
+            ),
+            "trtllm_transferred_tokens": ("Prompt tokens pulled", stats.num_transferred_tokens),
+        }
+        for name, (doc, value) in counters.items():
+            yield CounterMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily(
+            "trtllm_acceptance_length",
+            "Tokens emitted per generation step, over the server's life",
+            value=stats.avg_decoded_tokens_per_iter or 1.0,
+        )
+        slots = GaugeMetricFamily("trtllm_kv_cache_slots", "KV slots by state", labels=["state"])
+        for state, value in (
+            ("free", kv.num_free_slots),
+            ("used", kv.num_used_slots),
+            ("cached", kv.num_cached_slots),
+        ):
+            slots.add_metric([state], value)
+        yield slots
+        yield GaugeMetricFamily(
+            "trtllm_held_for_transfer",
+            "Context-only requests whose KV waits for a pull",
+            value=len(executor.held_for_transfer),
+        )
+        worker = executor.spec_worker
+        mode = "target only" if worker is None else worker.draft_kv_mode or "unresolved"
+        modes = GaugeMetricFamily("trtllm_draft_kv_mode", "The drafter's KV cache", labels=["mode"])
+        modes.add_metric([mode], 1)
+        yield modes
