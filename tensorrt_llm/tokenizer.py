@@ -2,53 +2,111 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 TOKENIZER_FILE = "tokenizer.json"
 
-# The chat template shared by training, ``LLM`` and the server:
-#   <|user|>{content}<|end|><|assistant|>{content}<|end|>...   (+ "<|assistant|>" to prompt a reply)
+TOKENIZER_CONFIG = "tokenizer_config.json"
 USER, ASSISTANT, END = "<|user|>", "<|assistant|>", "<|end|>"
 CHAT_SPECIAL_TOKENS = ["<unk>", "<pad>", END, USER, ASSISTANT]
 CHAT_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;?!+-=*/()'\"\n"
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
-def apply_chat_template(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-    """Render ``[{"role": "user" | "assistant" | "system", "content": str}, ...]``."""
-    parts = []
-    for i, message in enumerate(messages):
-        role = message.get("role")
-        if role not in ("user", "assistant", "system"):
-            raise ValueError(
-                f"messages[{i}].role={role!r}: expected 'user', 'assistant' or 'system'"
-            )
-        tag = ASSISTANT if role == "assistant" else USER
-        parts.append(f"{tag}{message.get('content', '')}{END}")
-    if add_generation_prompt:
-        parts.append(ASSISTANT)
-    return "".join(parts)
+def _template_environment():
+    """Jinja as ``transformers`` renders chat templates: sandboxed, immutable, blocks trimmed,
+    ``raise_exception`` and ``tojson`` available."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent)
+    return env
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(template: str):
+    return _template_environment().from_string(template)
+
+
+def render_chat_template(
+    template: str, messages: list[dict], add_generation_prompt: bool = True, **special_tokens
+) -> str:
+    """A checkpoint's Jinja ``chat_template`` applied to ``messages``; the template's own errors
+    (``raise_exception``) and Jinja's become a ``ValueError`` with the template's message."""
+    from jinja2.exceptions import TemplateError
+
+    try:
+        return _compiled(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **special_tokens
+        )
+    except TemplateError as exc:
+        raise ValueError(f"chat template: {exc}") from None
+
+
+def _token_text(value) -> str | None:
+    """A special token as ``tokenizer_config.json`` writes it: a string or ``{"content": ...}``."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _chat_template(config: dict) -> str | None:
+    """The default template: a string, or the ``"default"`` one of a list of named templates."""
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
 
 
 class TransformersTokenizer:
     """The few operations the runtime needs: encode, decode, and the special ids."""
 
     def __init__(
-        self, tokenizer: Tokenizer, eos_token: str | None = None, bos_token: str | None = None
+        self,
+        tokenizer: Tokenizer,
+        eos_token: str | None = None,
+        bos_token: str | None = None,
+        chat_template: str | None = None,
+        special_tokens: dict[str, str] | None = None,
+        name: str = "this tokenizer",
     ) -> None:
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.token_to_id(eos_token) if eos_token else None
         self.bos_token_id = tokenizer.token_to_id(bos_token) if bos_token else None
+        self.chat_template = chat_template
+        self.special_tokens_map = dict(special_tokens or {})
+        self.name = name
 
     @classmethod
     def from_pretrained(
         cls, model_dir: str | Path, eos_token: str | None = None
     ) -> TransformersTokenizer:
+        """``tokenizer.json``, plus the chat template and special tokens of
+        ``tokenizer_config.json`` when there is one (as ``transformers`` reads them)."""
         path = Path(model_dir) / TOKENIZER_FILE
         if not path.is_file():
             raise ValueError(f"tokenizer={str(model_dir)!r}: no {TOKENIZER_FILE} there")
-        return cls(Tokenizer.from_file(str(path)), eos_token=eos_token)
+        config_path = Path(model_dir) / TOKENIZER_CONFIG
+        try:
+            config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{config_path}: not JSON ({exc})") from None
+        special = {k: _token_text(config[k]) for k in _SPECIAL_KEYS if config.get(k)}
+        return cls(
+            Tokenizer.from_file(str(path)),
+            eos_token=eos_token,
+            chat_template=_chat_template(config),
+            special_tokens=special,
+            name=str(model_dir),
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -68,7 +126,15 @@ class TransformersTokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:
-        return apply_chat_template(messages, add_generation_prompt)
+        """``messages`` rendered by the checkpoint's Jinja ``chat_template``."""
+        if self.chat_template is None:
+            raise ValueError(
+                f"{self.name}: its {TOKENIZER_CONFIG} has no chat_template, so chat messages "
+                "cannot be rendered; send a prompt to /v1/completions instead"
+            )
+        return render_chat_template(
+            self.chat_template, messages, add_generation_prompt, **self.special_tokens_map
+        )
 
 
 def build_char_tokenizer(alphabet: str, special_tokens: list[str]) -> Tokenizer:

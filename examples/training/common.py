@@ -12,14 +12,31 @@ from tokenizers import Tokenizer
 
 from tensorrt_llm.evaluate.tasks import training_conversations
 from tensorrt_llm.tokenizer import (
-    ASSISTANT,
     CHAT_ALPHABET,
     CHAT_SPECIAL_TOKENS,
     END,
-    USER,
-    apply_chat_template,
     build_char_tokenizer,
+    render_chat_template,
 )
+
+# The bundled checkpoints' chat template (Jinja, in tokenizer_config.json as Hugging Face keeps it):
+#   <|user|>{content}<|end|><|assistant|>{content}<|end|>...   (+ "<|assistant|>" to prompt a reply)
+# A system message takes the user tag.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] not in ['user', 'assistant', 'system'] -%}"
+    "{{- raise_exception('messages[' ~ loop.index0 ~ '].role=' ~ message['role'] ~ "
+    "\": expected 'user', 'assistant' or 'system'\") -}}"
+    "{%- endif -%}"
+    "{{- '<|assistant|>' if message['role'] == 'assistant' else '<|user|>' -}}"
+    "{{- message['content'] -}}<|end|>"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+)
+
+
+def render(messages: list[dict], add_generation_prompt: bool = True) -> str:
+    return render_chat_template(CHAT_TEMPLATE, messages, add_generation_prompt, eos_token=END)
 
 
 def build_tokenizer() -> Tokenizer:
@@ -30,11 +47,11 @@ def save_tokenizer(tokenizer: Tokenizer, model_dir: Path) -> None:
     model_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(model_dir / "tokenizer.json"))
     config = {
-        "chat_template": "trtllm-chat-v1",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
         "eos_token": END,
         "pad_token": "<pad>",
-        "user_token": USER,
-        "assistant_token": ASSISTANT,
+        "unk_token": "<unk>",
     }
     (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
@@ -45,7 +62,7 @@ def encode_conversation(tokenizer: Tokenizer, messages: list[dict]) -> tuple[lis
     ids: list[int] = []
     mask: list[int] = []
     for message in messages:
-        text = apply_chat_template([message], add_generation_prompt=False)
+        text = render([message], add_generation_prompt=False)
         piece = tokenizer.encode(text, add_special_tokens=False).ids
         ids += piece
         trained = message["role"] == "assistant"

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from tensorrt_llm.evaluate.tasks import training_conversations
-from tensorrt_llm.tokenizer import apply_chat_template
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import render  # noqa: E402
 
 
 def main() -> None:
@@ -28,7 +31,7 @@ def main() -> None:
     with args.out.open("w") as f:
         for conv in training_conversations(args.seed, args.count):
             record = (
-                {"text": apply_chat_template(conv, add_generation_prompt=False)}
+                {"text": render(conv, add_generation_prompt=False)}
                 if args.rendered
                 else {"messages": conv}
             )
