@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MAX_LOGPROBS = 20
+
 
 @dataclass
 class SamplingParams:
@@ -25,6 +27,9 @@ class SamplingParams:
     ignore_eos: bool = False
     detokenize: bool = True
     return_generation_logits: bool = False
+    # Log-probabilities of the emitted tokens under the target's distribution (its raw logits, the
+    # same with or without speculative decoding), and of this many most likely tokens at each.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
@@ -46,6 +51,12 @@ class SamplingParams:
             not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1
         ):
             raise bad("top_p", "must be in (0, 1]")
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int)
+            or isinstance(self.logprobs, bool)
+            or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise bad("logprobs", f"must be an int in [0, {MAX_LOGPROBS}] (top tokens per token)")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", "must be an int")
         if isinstance(self.stop, str):

@@ -34,6 +34,8 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     avg_decoded_tokens_per_iter: float | None = None
     generation_logits: torch.Tensor | None = None  # [num_tokens, vocab] if requested
+    # per token of token_ids, if SamplingParams.logprobs: (its log-probability, [(token, lp)...])
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 @dataclass
@@ -235,6 +237,9 @@ class LLM:
             avg_decoded_tokens_per_iter=request.avg_decoded_tokens_per_iter,
             generation_logits=torch.stack(request.py_generation_logits)
             if request.py_generation_logits
+            else None,
+            logprobs=list(request.py_logprobs)
+            if request.sampling_params.logprobs is not None
             else None,
         )
         return RequestOutput(

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 
@@ -37,6 +37,10 @@ class _SamplingFields(OpenAIBaseModel):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[int]
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=20)  # top tokens per token
+
+    def wanted_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 class ChatMessage(OpenAIBaseModel):
@@ -46,6 +50,17 @@ class ChatMessage(OpenAIBaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def wanted_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class ErrorInfo(BaseModel):

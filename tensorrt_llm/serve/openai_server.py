@@ -23,6 +23,7 @@ from tensorrt_llm.llmapi.llm import LLM
 from tensorrt_llm.sampling_params import SamplingParams
 from tensorrt_llm.serve import guards
 from tensorrt_llm.serve.errors import ServerError, error_response, install_error_handling
+from tensorrt_llm.serve.logprobs import chat_logprobs, completion_logprobs
 from tensorrt_llm.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from tensorrt_llm.serve.metrics import RequestTimer, ServerMetrics
 from tensorrt_llm.serve.openai_protocol import (
@@ -47,6 +48,7 @@ class Snapshot:
     avg_decoded_tokens_per_iter: float | None
     disaggregated_params: DisaggregatedParams | None = None
     admitted_at: float | None = None  # time.monotonic() when the scheduler granted its KV
+    logprobs: list | None = None  # LlmRequest.py_logprobs, when asked for
 
 
 class OpenAIServer:
@@ -156,6 +158,7 @@ class OpenAIServer:
                 seed=body.seed,
                 stop=body.stop,
                 ignore_eos=body.ignore_eos,
+                logprobs=body.wanted_logprobs(),
             )
         except ValueError as exc:
             raise ServerError(400, str(exc)) from None
@@ -233,6 +236,8 @@ class OpenAIServer:
         choice.update(
             {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
         )
+        if last.logprobs is not None:
+            choice["logprobs"] = self._logprobs(last, 0, chat)
         usage = {
             "prompt_tokens": len(token_ids),
             "completion_tokens": len(last.token_ids),
@@ -270,6 +275,7 @@ class OpenAIServer:
                 req.avg_decoded_tokens_per_iter,
                 result,
                 req.admitted_at,
+                list(req.py_logprobs) if req.sampling_params.logprobs is not None else None,
             )
             loop.call_soon_threadsafe(updates.put_nowait, snap)
 
@@ -310,12 +316,26 @@ class OpenAIServer:
                 return None
         return task.result()
 
-    def _text(self, snap: Snapshot) -> str:
+    @staticmethod
+    def _visible(snap: Snapshot) -> list[int]:
+        """The output tokens the text shows (an end token that stopped it is not shown)."""
         tokens = snap.token_ids
         if snap.finish_reason is FinishReason.STOP and isinstance(snap.stop_reason, int):
             tokens = tokens[:-1]
-        text = self.llm.tokenizer.decode(tokens)
+        return tokens
+
+    def _text(self, snap: Snapshot) -> str:
+        text = self.llm.tokenizer.decode(self._visible(snap))
         return text if snap.text_limit is None else text[: snap.text_limit]
+
+    def _logprobs(self, snap: Snapshot, start: int, chat: bool) -> dict:
+        """The logprobs of the visible tokens from ``start`` on."""
+        tokens = self._visible(snap)[start:]
+        values = snap.logprobs[start : start + len(tokens)]
+        if chat:
+            return chat_logprobs(self.llm.tokenizer, tokens, values)
+        offset = len(self.llm.tokenizer.decode(self._visible(snap)[:start]))
+        return completion_logprobs(self.llm.tokenizer, tokens, values, offset)
 
     async def _sse(
         self,
@@ -330,7 +350,7 @@ class OpenAIServer:
         hold = (
             max((len(s) for s in params.stop or []), default=1) - 1
         )  # a stop string may still complete
-        sent, first, emitted = "", True, 0
+        sent, first, emitted, logprobs_sent = "", True, 0, 0
         async for snap in updates:
             emitted = len(snap.token_ids)
             if snap.finish_reason is FinishReason.ERROR:
@@ -349,6 +369,9 @@ class OpenAIServer:
                 )
             else:
                 choice["text"] = delta
+            if snap.logprobs is not None:  # those of the tokens not sent yet
+                choice["logprobs"] = self._logprobs(snap, logprobs_sent, chat)
+                logprobs_sent = len(self._visible(snap))
             if snap.finished:
                 choice["avg_decoded_tokens_per_iter"] = snap.avg_decoded_tokens_per_iter
             first = False

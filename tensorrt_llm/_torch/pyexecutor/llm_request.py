@@ -57,6 +57,9 @@ class LlmRequest:
     py_draft_probs: list[torch.Tensor] = field(default_factory=list)  # q of each draft, if sampled
     generator: torch.Generator | None = None
     py_generation_logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] per token
+    # per emitted token, when asked (SamplingParams.logprobs): its log-probability, and the
+    # (token, log-probability) of the most likely tokens at its position
+    py_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
     # Disaggregated serving: a context-only request stops after its prompt (first token and first
     # drafts made) and keeps its KV for a generation server to pull.
     context_only: bool = False

@@ -281,6 +281,8 @@ class PyExecutor:
             for j, token in enumerate(tokens):
                 if req.sampling_params.return_generation_logits:
                     req.py_generation_logits.append(rows[j].cpu())
+                if req.sampling_params.logprobs is not None:
+                    req.py_logprobs.append(_logprobs(rows[j], token, req.sampling_params.logprobs))
                 req.output_token_ids.append(token)
                 emitted += 1
                 self.stats.num_generated_tokens += 1
@@ -325,3 +327,10 @@ def _abandon(load_kv: Callable[[LlmRequest], int]) -> None:
     abandon = getattr(load_kv, "abandon", None)  # PromptKvPull has one; a plain function not
     if abandon is not None:
         abandon()
+
+
+def _logprobs(row: torch.Tensor, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """``token``'s log-probability under the logits ``row``, and the ``top`` most likely."""
+    logprobs = torch.log_softmax(row.float(), dim=-1)
+    values, ids = torch.topk(logprobs, top) if top else (logprobs[:0], logprobs[:0])
+    return float(logprobs[token]), list(zip(ids.tolist(), values.tolist(), strict=True))

@@ -202,3 +202,49 @@ def test_include_usage_ends_the_stream_with_the_usage(client):
     assert all(c.usage is None for c in chunks[:-1]) and chunks[-1].choices == []
     usage = chunks[-1].usage
     assert usage.completion_tokens == 9 and usage.total_tokens == usage.prompt_tokens + 9
+
+
+def test_logprobs_in_chat_and_completions_streamed_or_not(client):
+    # issue 12, acceptance 2: a greedy token's logprob is the largest of its top_logprobs
+    messages = [{"role": "user", "content": QUESTION}]
+    common = {"model": "target", "max_tokens": 10, "temperature": 0}
+    chat = client.chat.completions.create(
+        messages=messages, logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True}, **common
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens == 10
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+    for token in content:
+        assert len(token.top_logprobs) == 3
+        assert token.logprob == max(t.logprob for t in token.top_logprobs)
+        assert token.top_logprobs[0].token == token.token
+    chunks = client.chat.completions.create(
+        messages=messages,
+        logprobs=True,
+        top_logprobs=3,
+        stream=True,
+        extra_body={"ignore_eos": True},
+        **common,
+    )
+    streamed = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content
+    ]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+    completion = client.completions.create(prompt=QUESTION, logprobs=2, **common)
+    logprobs = completion.choices[0].logprobs
+    assert "".join(logprobs.tokens) == completion.choices[0].text
+    assert logprobs.text_offset[0] == 0 and len(logprobs.top_logprobs[0]) == 2
+    for logprob, top in zip(logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert logprob == max(top.values())
+
+
+def test_top_logprobs_without_logprobs_is_a_400(server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}
+    reply = httpx.post(server[1] + "/v1/chat/completions", json=body)
+    assert (
+        reply.status_code == 400
+        and "top_logprobs needs logprobs" in reply.json()["error"]["message"]
+    )
