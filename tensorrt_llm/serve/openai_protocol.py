@@ -6,7 +6,15 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 
@@ -15,7 +23,26 @@ class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class _SamplingFields(OpenAIBaseModel):
+# Fields clients send that would change the result if ignored: refused (a 400 naming the field)
+# unless they ask for the default. Any other unknown field is ignored with a logged warning.
+_UNSUPPORTED = {
+    "best_of": (None, 1),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none"),
+    "function_call": (None, "none"),
+}
+
+
+class _SamplingFields(BaseModel):
+    """A request body: unknown fields are kept aside (``model_extra``) for the server to log."""
+
+    model_config = ConfigDict(extra="allow")
+
     model: str | None = None
     # Strict: `true` is not a max_tokens and "yes" is not a stream flag.
     max_tokens: StrictInt | None = Field(default=None, ge=1)
@@ -33,6 +60,38 @@ class _SamplingFields(OpenAIBaseModel):
     # Disaggregated serving: {"request_type": "context_only"} asks a context server to prefill and
     # keep the KV; a generation server gets the context server's result as "generation_only".
     disaggregated_params: DisaggregatedParams | None = None
+    response_format: dict | None = None
+    best_of: object = None
+    presence_penalty: object = None
+    frequency_penalty: object = None
+    logit_bias: object = None
+    suffix: object = None
+    tools: object = None
+    functions: object = None
+    tool_choice: object = None
+    function_call: object = None
+
+    @field_validator(*_UNSUPPORTED)
+    @classmethod
+    def _refuse_unsupported(cls, value, info):
+        if not any(
+            value == default and type(value) is type(default)
+            for default in _UNSUPPORTED[info.field_name]
+        ):
+            raise ValueError(f"{info.field_name} is not supported by this server (yet)")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value):
+        if value is not None and value.get("type", "text") != "text":
+            raise ValueError(
+                "only {'type': 'text'} is supported (no json_object or json_schema output)"
+            )
+        return value
+
+    def ignored_fields(self) -> list[str]:
+        return sorted(self.model_extra or {})
 
 
 class CompletionRequest(_SamplingFields):
@@ -43,9 +102,24 @@ class CompletionRequest(_SamplingFields):
         return self.logprobs
 
 
-class ChatMessage(OpenAIBaseModel):
+class TextPart(OpenAIBaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """A message; content given as a list of text parts is joined. Other keys (``name``) are
+    ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: str | list[TextPart]
+
+    @field_validator("content")
+    @classmethod
+    def _join_parts(cls, value):
+        return value if isinstance(value, str) else "".join(part.text for part in value)
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -20,6 +20,7 @@ from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, Reque
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm.llmapi.engine_loop import EngineLoop
 from tensorrt_llm.llmapi.llm import LLM
+from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
 from tensorrt_llm.serve import guards
 from tensorrt_llm.serve.errors import ServerError, error_response, install_error_handling
@@ -197,6 +198,10 @@ class OpenAIServer:
         self, body, token_ids: list[int], request: Request, timer: RequestTimer, chat: bool
     ):
         guards.check_disagg_access(self.llm, request, body.disaggregated_params)
+        if body.ignored_fields():
+            logger.warning(
+                "%s: ignoring unknown field(s) %s", request.url.path, body.ignored_fields()
+            )
         params = self._params(body)
         await guards.check_hold_room(self.llm, self.engine, body.disaggregated_params)
         try:

@@ -73,3 +73,52 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_read(client):
         "/v1/completions", content=body, headers={"Content-Type": "application/json"}
     )
     assert reply.status_code == 413 and "limit" in reply.json()["error"]["message"]
+
+
+def test_unknown_fields_are_ignored_with_a_warning(client, caplog):
+    # issue 12, item 2: what vLLM does; real clients send fields this server has no use for
+    body = {"prompt": "hi", "max_tokens": 2, "store": True, "metadata": {"a": "b"}, "user": "u"}
+    with caplog.at_level("WARNING", logger="tensorrt_llm"):
+        reply = client.post("/v1/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    assert any(
+        "ignoring unknown field(s) ['metadata', 'store']" in r.getMessage() for r in caplog.records
+    )
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", -1),
+        ("logit_bias", {"5": 10}),
+        ("best_of", 3),
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("response_format", {"type": "json_schema", "json_schema": {}}),
+        ("n", 2),
+    ],
+)
+def test_a_field_that_would_change_the_result_is_refused_not_ignored(client, field, value):
+    reply = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, field: value})
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["param"] == field, error
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("presence_penalty", 0), ("logit_bias", {}), ("response_format", {"type": "text"})],
+)
+def test_the_default_of_an_unsupported_field_is_accepted(client, field, value):
+    reply = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, field: value})
+    assert reply.status_code == 200, reply.text
+
+
+def test_chat_content_as_text_parts_is_the_joined_text(client):
+    def answer(content):
+        body = {"messages": [{"role": "user", "content": content, "name": "ann"}], "max_tokens": 8}
+        reply = client.post("/v1/chat/completions", json={**body, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]["message"]["content"]
+
+    parts = [{"type": "text", "text": "Ann has 5 cups. "}, {"type": "text", "text": "How many?"}]
+    assert answer(parts) == answer("Ann has 5 cups. How many?")
