@@ -58,12 +58,16 @@ class ServerMetrics:
 class RequestTimer:
     """One request's latencies, fed each update of its output as the handler receives it."""
 
-    def __init__(self, metrics: ServerMetrics) -> None:
+    def __init__(self, metrics: ServerMetrics, arrival: float | None = None) -> None:
         self.metrics = metrics
-        self.arrival = time.monotonic()
+        self.arrival = time.monotonic() if arrival is None else arrival
         self.tokens = 0
         self.last = self.arrival
         self.queued = False
+
+    def fork(self) -> RequestTimer:
+        """A timer of another choice of the same request (the same arrival)."""
+        return RequestTimer(self.metrics, self.arrival)
 
     def update(
         self, num_tokens: int, admitted_at: float | None, finished: bool, al: float | None

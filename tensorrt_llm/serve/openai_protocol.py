@@ -18,6 +18,8 @@ from pydantic import (
 
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 
+MAX_CHOICES = 16  # choices of one request: prompts times n
+
 
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -54,7 +56,7 @@ class _SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     stream: StrictBool = False
     stream_options: dict | None = None
-    n: StrictInt = Field(default=1, ge=1, le=1)
+    n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)  # samples per prompt
     user: str | None = None
     ignore_eos: StrictBool = False
     # Disaggregated serving: {"request_type": "context_only"} asks a context server to prefill and
@@ -95,11 +97,27 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[int]
+    # one prompt (text or token ids) or a list of them: a choice per prompt (times n)
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     logprobs: StrictInt | None = Field(default=None, ge=0, le=20)  # top tokens per token
 
     def wanted_logprobs(self) -> int | None:
         return self.logprobs
+
+    def prompts(self) -> list[str | list[int]]:
+        prompt = self.prompt
+        single = isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))
+        return [prompt] if single else list(prompt)
+
+    @model_validator(mode="after")
+    def _choices_in_range(self) -> CompletionRequest:
+        if not self.prompt:
+            raise ValueError("prompt is empty")
+        if len(self.prompts()) * self.n > MAX_CHOICES:
+            raise ValueError(
+                f"{len(self.prompts())} prompts times n={self.n} is over {MAX_CHOICES} choices"
+            )
+        return self
 
 
 class TextPart(OpenAIBaseModel):

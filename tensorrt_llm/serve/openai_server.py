@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -23,8 +23,8 @@ from tensorrt_llm.llmapi.llm import LLM
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
 from tensorrt_llm.serve import guards
+from tensorrt_llm.serve.choices import ChoiceStream, Renderer, Snapshot, merged
 from tensorrt_llm.serve.errors import ServerError, error_response, install_error_handling
-from tensorrt_llm.serve.logprobs import chat_logprobs, completion_logprobs
 from tensorrt_llm.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from tensorrt_llm.serve.metrics import RequestTimer, ServerMetrics
 from tensorrt_llm.serve.openai_protocol import (
@@ -37,19 +37,6 @@ from tensorrt_llm.serve.openai_protocol import (
 )
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
-
-
-@dataclass
-class Snapshot:
-    token_ids: list[int]
-    finished: bool
-    finish_reason: FinishReason | None
-    stop_reason: int | str | None
-    text_limit: int | None
-    avg_decoded_tokens_per_iter: float | None
-    disaggregated_params: DisaggregatedParams | None = None
-    admitted_at: float | None = None  # time.monotonic() when the scheduler granted its KV
-    logprobs: list | None = None  # LlmRequest.py_logprobs, when asked for
 
 
 class OpenAIServer:
@@ -122,12 +109,11 @@ class OpenAIServer:
         @app.post("/v1/completions")
         async def completions(body: CompletionRequest, request: Request):
             timer = self.metrics.timer()
-            prompt = body.prompt
-            token_ids = (  # tokenized off the event loop: a long prompt stalls no other request
-                prompt
-                if isinstance(prompt, list)
-                else await asyncio.to_thread(self.llm.tokenizer.encode, prompt)
-            )
+            prompts = body.prompts()
+            encode = self.llm.tokenizer.encode
+            token_ids = [  # tokenized off the event loop: a long prompt stalls no other request
+                p if isinstance(p, list) else await asyncio.to_thread(encode, p) for p in prompts
+            ]
             return await self._serve(body, token_ids, request, timer, chat=False)
 
         @app.post("/v1/chat/completions")
@@ -139,7 +125,7 @@ class OpenAIServer:
             token_ids = await asyncio.to_thread(
                 lambda: tokenizer.encode(tokenizer.apply_chat_template(messages))
             )
-            return await self._serve(body, token_ids, request, timer, chat=True)
+            return await self._serve(body, [token_ids], request, timer, chat=True)
 
     # ---- generation ---------------------------------------------------------------------------
     def _params(self, body) -> SamplingParams:
@@ -195,8 +181,9 @@ class OpenAIServer:
         return llm_request, None
 
     async def _serve(
-        self, body, token_ids: list[int], request: Request, timer: RequestTimer, chat: bool
+        self, body, prompts: list[list[int]], request: Request, timer: RequestTimer, chat: bool
     ):
+        """``prompts`` (one, or a completions request's list), each sampled ``body.n`` times."""
         guards.check_disagg_access(self.llm, request, body.disaggregated_params)
         if body.ignored_fields():
             logger.warning(
@@ -204,62 +191,75 @@ class OpenAIServer:
             )
         params = self._params(body)
         await guards.check_hold_room(self.llm, self.engine, body.disaggregated_params)
-        try:
-            llm_request, load_kv = self._llm_request(body, token_ids, params)
-        except (ValueError, TypeError) as exc:
-            param = "messages" if chat else "prompt"
-            if body.disaggregated_params is not None:
-                param = "disaggregated_params"
-            raise ServerError(400, str(exc), param=param) from None
-        token_ids = llm_request.prompt_token_ids
+        jobs = self._jobs(body, prompts, params, chat)
         self.metrics.requests.inc()
-        self.metrics.prompt_tokens.inc(len(token_ids))
+        self.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
         rid = new_id("chatcmpl" if chat else "cmpl")
-        updates = self._run(llm_request, request, load_kv, timer)
+        streams = self._streams(jobs, request, timer, shared_prefix=body.n > 1)
+        renderer = Renderer(self.llm.tokenizer, chat)
+        usage = _Usage(sum(len(req.prompt_token_ids) for req, _ in jobs[:: body.n]))
         if body.stream:
             return StreamingResponse(
-                self._sse(rid, updates, params, chat, len(token_ids), body),
+                self._sse(rid, streams, renderer, params, usage, body),
                 media_type="text/event-stream",
             )
-        last = await self._until_finished(updates, request, llm_request.request_id)
-        if last is None:  # the client went away: its request was cancelled, nobody to answer
-            return JSONResponse({}, status_code=499)
-        if last.finish_reason is FinishReason.ERROR:
-            self.metrics.errors.inc()
-            refused = isinstance(last.stop_reason, str)  # admission refused it (a ValueError)
-            raise ServerError(
-                400 if refused else 500,
-                str(last.stop_reason or "generation failed"),
-                "invalid_request_error" if refused else "server_error",
+        lasts = await asyncio.gather(
+            *(
+                self._until_finished(s, request, req.request_id)
+                for s, (req, _) in zip(streams, jobs)
             )
-        text = self._text(last)
-        choice = {
-            "index": 0,
-            "finish_reason": last.finish_reason,
-            "avg_decoded_tokens_per_iter": last.avg_decoded_tokens_per_iter,
-        }
-        choice.update(
-            {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
         )
-        if last.logprobs is not None:
-            choice["logprobs"] = self._logprobs(last, 0, chat)
-        usage = {
-            "prompt_tokens": len(token_ids),
-            "completion_tokens": len(last.token_ids),
-            "total_tokens": len(token_ids) + len(last.token_ids),
-        }
-        kind = "chat.completion" if chat else "text_completion"
+        if any(last is None for last in lasts):  # the client went away: nobody to answer
+            return JSONResponse({}, status_code=499)
+        for last in lasts:
+            if last.finish_reason is FinishReason.ERROR:
+                self.metrics.errors.inc()
+                refused = isinstance(last.stop_reason, str)  # admission refused it (a ValueError)
+                raise ServerError(
+                    400 if refused else 500,
+                    str(last.stop_reason or "generation failed"),
+                    "invalid_request_error" if refused else "server_error",
+                )
         reply = {
             "id": rid,
-            "object": kind,
+            "object": "chat.completion" if chat else "text_completion",
             "created": now(),
             "model": self.model_name,
-            "choices": [choice],
-            "usage": usage,
+            "choices": [renderer.whole(last, i) for i, last in enumerate(lasts)],
+            "usage": usage.of(sum(len(last.token_ids) for last in lasts)),
         }
-        if last.disaggregated_params is not None:
-            reply["disaggregated_params"] = last.disaggregated_params.to_json()
+        if lasts[0].disaggregated_params is not None:
+            reply["disaggregated_params"] = lasts[0].disaggregated_params.to_json()
         return reply
+
+    def _jobs(self, body, prompts: list[list[int]], params: SamplingParams, chat: bool) -> list:
+        """``(LlmRequest, load_kv)`` per choice: prompt-major, ``n`` samples each (sample i of a
+        seeded request draws with ``seed + i``)."""
+        if body.disaggregated_params is not None and (body.n > 1 or len(prompts) > 1):
+            raise ServerError(
+                400, "a disaggregated request has one prompt and n=1", param="disaggregated_params"
+            )
+        jobs = []
+        for token_ids in prompts:
+            for i in range(body.n):
+                sample = params if params.seed is None else replace(params, seed=params.seed + i)
+                try:
+                    jobs.append(self._llm_request(body, token_ids, sample))
+                except (ValueError, TypeError) as exc:
+                    param = "messages" if chat else "prompt"
+                    if body.disaggregated_params is not None:
+                        param = "disaggregated_params"
+                    raise ServerError(400, str(exc), param=param) from None
+        return jobs
+
+    def _streams(self, jobs, request: Request, timer: RequestTimer, shared_prefix: bool) -> list:
+        """Each job's snapshots. With ``shared_prefix`` (n samples of one prompt) the others are
+        submitted once the first has prefilled, so they reuse its prompt KV from the cache."""
+        streams = [self._run(req, request, kv, timer.fork()) for req, kv in jobs]
+        if not shared_prefix or len(streams) < 2:
+            return streams
+        prefilled = asyncio.Event()
+        return [_signal_first(streams[0], prefilled)] + [_after(prefilled, s) for s in streams[1:]]
 
     async def _run(
         self, llm_request: LlmRequest, request: Request, load_kv, timer: RequestTimer
@@ -321,72 +321,57 @@ class OpenAIServer:
                 return None
         return task.result()
 
-    @staticmethod
-    def _visible(snap: Snapshot) -> list[int]:
-        """The output tokens the text shows (an end token that stopped it is not shown)."""
-        tokens = snap.token_ids
-        if snap.finish_reason is FinishReason.STOP and isinstance(snap.stop_reason, int):
-            tokens = tokens[:-1]
-        return tokens
-
-    def _text(self, snap: Snapshot) -> str:
-        text = self.llm.tokenizer.decode(self._visible(snap))
-        return text if snap.text_limit is None else text[: snap.text_limit]
-
-    def _logprobs(self, snap: Snapshot, start: int, chat: bool) -> dict:
-        """The logprobs of the visible tokens from ``start`` on."""
-        tokens = self._visible(snap)[start:]
-        values = snap.logprobs[start : start + len(tokens)]
-        if chat:
-            return chat_logprobs(self.llm.tokenizer, tokens, values)
-        offset = len(self.llm.tokenizer.decode(self._visible(snap)[:start]))
-        return completion_logprobs(self.llm.tokenizer, tokens, values, offset)
-
     async def _sse(
         self,
         rid: str,
-        updates: AsyncIterator[Snapshot],
+        streams: list,
+        renderer: Renderer,
         params: SamplingParams,
-        chat: bool,
-        num_prompt: int,
+        usage: _Usage,
         body,
     ):
-        kind = "chat.completion.chunk" if chat else "text_completion"
-        hold = (
-            max((len(s) for s in params.stop or []), default=1) - 1
-        )  # a stop string may still complete
-        sent, first, emitted, logprobs_sent = "", True, 0, 0
-        async for snap in updates:
-            emitted = len(snap.token_ids)
+        kind = "chat.completion.chunk" if renderer.chat else "text_completion"
+        head = {"id": rid, "object": kind, "model": self.model_name}
+        choices = [ChoiceStream(renderer, i, params.stop) for i in range(len(streams))]
+        async for index, snap in merged(streams):
             if snap.finish_reason is FinishReason.ERROR:
                 self.metrics.errors.inc()
-                yield f"data: {json.dumps(ErrorResponse(error=ErrorInfo(message=str(snap.stop_reason), type='server_error', code=500)).model_dump())}\n\n"
+                error = ErrorInfo(message=str(snap.stop_reason), type="server_error", code=500)
+                yield f"data: {json.dumps(ErrorResponse(error=error).model_dump())}\n\n"
                 break
-            text = self._text(snap)
-            visible = text if snap.finished else text[: max(len(sent), len(text) - hold)]
-            delta, sent = visible[len(sent) :], visible
-            if not delta and not snap.finished and not first:
-                continue
-            choice = {"index": 0, "finish_reason": snap.finish_reason if snap.finished else None}
-            if chat:
-                choice["delta"] = ({"role": "assistant"} if first else {}) | (
-                    {"content": delta} if delta or not first else {}
-                )
-            else:
-                choice["text"] = delta
-            if snap.logprobs is not None:  # those of the tokens not sent yet
-                choice["logprobs"] = self._logprobs(snap, logprobs_sent, chat)
-                logprobs_sent = len(self._visible(snap))
-            if snap.finished:
-                choice["avg_decoded_tokens_per_iter"] = snap.avg_decoded_tokens_per_iter
-            first = False
-            yield f"data: {json.dumps({'id': rid, 'object': kind, 'created': now(), 'model': self.model_name, 'choices': [choice]})}\n\n"
+            choice = choices[index].chunk(snap)
+            if choice is not None:
+                yield f"data: {json.dumps(head | {'created': now(), 'choices': [choice]})}\n\n"
         if (body.stream_options or {}).get("include_usage"):  # one last chunk: usage, no choices
-            usage = {
-                "prompt_tokens": num_prompt,
-                "completion_tokens": emitted,
-                "total_tokens": num_prompt + emitted,
-            }
-            chunk = {"id": rid, "object": kind, "created": now(), "model": self.model_name}
-            yield f"data: {json.dumps(chunk | {'choices': [], 'usage': usage})}\n\n"
+            tokens = usage.of(sum(c.emitted for c in choices))
+            yield f"data: {json.dumps(head | {'created': now(), 'choices': [], 'usage': tokens})}\n\n"
         yield "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class _Usage:
+    prompt_tokens: int
+
+    def of(self, completion_tokens: int) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+        }
+
+
+async def _signal_first(stream, event: asyncio.Event):
+    """``stream``, setting ``event`` at its first snapshot (its prompt is prefilled) or its end."""
+    try:
+        async for snap in stream:
+            event.set()
+            yield snap
+    finally:
+        event.set()
+
+
+async def _after(event: asyncio.Event, stream):
+    """``stream``, started (so its request submitted) only once ``event`` is set."""
+    await event.wait()
+    async for snap in stream:
+        yield snap

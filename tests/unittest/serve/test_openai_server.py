@@ -248,3 +248,57 @@ def test_top_logprobs_without_logprobs_is_a_400(server):
         reply.status_code == 400
         and "top_logprobs needs logprobs" in reply.json()["error"]["message"]
     )
+
+
+def test_n_samples_and_prompt_lists(server, client):
+    # issue 12, acceptance 2: greedy n=3 gives three identical answers; the samples after the
+    # first reuse its prompt KV from the prefix cache
+    srv, _ = server
+    reused = srv.llm.executor.stats.num_reused_tokens
+    long_question = " ".join([QUESTION] * 4)  # over two 128-token blocks (reuse is per block)
+    chat = client.chat.completions.create(
+        model="target",
+        messages=[{"role": "user", "content": long_question}],
+        max_tokens=12,
+        temperature=0,
+        n=3,
+    )
+    assert [c.index for c in chat.choices] == [0, 1, 2]
+    assert len({c.message.content for c in chat.choices}) == 1
+    assert chat.usage.completion_tokens == sum(
+        len(srv.llm.tokenizer.encode(c.message.content)) + (c.finish_reason == "stop")
+        for c in chat.choices
+    )
+    assert srv.llm.executor.stats.num_reused_tokens > reused
+    sampled = client.completions.create(
+        model="target", prompt=QUESTION, max_tokens=12, temperature=1.0, seed=5, n=3
+    )
+    assert len({c.text for c in sampled.choices}) > 1  # seed, seed + 1, seed + 2
+    prompts = [
+        QUESTION,
+        "Ben has 93 pens. Ben gives away 45 pens. How many pens does Ben have left?",
+    ]
+    many = client.completions.create(model="target", prompt=prompts, max_tokens=8, temperature=0)
+    one = [
+        client.completions.create(model="target", prompt=p, max_tokens=8, temperature=0)
+        for p in prompts
+    ]
+    assert [c.text for c in many.choices] == [o.choices[0].text for o in one]
+    assert many.usage.prompt_tokens == sum(o.usage.prompt_tokens for o in one)
+    chunks = list(
+        client.completions.create(
+            model="target",
+            prompt=prompts,
+            max_tokens=8,
+            temperature=0,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    texts = ["", "", "", ""]
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [one[0].choices[0].text] * 2 + [one[1].choices[0].text] * 2
+    assert chunks[-1].usage.prompt_tokens == many.usage.prompt_tokens
