@@ -30,6 +30,13 @@ class SamplingParams:
     # Log-probabilities of the emitted tokens under the target's distribution (its raw logits, the
     # same with or without speculative decoding), and of this many most likely tokens at each.
     logprobs: int | None = None
+    # OpenAI's: subtract presence_penalty from the logit of every token already in the output, and
+    # frequency_penalty times its count; add logit_bias[token] to its logit. They apply to the
+    # target's logits before sampling and before speculative acceptance (so decoding stays
+    # lossless), and the logprobs are those of the processed logits.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
@@ -57,6 +64,19 @@ class SamplingParams:
             or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             raise bad("logprobs", f"must be an int in [0, {MAX_LOGPROBS}] (top tokens per token)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or abs(value) > 2:
+                raise bad(name, "must be a number in [-2, 2]")
+        if self.logit_bias is not None and not all(
+            isinstance(k, int)
+            and not isinstance(k, bool)
+            and k >= 0
+            and isinstance(v, int | float)
+            and abs(v) <= 100
+            for k, v in self.logit_bias.items()
+        ):
+            raise bad("logit_bias", "must map token ids (ints >= 0) to numbers in [-100, 100]")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", "must be an int")
         if isinstance(self.stop, str):
@@ -64,6 +84,11 @@ class SamplingParams:
         if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop", "must be a non-empty string or a list of them")
         self.stop_token_ids = list(self.stop_token_ids)
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether penalties or a logit bias change the target's logits."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
     @property
     def greedy(self) -> bool:

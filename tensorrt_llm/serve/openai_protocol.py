@@ -29,9 +29,6 @@ class OpenAIBaseModel(BaseModel):
 # unless they ask for the default. Any other unknown field is ignored with a logged warning.
 _UNSUPPORTED = {
     "best_of": (None, 1),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
     "suffix": (None, ""),
     "tools": (None, []),
     "functions": (None, []),
@@ -63,10 +60,28 @@ class _SamplingFields(BaseModel):
     # keep the KV; a generation server gets the context server's result as "generation_only".
     disaggregated_params: DisaggregatedParams | None = None
     response_format: dict | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[StrictInt, float] | None = None  # JSON keys are strings of token ids
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _token_id_keys(cls, value):
+        if not isinstance(value, dict):
+            return value
+        try:
+            return {int(k): v for k, v in value.items()}
+        except (TypeError, ValueError):
+            raise ValueError('keys must be token ids (e.g. {"1234": -100})') from None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_in_range(cls, value):
+        if value is not None and any(not -100 <= v <= 100 for v in value.values()):
+            raise ValueError("biases must be in [-100, 100]")
+        return value
+
     best_of: object = None
-    presence_penalty: object = None
-    frequency_penalty: object = None
-    logit_bias: object = None
     suffix: object = None
     tools: object = None
     functions: object = None

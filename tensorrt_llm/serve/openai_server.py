@@ -146,9 +146,21 @@ class OpenAIServer:
                 stop=body.stop,
                 ignore_eos=body.ignore_eos,
                 logprobs=body.wanted_logprobs(),
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
+                logit_bias=self._logit_bias(body.logit_bias),
             )
         except ValueError as exc:
             raise ServerError(400, str(exc)) from None
+
+    def _logit_bias(self, bias: dict[int, float] | None) -> dict[int, float] | None:
+        vocab = self.llm.model_config.vocab_size
+        bad = [t for t in bias or {} if not 0 <= t < vocab]
+        if bad:
+            raise ServerError(
+                400, f"token ids {bad[:5]} are not in [0, {vocab})", param="logit_bias"
+            )
+        return bias or None
 
     def _llm_request(
         self, body, token_ids: list[int], params: SamplingParams

@@ -120,7 +120,10 @@ class CUDAGraphRunner:
         if batch.context_requests or not requests:
             return None
         for req in requests:
-            if not req.sampling_params.greedy or len(req.py_draft_tokens) != self.max_draft_len:
+            params = req.sampling_params
+            if not params.greedy or params.processes_logits:  # (penalties run eagerly)
+                return None
+            if len(req.py_draft_tokens) != self.max_draft_len:
                 return None
         n = len(requests)
         sizes = self.options.batch_sizes

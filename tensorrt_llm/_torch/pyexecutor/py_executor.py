@@ -11,6 +11,7 @@ import torch
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
+from tensorrt_llm._torch.pyexecutor.logits_processing import process_logits
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler
@@ -252,6 +253,8 @@ class PyExecutor:
         else:
             output = self.model_engine.forward(batch)
             logits, num_logits = output.logits, output.num_logits
+            if any(r.sampling_params.processes_logits for r in batch.all_requests):
+                process_logits(batch.all_requests, logits, num_logits)
             step = (
                 self.spec_worker.run(batch, output)
                 if self.spec_worker

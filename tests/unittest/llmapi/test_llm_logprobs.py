@@ -5,6 +5,7 @@ import math
 import random
 
 import pytest
+import torch
 
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm.bundled import BUNDLED_DRAFT
@@ -49,3 +50,77 @@ def test_logprobs_are_the_targets_with_or_without_speculation(outputs):
 def test_logprobs_out_of_range_are_refused():
     with pytest.raises(ValueError, match=r"logprobs=21: must be an int in \[0, 20\]"):
         SamplingParams(logprobs=21)
+
+
+@pytest.fixture(scope="module")
+def llms():
+    target = LLM(device="cpu")
+    eagle = LLM(
+        device="cpu",
+        speculative_config=Eagle3DecodingConfig(
+            max_draft_len=3, speculative_model=str(BUNDLED_DRAFT), draft_kv_cache="unified"
+        ),
+    )
+    # prompts unlike its training data: the tiny model is less sure of them, so a penalty of at
+    # most 2 changes what it says (on gsm8k questions its logit margins are over 10)
+    texts = ["zq xv kk", "Tell me a story.", "aaaa bbbb"]
+    prompts = [
+        target.tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in texts
+    ]
+    return target, eagle, prompts
+
+
+def tokens(llm, prompts, **params):
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True, **params))
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def test_penalties_change_the_output_and_speculation_keeps_it(llms):
+    # issue 12, item 2: the penalties apply before speculative acceptance, counting the drafts
+    # before each verify position, so Eagle3 decodes exactly what plain decoding does
+    target, eagle, prompts = llms
+    plain = tokens(target, prompts)
+    for penalties in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        penalized = tokens(target, prompts, **penalties)
+        assert penalized != plain
+        assert tokens(eagle, prompts, **penalties) == penalized
+
+
+def test_a_logit_bias_forces_a_token(llms):
+    target, eagle, prompts = llms
+    forced = target.tokenizer.encode("7")[0]
+    for llm in (target, eagle):
+        assert tokens(llm, prompts, logit_bias={forced: 100.0}) == [[forced] * 24] * 3
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"presence_penalty": 3}, "presence_penalty=3: must be a number in"),
+        ({"logit_bias": {"5": 1.0}}, "logit_bias=.*must map token ids"),
+        ({"logit_bias": {5: 101}}, "logit_bias=.*to numbers in"),
+    ],
+)
+def test_bad_penalties_are_refused(params, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**params)
+
+
+def test_each_verify_row_counts_the_drafts_before_it():
+    from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
+    from tensorrt_llm._torch.pyexecutor.logits_processing import process_logits
+
+    params = SamplingParams(frequency_penalty=1.0, presence_penalty=0.5, logit_bias={0: 2.0})
+    req = LlmRequest(request_id=1, prompt_token_ids=[9], max_new_tokens=8, sampling_params=params)
+    req.state, req.output_token_ids, req.py_draft_tokens = (
+        LlmRequestState.GENERATION_IN_PROGRESS,
+        [1, 2],
+        [3, 3],
+    )
+    logits = torch.zeros(3, 5)
+    process_logits([req], logits, [3])
+    assert logits.tolist() == [
+        [2.0, -1.5, -1.5, 0.0, 0.0],  # after the output [1, 2]
+        [2.0, -1.5, -1.5, -1.5, 0.0],  # and the first draft
+        [2.0, -1.5, -1.5, -2.5, 0.0],  # and both: token 3 twice
+    ]

@@ -302,3 +302,22 @@ def test_n_samples_and_prompt_lists(server, client):
             texts[c.index] += c.text
     assert texts == [one[0].choices[0].text] * 2 + [one[1].choices[0].text] * 2
     assert chunks[-1].usage.prompt_tokens == many.usage.prompt_tokens
+
+
+def test_logit_bias_and_penalties(server, client):
+    srv, _ = server
+    seven = srv.llm.tokenizer.encode("7")[0]
+    forced = client.completions.create(
+        model="target", prompt=QUESTION, max_tokens=6, temperature=0, logit_bias={str(seven): 100}
+    )
+    assert forced.choices[0].text == "777777"
+    messages = [{"role": "user", "content": "aaaa bbbb"}]  # an unsure prompt: penalties show
+
+    def answer(**penalties):
+        reply = client.chat.completions.create(
+            model="target", messages=messages, max_tokens=24, temperature=0, **penalties
+        )
+        return reply.choices[0].message.content
+
+    plain = answer()
+    assert answer(presence_penalty=2.0) != plain and answer(frequency_penalty=2.0) != plain

@@ -89,9 +89,11 @@ def test_unknown_fields_are_ignored_with_a_warning(client, caplog):
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("presence_penalty", 0.5),
-        ("frequency_penalty", -1),
-        ("logit_bias", {"5": 10}),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -3),
+        ("logit_bias", {"x": 10}),
+        ("logit_bias", {"100000": 10}),
+        ("logit_bias", {"5": 101}),
         ("best_of", 3),
         ("tools", [{"type": "function", "function": {"name": "f"}}]),
         ("response_format", {"type": "json_schema", "json_schema": {}}),
