@@ -14,7 +14,7 @@ from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig
 
 
 @pytest.fixture(scope="module")
-def outputs():
+def target_and_eagle():
     target = LLM(device="cpu")
     eagle = LLM(
         device="cpu",
@@ -22,6 +22,12 @@ def outputs():
             max_draft_len=3, speculative_model=str(BUNDLED_DRAFT), draft_kv_cache="unified"
         ),
     )
+    return target, eagle
+
+
+@pytest.fixture(scope="module")
+def outputs(target_and_eagle):
+    target, eagle = target_and_eagle
     rng = random.Random(2)
     prompts = [target.tokenizer.apply_chat_template(gsm8k_tiny(rng)[0][:1]) for _ in range(3)]
     params = SamplingParams(max_tokens=24, logprobs=3)
@@ -53,14 +59,8 @@ def test_logprobs_out_of_range_are_refused():
 
 
 @pytest.fixture(scope="module")
-def llms():
-    target = LLM(device="cpu")
-    eagle = LLM(
-        device="cpu",
-        speculative_config=Eagle3DecodingConfig(
-            max_draft_len=3, speculative_model=str(BUNDLED_DRAFT), draft_kv_cache="unified"
-        ),
-    )
+def llms(target_and_eagle):
+    target, eagle = target_and_eagle
     # prompts unlike its training data: the tiny model is less sure of them, so a penalty of at
     # most 2 changes what it says (on gsm8k questions its logit margins are over 10)
     texts = ["zq xv kk", "Tell me a story.", "aaaa bbbb"]
