@@ -30,6 +30,7 @@ class OpenAIBaseModel(BaseModel):
 _UNSUPPORTED = {
     "best_of": (None, 1),
     "suffix": (None, ""),
+    "echo": (None, False),
     "tools": (None, []),
     "functions": (None, []),
     "tool_choice": (None, "none"),
@@ -83,6 +84,7 @@ class _SamplingFields(BaseModel):
 
     best_of: object = None
     suffix: object = None
+    echo: object = None
     tools: object = None
     functions: object = None
     tool_choice: object = None

@@ -95,6 +95,7 @@ def test_unknown_fields_are_ignored_with_a_warning(client, caplog):
         ("logit_bias", {"100000": 10}),
         ("logit_bias", {"5": 101}),
         ("best_of", 3),
+        ("echo", True),
         ("tools", [{"type": "function", "function": {"name": "f"}}]),
         ("response_format", {"type": "json_schema", "json_schema": {}}),
         ("n", 17),
@@ -108,7 +109,7 @@ def test_a_field_that_would_change_the_result_is_refused_not_ignored(client, fie
 
 @pytest.mark.parametrize(
     "field, value",
-    [("presence_penalty", 0), ("logit_bias", {}), ("response_format", {"type": "text"})],
+    [("echo", False), ("logit_bias", {}), ("response_format", {"type": "text"})],
 )
 def test_the_default_of_an_unsupported_field_is_accepted(client, field, value):
     reply = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, field: value})
