@@ -133,9 +133,9 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Reques
     result.ttft = chunk_times[0][1] - start
     result.latency = time.perf_counter() - start
     result.output_tokens = (usage or {}).get("completion_tokens") or len(chunk_times)
-    per_chunk = max(1.0, (result.output_tokens - 1) / max(1, len(chunk_times) - 1))
+    # the tokens after the first, spread evenly over the chunks after the first: k per chunk
+    k = max(1, round((result.output_tokens - 1) / max(1, len(chunk_times) - 1)))
     for gap, _ in chunk_times[1:]:  # a chunk of k tokens: k gaps of gap / k
-        k = max(1, round(per_chunk))
         result.itls += [gap / k] * k
     return result
 

@@ -204,12 +204,12 @@ class OpenAIServer:
         params = self._params(body)
         await guards.check_hold_room(self.llm, self.engine, body.disaggregated_params)
         jobs = self._jobs(body, prompts, params, chat)
+        usage = _Usage(sum(len(p) for p in prompts))
         self.metrics.requests.inc()
-        self.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
+        self.metrics.prompt_tokens.inc(usage.prompt_tokens)
         rid = new_id("chatcmpl" if chat else "cmpl")
         streams = self._streams(jobs, request, timer, shared_prefix=body.n > 1)
         renderer = Renderer(self.llm.tokenizer, chat)
-        usage = _Usage(sum(len(req.prompt_token_ids) for req, _ in jobs[:: body.n]))
         if body.stream:
             return StreamingResponse(
                 self._sse(rid, streams, renderer, params, usage, body),

@@ -185,7 +185,7 @@ class KvCacheTransceiver:
                 f"request {request_id}: transfer {handle.transfer_id[:8]}... was already pulled "
                 "here; a handle serves one pull"
             )
-        self._check_live(request_id, handle, "before the pull")
+        self._check_live(request_id, handle)
         peer = self._connect(handle)
         local_slots = self.manager.get_batch_cache_indices([request_id])[0][start_block:num_blocks]
         remote_slots = handle.slots[start_block:num_blocks]
@@ -256,12 +256,12 @@ class KvCacheTransceiver:
             self.agent.release_xfer_handle(xfer)
 
     @staticmethod
-    def _check_live(request_id: int, handle: TransferHandle, when: str) -> None:
+    def _check_live(request_id: int, handle: TransferHandle) -> None:
         left = handle.expires_at - _now()
         if left < STALE_MARGIN_S:
             raise StaleTransferError(
                 f"request {request_id}: the context server's hold of transfer "
-                f"{handle.transfer_id[:8]}... ends in {left:.3f}s {when} (less than "
+                f"{handle.transfer_id[:8]}... ends in {left:.3f}s before the pull (less than "
                 f"{STALE_MARGIN_S}s); its slots may belong to another request, so the KV is not "
                 "used. Raise cache_transceiver_config.transfer_timeout_s on the context server"
             )

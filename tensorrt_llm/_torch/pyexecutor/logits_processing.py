@@ -19,28 +19,27 @@ def process_logits(requests: list[LlmRequest], logits: torch.Tensor, num_logits:
     """Apply each request's ``SamplingParams`` penalties and bias to its rows of ``logits``."""
     row = 0
     for req, n in zip(requests, num_logits, strict=True):
-        params = req.sampling_params
-        if n and params.processes_logits:
-            drafts = (
-                req.py_draft_tokens if req.state is LlmRequestState.GENERATION_IN_PROGRESS else []
-            )
-            history = list(req.output_token_ids)
-            for j in range(n):
-                _process_row(logits[row + j], history, params)
-                if j < len(drafts):
-                    history.append(drafts[j])
+        if n and req.sampling_params.processes_logits:
+            _process_rows(req, logits[row : row + n])
         row += n
 
 
-def _process_row(row: torch.Tensor, history: list[int], params) -> None:
-    vocab = row.shape[-1]
+def _process_rows(req: LlmRequest, rows: torch.Tensor) -> None:
+    params, (n, vocab) = req.sampling_params, rows.shape
     if params.logit_bias:
-        ids = torch.tensor([t for t in params.logit_bias if t < vocab], dtype=torch.long)
-        bias = torch.tensor([params.logit_bias[t] for t in ids.tolist()], dtype=row.dtype)
-        row.index_add_(0, ids.to(row.device), bias.to(row.device))
-    if history and (params.presence_penalty or params.frequency_penalty):
-        counts = torch.bincount(torch.tensor(history, dtype=torch.long), minlength=vocab)[:vocab]
-        counts = counts.to(device=row.device, dtype=row.dtype)
-        row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(
-            row.dtype
-        )
+        ids = [t for t in params.logit_bias if t < vocab]
+        bias = torch.tensor([params.logit_bias[t] for t in ids], dtype=rows.dtype)
+        rows[:, torch.tensor(ids, dtype=torch.long, device=rows.device)] += bias.to(rows.device)
+    if not (params.presence_penalty or params.frequency_penalty):
+        return
+    # counts[j]: the output, plus the drafts before verify row j (the first row has none)
+    drafts = req.py_draft_tokens if req.state is LlmRequestState.GENERATION_IN_PROGRESS else []
+    steps = torch.zeros(n, vocab, dtype=torch.long)
+    for j, token in enumerate(drafts[: n - 1]):
+        steps[j + 1, token] = 1
+    output = torch.tensor(req.output_token_ids, dtype=torch.long)
+    counts = torch.bincount(output, minlength=vocab)[:vocab] + steps.cumsum(dim=0)
+    counts = counts.to(device=rows.device, dtype=rows.dtype)
+    rows -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(
+        rows.dtype
+    )

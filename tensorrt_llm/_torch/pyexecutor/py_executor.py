@@ -15,7 +15,12 @@ from tensorrt_llm._torch.pyexecutor.logits_processing import process_logits
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler
-from tensorrt_llm._torch.pyexecutor.scheduler import GuaranteedNoEvictScheduler, ScheduledRequests
+from tensorrt_llm._torch.pyexecutor.scheduler import (
+    GuaranteedNoEvictScheduler,
+    ScheduledRequests,
+    admit,
+    owed_to_admitted,
+)
 from tensorrt_llm._torch.speculative.interface import StepTokens
 
 if TYPE_CHECKING:
@@ -166,11 +171,7 @@ class PyExecutor:
         if not self.waiting_generation_only:
             return
         kv = self.kv_cache_manager
-        owed = sum(
-            kv.get_needed_resource_to_completion(r)
-            for r in self.active
-            if r.request_id in self._admitted
-        )
+        owed = owed_to_admitted(kv, self.active, self._admitted)
         while self.waiting_generation_only:
             request, load_kv = self.waiting_generation_only[0]
             if owed + kv.get_needed_resource_to_completion(request) > kv.get_num_free_blocks():
@@ -185,8 +186,7 @@ class PyExecutor:
                 continue
             request.context_current_position = request.prompt_len
             request.state = LlmRequestState.GENERATION_IN_PROGRESS
-            self._admitted.add(request.request_id)
-            request.admitted_at = time.monotonic()
+            admit(request, self._admitted)
             self.active.append(request)
             owed += kv.get_needed_resource_to_completion(request)  # what it still needs
             self._check_stop(request, request.output_token_ids[-1])  # the first token may end it
@@ -280,12 +280,13 @@ class PyExecutor:
                 continue
             decoding = req.state is LlmRequestState.GENERATION_IN_PROGRESS
             req.state = LlmRequestState.GENERATION_IN_PROGRESS
-            emitted = 0
+            emitted, top = 0, req.sampling_params.logprobs
+            logprobs = _logprobs(rows[: len(tokens)], tokens, top) if top is not None else None
             for j, token in enumerate(tokens):
                 if req.sampling_params.return_generation_logits:
                     req.py_generation_logits.append(rows[j].cpu())
-                if req.sampling_params.logprobs is not None:
-                    req.py_logprobs.append(_logprobs(rows[j], token, req.sampling_params.logprobs))
+                if logprobs is not None:
+                    req.py_logprobs.append(logprobs[j])
                 req.output_token_ids.append(token)
                 emitted += 1
                 self.stats.num_generated_tokens += 1
@@ -332,8 +333,15 @@ def _abandon(load_kv: Callable[[LlmRequest], int]) -> None:
         abandon()
 
 
-def _logprobs(row: torch.Tensor, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
-    """``token``'s log-probability under the logits ``row``, and the ``top`` most likely."""
-    logprobs = torch.log_softmax(row.float(), dim=-1)
-    values, ids = torch.topk(logprobs, top) if top else (logprobs[:0], logprobs[:0])
-    return float(logprobs[token]), list(zip(ids.tolist(), values.tolist(), strict=True))
+def _logprobs(
+    rows: torch.Tensor, tokens: list[int], top: int
+) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Per token, its log-probability under its row of logits and the ``top`` most likely (tokens,
+    log-probabilities): one softmax and one copy to the host for the request's step."""
+    logprobs = torch.log_softmax(rows.float(), dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=rows.device)[:, None])[:, 0].tolist()
+    values, ids = torch.topk(logprobs, top, dim=-1)
+    return [
+        (lp, list(zip(i, v, strict=True)))
+        for lp, i, v in zip(chosen, ids.tolist(), values.tolist(), strict=True)
+    ]

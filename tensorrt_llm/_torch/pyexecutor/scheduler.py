@@ -49,6 +49,22 @@ class ScheduledRequests:
         self.paused_requests.extend(requests)
 
 
+def owed_to_admitted(kv_cache_manager, active: list[LlmRequest], admitted: set[int]) -> int:
+    """KV blocks the admitted requests of ``active`` still need to complete: what admission keeps
+    in reserve before it grants a new request its KV."""
+    return sum(
+        kv_cache_manager.get_needed_resource_to_completion(r)
+        for r in active
+        if r.request_id in admitted
+    )
+
+
+def admit(request: LlmRequest, admitted: set[int]) -> None:
+    """Grant ``request`` its KV (it leaves the queue now)."""
+    admitted.add(request.request_id)
+    request.admitted_at = time.monotonic()
+
+
 class GuaranteedNoEvictScheduler:
     def __init__(
         self,
@@ -75,11 +91,7 @@ class GuaranteedNoEvictScheduler:
                 if cost <= budget:
                     batch.generation_requests.append(req)
                     budget -= cost
-        owed = sum(
-            self.kv_cache_manager.get_needed_resource_to_completion(r)
-            for r in active
-            if r.request_id in admitted
-        )
+        owed = owed_to_admitted(self.kv_cache_manager, active, admitted)
         available = self.kv_cache_manager.get_num_free_blocks()
         for req in active:
             if (
@@ -92,8 +104,7 @@ class GuaranteedNoEvictScheduler:
                 if owed + need > available:
                     break
                 owed += need
-                admitted.add(req.request_id)
-                req.admitted_at = time.monotonic()
+                admit(req, admitted)
             remaining = req.prompt_len - req.context_current_position
             chunk = min(remaining, budget)
             if chunk <= 0 or (chunk < remaining and not self.enable_chunked_prefill):
