@@ -122,9 +122,12 @@ class OpenAIServer:
             messages = [m.model_dump() for m in body.messages]
             guards.refuse_control_tokens(self.llm.tokenizer, messages)
             tokenizer = self.llm.tokenizer
-            token_ids = await asyncio.to_thread(
-                lambda: tokenizer.encode(tokenizer.apply_chat_template(messages))
-            )
+            try:  # the checkpoint's template may refuse a conversation (raise_exception)
+                token_ids = await asyncio.to_thread(
+                    lambda: tokenizer.encode(tokenizer.apply_chat_template(messages))
+                )
+            except ValueError as exc:
+                raise ServerError(400, str(exc), param="messages") from None
             return await self._serve(body, [token_ids], request, timer, chat=True)
 
     # ---- generation ---------------------------------------------------------------------------

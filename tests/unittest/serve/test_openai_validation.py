@@ -13,6 +13,7 @@ from tensorrt_llm.serve.openai_server import OpenAIServer
 def client():
     server = OpenAIServer(LLM(device="cpu", kv_cache_config=KvCacheConfig(max_tokens=128 * 4)), "m")
     with TestClient(server.app) as client:
+        client.server = server
         yield client
     server.shutdown()
 
@@ -125,3 +126,17 @@ def test_chat_content_as_text_parts_is_the_joined_text(client):
 
     parts = [{"type": "text", "text": "Ann has 5 cups. "}, {"type": "text", "text": "How many?"}]
     assert answer(parts) == answer("Ann has 5 cups. How many?")
+
+
+def test_a_message_the_checkpoints_template_refuses_is_a_400(client, monkeypatch):
+    # a checkpoint's own template may refuse a conversation (many refuse a system message)
+    tokenizer = client.server.llm.tokenizer
+    refusing = (
+        "{% if messages[0].role == 'system' %}{{ raise_exception('no system role') }}{% endif %}x"
+    )
+    monkeypatch.setattr(tokenizer, "chat_template", refusing)
+    body = {"messages": [{"role": "system", "content": "hi"}], "max_tokens": 2}
+    reply = client.post("/v1/chat/completions", json=body)
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["param"] == "messages", error
+    assert "no system role" in error["message"]
