@@ -124,3 +124,31 @@ def test_each_verify_row_counts_the_drafts_before_it():
         [2.0, -1.5, -1.5, -1.5, 0.0],  # and the first draft
         [2.0, -1.5, -1.5, -2.5, 0.0],  # and both: token 3 twice
     ]
+
+
+@pytest.mark.gpu
+def test_penalties_bias_and_logprobs_on_gpu():
+    # on CUDA (graphs on): requests with penalties run eagerly and still decode losslessly
+    target = LLM(device="cuda")
+    eagle = LLM(
+        device="cuda",
+        speculative_config=Eagle3DecodingConfig(
+            max_draft_len=3, speculative_model=str(BUNDLED_DRAFT), draft_kv_cache="unified"
+        ),
+    )
+    texts = ["zq xv kk", "Tell me a story.", "aaaa bbbb"]
+    prompts = [
+        target.tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in texts
+    ]
+    forced = target.tokenizer.encode("7")[0]
+    plain = tokens(target, prompts)
+    for params in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        penalized = tokens(target, prompts, **params)
+        assert penalized != plain and tokens(eagle, prompts, **params) == penalized
+    for llm in (target, eagle):
+        assert tokens(llm, prompts, logit_bias={forced: 100.0}) == [[forced] * 24] * 3
+        out = llm.generate(prompts[0], SamplingParams(max_tokens=8, logprobs=2)).outputs[0]
+        assert all(
+            top[0] == (t, pytest.approx(lp, abs=1e-6))
+            for t, (lp, top) in zip(out.token_ids, out.logprobs)
+        )
