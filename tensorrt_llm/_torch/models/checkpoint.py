@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
+from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.models.config_utils import read_config_json
 from tensorrt_llm._torch.models.modeling_speculative import (
     Eagle3Config,
@@ -19,6 +20,7 @@ from tensorrt_llm._torch.models.modeling_speculative import (
     Eagle3Target,
 )
 from tensorrt_llm._torch.models.registry import ModelConfig, architecture_of, get_model_classes
+from tensorrt_llm._torch.modules.linear import shard_weight
 
 WEIGHTS = "model.safetensors"
 
@@ -35,12 +37,22 @@ def save_pretrained(model: torch.nn.Module, config, model_dir: str | Path) -> No
 
 
 def load_state_dict_into(model: torch.nn.Module, model_dir: str | Path, tied: bool) -> None:
-    """Load weights strictly: a missing, unexpected or mis-shaped tensor is an error naming it."""
+    """Load weights strictly: a missing, unexpected or mis-shaped tensor is an error naming it.
+    A tensor-parallel layer takes its rank's shard of the checkpoint's tensor (``shard_weight``);
+    a tied LM head split over ranks takes its shard of the embedding."""
     path = Path(model_dir) / WEIGHTS
     if not path.is_file():
         raise ValueError(f"model={str(model_dir)!r}: no {WEIGHTS} there")
     state = load_file(str(path))
     expected = model.state_dict()
+    modules = dict(model.named_modules())
+    if (
+        tied
+        and "lm_head.weight" not in state
+        and model.lm_head.weight is not model.model.embed_tokens.weight
+    ):
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        tied = False
     if tied:
         expected = {k: v for k, v in expected.items() if k != "lm_head.weight"}
     missing = sorted(set(expected) - set(state))
@@ -50,6 +62,9 @@ def load_state_dict_into(model: torch.nn.Module, model_dir: str | Path, tied: bo
             f"{path}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}"
         )
     for name, tensor in state.items():
+        owner, _, kind = name.rpartition(".")
+        if kind == "weight" and owner in modules:
+            tensor = state[name] = shard_weight(modules[owner], tensor)
         if tensor.shape != expected[name].shape:
             raise ValueError(
                 f"{path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}"
@@ -69,13 +84,15 @@ def load_model(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     attn_backend: str = "VANILLA",
+    mapping: Mapping | None = None,
 ) -> torch.nn.Module:
     """The model in ``model_dir``, of the class its ``architectures[0]`` selects, weights loaded
     strictly, in eval mode; its config is ``model.config``. ``dtype`` defaults to the config's
-    ``torch_dtype``; ``attn_backend`` is a ``get_attention_backend`` name."""
+    ``torch_dtype``; ``attn_backend`` is a ``get_attention_backend`` name; ``mapping`` says which
+    tensor-parallel shard this rank holds (all of it by default)."""
     config = load_config(model_dir)
     model_class = get_model_classes(config.architectures[0]).model_class
-    model = model_class(config, get_attention_backend(attn_backend))
+    model = model_class(config, get_attention_backend(attn_backend), mapping or Mapping())
     load_state_dict_into(model, model_dir, config.tie_word_embeddings)
     dtype = dtype or getattr(torch, config.torch_dtype)
     return model.to(device=device, dtype=dtype).eval()
@@ -88,6 +105,7 @@ def load_eagle3(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     attn_backend: str = "VANILLA",
+    mapping: Mapping | None = None,
 ) -> Eagle3DraftModel:
     """An Eagle3 drafter whose KV layer id is ``layer_idx``, sharing the target's embedding.
     ``dtype`` defaults to the embedding's."""
@@ -101,7 +119,7 @@ def load_eagle3(
             f"target_hidden_size={config.target_hidden_size}; the target has {target.config.vocab_size}, "
             f"{target.config.hidden_size}"
         )
-    model = Eagle3DraftModel(config, layer_idx, get_attention_backend(attn_backend))
+    model = Eagle3DraftModel(config, layer_idx, get_attention_backend(attn_backend), mapping)
     load_state_dict_into(model, model_dir, tied=False)
     embed_tokens = target.model.embed_tokens
     model = model.to(device=device, dtype=dtype or embed_tokens.weight.dtype).eval()

@@ -24,12 +24,14 @@ from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
+from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.models.config_utils import (
     check_positive_ints,
     known_kwargs,
     read_config_json,
 )
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP
+from tensorrt_llm._torch.modules.linear import ColumnParallelLinear, RowParallelLinear
 from tensorrt_llm._torch.modules.rms_norm import RMSNorm
 from tensorrt_llm._torch.modules.rotary_embedding import apply_partial_rope
 from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer
@@ -116,12 +118,14 @@ class MiniMaxM3Config:
             return ()
         return tuple(range(self.sparse_attention_config.num_dense_layers, self.num_hidden_layers))
 
-    def kv_cache_layers(self) -> tuple[KvCacheLayer, ...]:
-        """What each layer caches per token: K and V, plus one index-K head on MSA layers."""
+    def kv_cache_layers(self, mapping: Mapping | None = None) -> tuple[KvCacheLayer, ...]:
+        """What each layer caches per token on one rank: its share of the KV heads, plus one
+        index-K head on MSA layers (the indexer is replicated, so every rank caches it)."""
         msa, sparse = self.sparse_attention_config, set(self.sparse_layer_ids)
+        num_kv_heads = (mapping or Mapping()).shard(self.num_key_value_heads, "num_key_value_heads")
         return tuple(
             KvCacheLayer(
-                self.num_key_value_heads,
+                num_kv_heads,
                 self.head_dim,
                 index_head_dim=msa.index_head_dim if i in sparse else 0,
             )
@@ -130,7 +134,10 @@ class MiniMaxM3Config:
 
 
 class Indexer(nn.Module):
-    """MSA's light indexer: ``index_n_heads`` query heads, one shared key head, per-head weights."""
+    """MSA's light indexer: ``index_n_heads`` query heads, one shared key head, per-head weights.
+
+    Replicated on every tensor-parallel rank: the blocks it selects must be the same for every
+    rank's heads, and splitting its heads would add an all-reduce of the block scores per layer."""
 
     def __init__(self, cfg: MiniMaxM3Config) -> None:
         super().__init__()
@@ -150,20 +157,23 @@ class Indexer(nn.Module):
 
 
 class MiniMaxM3Attention(nn.Module):
-    def __init__(self, cfg: MiniMaxM3Config, layer_idx: int) -> None:
+    """Attention over this rank's heads: Q, K, V split by head (column-parallel), the output
+    projection row-parallel (all-reduced)."""
+
+    def __init__(self, cfg: MiniMaxM3Config, layer_idx: int, mapping: Mapping) -> None:
         super().__init__()
         self.cfg = cfg
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        )
+        self.num_heads = mapping.shard(cfg.num_attention_heads, "num_attention_heads")
+        self.num_kv_heads = mapping.shard(cfg.num_key_value_heads, "num_key_value_heads")
+        self.head_dim = cfg.head_dim
         self.scale = 1.0 / math.sqrt(self.head_dim)
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        hidden, q_size = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
+        kv_size = cfg.num_key_value_heads * cfg.head_dim
+        self.q_proj = ColumnParallelLinear(hidden, q_size, mapping, "num_attention_heads")
+        self.k_proj = ColumnParallelLinear(hidden, kv_size, mapping, "num_key_value_heads")
+        self.v_proj = ColumnParallelLinear(hidden, kv_size, mapping, "num_key_value_heads")
+        self.o_proj = RowParallelLinear(q_size, hidden, mapping, "num_attention_heads")
         if cfg.use_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -197,12 +207,12 @@ class MiniMaxM3Attention(nn.Module):
 
 
 class MiniMaxM3DecoderLayer(nn.Module):
-    def __init__(self, cfg: MiniMaxM3Config, layer_idx: int) -> None:
+    def __init__(self, cfg: MiniMaxM3Config, layer_idx: int, mapping: Mapping) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = MiniMaxM3Attention(cfg, layer_idx)
+        self.self_attn = MiniMaxM3Attention(cfg, layer_idx, mapping)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, mapping)
 
     def forward(
         self,
@@ -217,24 +227,34 @@ class MiniMaxM3DecoderLayer(nn.Module):
 
 
 class MiniMaxM3Model(nn.Module):
-    def __init__(self, cfg: MiniMaxM3Config) -> None:
+    def __init__(self, cfg: MiniMaxM3Config, mapping: Mapping) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)  # replicated
         self.layers = nn.ModuleList(
-            MiniMaxM3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)
+            MiniMaxM3DecoderLayer(cfg, i, mapping) for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class MiniMaxM3ForCausalLM(nn.Module):
-    def __init__(self, cfg: MiniMaxM3Config, attn_backend: AttentionBackend | None = None) -> None:
+    def __init__(
+        self,
+        cfg: MiniMaxM3Config,
+        attn_backend: AttentionBackend | None = None,
+        mapping: Mapping | None = None,
+    ) -> None:
         super().__init__()
+        mapping = mapping or Mapping()
         self.config = cfg
+        self.mapping = mapping
         # Every attention layer calls it; replaceable (``use_training_backend``). Not a parameter.
         self.attn_backend = attn_backend or get_attention_backend("VANILLA")
-        self.model = MiniMaxM3Model(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
+        self.model = MiniMaxM3Model(cfg, mapping)
+        # vocabulary-parallel, gathered: every rank gets the full logits (and samples the same)
+        self.lm_head = ColumnParallelLinear(
+            cfg.hidden_size, cfg.vocab_size, mapping, "vocab_size", gather_output=True
+        )
+        if cfg.tie_word_embeddings and mapping.attn_tp_size == 1:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(

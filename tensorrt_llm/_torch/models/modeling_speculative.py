@@ -25,12 +25,14 @@ from torch import nn
 from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
 from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
+from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.models.config_utils import (
     check_positive_ints,
     known_kwargs,
     read_config_json,
 )
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP
+from tensorrt_llm._torch.modules.linear import ColumnParallelLinear, RowParallelLinear
 from tensorrt_llm._torch.modules.rms_norm import RMSNorm
 from tensorrt_llm._torch.modules.rotary_embedding import apply_partial_rope
 
@@ -122,20 +124,25 @@ def default_layers_to_capture(num_target_layers: int) -> tuple[int, ...]:
 
 
 class Eagle3Attention(nn.Module):
-    def __init__(self, cfg: Eagle3Config, layer_idx: int) -> None:
+    """Split over the tensor-parallel ranks like the target's attention: each rank's drafter heads
+    keep their KV in that rank's slots (the sub-page view is per rank)."""
+
+    def __init__(self, cfg: Eagle3Config, layer_idx: int, mapping: Mapping) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        )
+        self.num_heads = mapping.shard(cfg.num_attention_heads, "draft num_attention_heads")
+        self.num_kv_heads = mapping.shard(cfg.num_key_value_heads, "draft num_key_value_heads")
+        self.head_dim = cfg.head_dim
         self.rope_theta = cfg.rope_theta
         self.scale = 1.0 / math.sqrt(self.head_dim)
-        self.q_proj = nn.Linear(2 * cfg.hidden_size, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        x_size, q_size = 2 * cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
+        kv_size = cfg.num_key_value_heads * cfg.head_dim
+        self.q_proj = ColumnParallelLinear(x_size, q_size, mapping, "draft num_attention_heads")
+        self.k_proj = ColumnParallelLinear(x_size, kv_size, mapping, "draft num_key_value_heads")
+        self.v_proj = ColumnParallelLinear(x_size, kv_size, mapping, "draft num_key_value_heads")
+        self.o_proj = RowParallelLinear(
+            q_size, cfg.hidden_size, mapping, "draft num_attention_heads"
+        )
 
     def forward(
         self,
@@ -156,9 +163,14 @@ class Eagle3Attention(nn.Module):
 
 class Eagle3DraftModel(nn.Module):
     def __init__(
-        self, cfg: Eagle3Config, layer_idx: int, attn_backend: AttentionBackend | None = None
+        self,
+        cfg: Eagle3Config,
+        layer_idx: int,
+        attn_backend: AttentionBackend | None = None,
+        mapping: Mapping | None = None,
     ) -> None:
         super().__init__()
+        mapping = mapping or Mapping()
         self.config = cfg
         self.layer_idx = layer_idx
         self.attn_backend = attn_backend or get_attention_backend("VANILLA")
@@ -166,11 +178,13 @@ class Eagle3DraftModel(nn.Module):
         self.midlayer = nn.Module()
         self.midlayer.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.midlayer.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.midlayer.self_attn = Eagle3Attention(cfg, layer_idx)
+        self.midlayer.self_attn = Eagle3Attention(cfg, layer_idx, mapping)
         self.midlayer.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.midlayer.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.midlayer.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, mapping)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.lm_head = ColumnParallelLinear(
+            cfg.hidden_size, cfg.draft_vocab_size, mapping, "draft_vocab_size", gather_output=True
+        )
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.embed_tokens: nn.Embedding | None = None  # shared with the target (set by the loader)
 

@@ -5,9 +5,10 @@ A second architecture is one new modeling file and one line in ``MODEL_REGISTRY`
 follow the M3 ones:
 
 - config class: a frozen dataclass with ``from_dict(data)`` / ``to_dict()`` for ``config.json``,
-  the fields ``ModelConfig`` lists, and ``kv_cache_layers()`` (what each layer caches per token);
-- model class: ``model_class(config, attn_backend)``, an ``nn.Module`` with ``config``,
-  ``attn_backend``, ``model.embed_tokens``, ``forward(input_ids, position_ids=None,
+  the fields ``ModelConfig`` lists, and ``kv_cache_layers(mapping)`` (what each layer caches per
+  token on one rank);
+- model class: ``model_class(config, attn_backend, mapping)``, an ``nn.Module`` (this rank's
+  shard) with ``config``, ``attn_backend``, ``model.embed_tokens``, ``forward(input_ids, position_ids=None,
   attn_metadata=None, capture_layers=())`` -> ``(hidden, captured)`` and ``compute_logits(hidden)``;
 - KV cache manager class: a ``KVCacheManagerV2`` (the creation site builds it).
 """
@@ -22,6 +23,7 @@ from torch import nn
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
     MiniMaxM3KVCacheManagerV2,
 )
+from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config, MiniMaxM3ForCausalLM
 from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
@@ -54,7 +56,7 @@ class ModelConfig(Protocol):
     @property
     def eos_token_id(self) -> int | None: ...
 
-    def kv_cache_layers(self) -> tuple[KvCacheLayer, ...]: ...
+    def kv_cache_layers(self, mapping: Mapping | None = None) -> tuple[KvCacheLayer, ...]: ...
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig: ...
@@ -67,7 +69,7 @@ class ModelClasses:
     """The classes one architecture is built from."""
 
     config_class: type[ModelConfig]
-    model_class: type[nn.Module]  # model_class(config, attn_backend)
+    model_class: type[nn.Module]  # model_class(config, attn_backend, mapping)
     kv_cache_manager_class: type[KVCacheManagerV2]
 
 

@@ -44,17 +44,24 @@ def create_kv_cache_managers(
     """The target manager, plus a separate draft manager when that mode is chosen: the one factory
     of the creation site and the tests.
 
-    ``draft_geometry`` is the drafter's ``(num_kv_heads, head_dim)`` with one-model Eagle3; its layer
-    follows the model's. ``manager_cls`` defaults to the architecture's (``registry.py``).
+    ``draft_geometry`` is the drafter's ``(num_kv_heads, head_dim)`` on this rank with one-model
+    Eagle3; its layer follows the model's. Each rank's managers hold its own heads
+    (``executor_config.mapping``). ``manager_cls`` defaults to the architecture's (``registry.py``).
     """
     if manager_cls is None:
         manager_cls = get_model_classes(config.architectures[0]).kv_cache_manager_class
     spec = executor_config.speculative if draft_geometry is not None else None
-    layers = config.kv_cache_layers()
+    layers = config.kv_cache_layers(executor_config.mapping)
     num_target = len(layers)
     if draft_geometry is not None:
         layers += (KvCacheLayer(*draft_geometry, is_draft=True),)
     separate = _should_create_separate_draft_kv_cache(spec, manager_cls)
+    if separate and executor_config.mapping.enable_attention_dp:
+        raise ValueError(
+            "speculative_config.draft_kv_cache='separate' is not supported with "
+            "enable_attention_dp=True: each attention-DP rank keeps the drafter's KV in its own "
+            "unified cache (use draft_kv_cache='unified')"
+        )
     mask = [True] * num_target + [False] * (len(layers) - num_target) if separate else None
     target_config = KVCacheManagerV2Config(
         layers=layers,
@@ -134,12 +141,12 @@ def create_py_executor(
             dtype,
             device,
             executor_config.attn_backend,
+            executor_config.mapping,
         )
-    geometry = (
-        None
-        if draft_model is None
-        else (draft_model.config.num_key_value_heads, draft_model.config.head_dim)
-    )
+    geometry = None
+    if draft_model is not None:
+        attention = draft_model.midlayer.self_attn  # this rank's heads
+        geometry = (attention.num_kv_heads, attention.head_dim)
     managers = create_kv_cache_managers(config, executor_config, geometry)
     resources = ResourceManager(managers)
     kv_cache_manager = managers[ResourceManagerType.KV_CACHE_MANAGER]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 
 KV_DTYPES = ("float32", "float16", "bfloat16")
@@ -158,3 +159,4 @@ class PyExecutorConfig:
     attn_backend: str = "VANILLA"
     device: str = "cpu"
     cuda_graph: CudaGraphOptions | None = None  # None: every step runs eagerly
+    mapping: Mapping = field(default_factory=Mapping)  # this rank, and how the ranks split work

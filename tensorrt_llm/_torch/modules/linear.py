@@ -1,0 +1,62 @@
+"""Linear layers split over the tensor-parallel ranks (Megatron's column / row split).
+
+Each holds this rank's shard of the checkpoint's full weight; ``tp_dim`` says which dimension of
+the full ``[out_features, in_features]`` weight was split, and ``load_state_dict_into``
+(``models/checkpoint.py``) cuts the shard with ``shard_weight``.
+
+- ``ColumnParallelLinear``: output features split (a QKV projection's heads, an MLP's gate and
+  up columns, an LM head's vocabulary); ``gather_output`` concatenates the ranks' outputs.
+- ``RowParallelLinear``: input features split (an output projection, an MLP's down projection);
+  the ranks' partial sums are all-reduced, so every rank ends with the full output.
+
+With one rank (``Mapping()``) both are plain ``nn.Linear``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tensorrt_llm._torch.distributed.communicator import all_gather_last_dim, all_reduce
+from tensorrt_llm._torch.distributed.mapping import Mapping
+
+
+class ColumnParallelLinear(nn.Linear):
+    tp_dim = 0
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        mapping: Mapping,
+        what: str,
+        gather_output: bool = False,
+    ) -> None:
+        super().__init__(in_features, mapping.shard(out_features, what), bias=False)
+        self.tp_size, self.tp_rank = mapping.attn_tp_size, mapping.attn_tp_rank
+        self.gather_output = gather_output
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.gather_output and self.tp_size > 1:
+            out = all_gather_last_dim(out, self.tp_size)
+        return out
+
+
+class RowParallelLinear(nn.Linear):
+    tp_dim = 1
+
+    def __init__(self, in_features: int, out_features: int, mapping: Mapping, what: str) -> None:
+        super().__init__(mapping.shard(in_features, what), out_features, bias=False)
+        self.tp_size, self.tp_rank = mapping.attn_tp_size, mapping.attn_tp_rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return all_reduce(out) if self.tp_size > 1 else out
+
+
+def shard_weight(module: nn.Module, full: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``full`` for ``module`` (``full`` itself for a module not split)."""
+    if not isinstance(module, ColumnParallelLinear | RowParallelLinear) or module.tp_size == 1:
+        return full
+    return full.chunk(module.tp_size, dim=module.tp_dim)[module.tp_rank].contiguous()
