@@ -13,14 +13,16 @@ from tensorrt_llm._torch.disaggregation import context_only, generation_only
 from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
-from tensorrt_llm._torch.models.checkpoint import load_config, load_model
-from tensorrt_llm._torch.pyexecutor._util import create_py_executor
+from tensorrt_llm._torch.distributed.communicator import init_distributed, shutdown_distributed
+from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
+from tensorrt_llm._torch.distributed.ranks import TensorParallelLeader
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
+from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.bundled import bundled_target
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs, default_attn_backend
+from tensorrt_llm.llmapi.workers import Followers, build_rank, rank_device
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
-from tensorrt_llm.tokenizer import TransformersTokenizer
 
 PromptInputs = str | list[int]
 
@@ -47,14 +49,6 @@ class RequestOutput:
     finished: bool = False
 
 
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but no CUDA device is available")
-    return torch.device(device)
-
-
 class LLM:
     def __init__(
         self, model: str | Path | None = None, tokenizer: str | Path | None = None, **kwargs
@@ -66,29 +60,37 @@ class LLM:
         )
         if self.args.model is None:
             self.args = self.args.model_copy(update={"model": bundled_target()})
-        self.device = _resolve_device(self.args.device)
+        self.mapping = self.args.mapping()
+        self.device = rank_device(self.args.device, self.mapping)
         if self.args.attn_backend is None:
             backend = default_attn_backend(self.device.type)
             self.args = self.args.model_copy(update={"attn_backend": backend})
         args = self.args
-        config = load_config(args.model)
-        if args.dtype != "auto":
-            dtype = getattr(torch, args.dtype)
-        else:
-            dtype = (
-                getattr(torch, config.torch_dtype) if self.device.type == "cuda" else torch.float32
-            )
-        self.model_config = config
-        self.model = load_model(args.model, dtype, self.device, args.attn_backend)
-        self.tokenizer = TransformersTokenizer.from_pretrained(args.tokenizer or args.model)
-        self.eos_token_id = config.eos_token_id
-        self.max_seq_len = args.max_seq_len or config.max_position_embeddings
-        executor_config = args.to_executor_config(
-            self.max_seq_len, str(dtype).removeprefix("torch."), str(self.device)
-        )
-        self.executor = create_py_executor(
-            self.model, executor_config, detokenize=self.tokenizer.decode
-        )
+        self._followers: Followers | None = None
+        if self.mapping.world_size > 1:  # ranks 1..N-1 in child processes; this one is rank 0
+            self._followers = Followers(args, self.mapping)
+            self._followers.wait("joining")
+            init_distributed(self.mapping, self._followers.init_method, self.device.type)
+        try:
+            engine = build_rank(args, self.mapping)
+            if self._followers is not None:
+                self._followers.wait("ready")
+        except BaseException:
+            if self._followers is not None:
+                self._followers.kill()
+                shutdown_distributed()
+            raise
+        dtype = engine.dtype
+        self.model_config = engine.config
+        self.model = engine.model
+        self.tokenizer = engine.tokenizer
+        self.eos_token_id = engine.config.eos_token_id
+        self.max_seq_len = engine.max_seq_len
+        self.executor: PyExecutor | AttentionDpExecutor = engine.executor
+        if self.mapping.enable_attention_dp and self.mapping.world_size > 1:
+            self.executor = AttentionDpExecutor(engine.executor, self.mapping)
+        elif self.mapping.world_size > 1:
+            self.executor.rank_sync = TensorParallelLeader()
         self.kv_cache_manager = self.executor.kv_cache_manager
         self.transceiver: KvCacheTransceiver | None = None
         if args.cache_transceiver_config is not None:
@@ -98,12 +100,14 @@ class LLM:
             )
         self._ids = itertools.count()
         logger.info(
-            "LLM ready: %s on %s (%s), %d KV slots of %d tokens",
+            "LLM ready: %s on %s (%s, %s), %d KV slots of %d tokens%s",
             args.model,
             self.device,
             str(dtype).removeprefix("torch."),
+            self.mapping.describe(),
             self.kv_cache_manager.blocks_in_primary_pool,
             self.kv_cache_manager.tokens_per_block,
+            " per rank" if self.mapping.world_size > 1 else "",
         )
 
     def _make_request(
@@ -247,6 +251,15 @@ class LLM:
         )
 
     def shutdown(self) -> None:
+        """Free the KV cache; with several ranks, stop the others and leave torch.distributed."""
+        if self._followers is not None:
+            if isinstance(self.executor, AttentionDpExecutor):
+                self.executor.shutdown()
+            else:
+                self.executor.rank_sync.shutdown()
+            self._followers.stop()
+            self._followers = None
+            shutdown_distributed()
         self.executor.resource_manager.shutdown()
 
     def __enter__(self) -> LLM:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
+from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.pyexecutor.config import (
     CudaGraphOptions,
     KvCacheOptions,
@@ -143,6 +144,29 @@ class TorchLlmArgs(StrictBaseModel):
     # CUDA graphs for decode steps (upstream's key); on by default where they can run (a CUDA
     # device with TRITON), None turns them off. Asked for explicitly where they cannot: an error.
     cuda_graph_config: CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)
+    # Ranks (one process and one GPU each) and how they split the work (upstream's keys): tensor
+    # parallelism splits every layer's heads over them; with enable_attention_dp each rank runs
+    # its own requests on replicated weights (see _torch/distributed/mapping.py).
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    enable_attention_dp: bool = False
+
+    def mapping(self, rank: int = 0) -> Mapping:
+        return Mapping(
+            world_size=self.tensor_parallel_size,
+            tp_size=self.tensor_parallel_size,
+            rank=rank,
+            enable_attention_dp=self.enable_attention_dp,
+        )
+
+    @model_validator(mode="after")
+    def _one_rank_for_disaggregation(self) -> TorchLlmArgs:
+        if self.cache_transceiver_config is not None and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"cache_transceiver_config with tensor_parallel_size={self.tensor_parallel_size}: "
+                "a context or generation server runs on one GPU (run one server per GPU behind "
+                "the router)"
+            )
+        return self
 
     @classmethod
     def from_kwargs(cls, extra_llm_api_options: str | Path | None = None, **kwargs) -> TorchLlmArgs:
@@ -159,10 +183,11 @@ class TorchLlmArgs(StrictBaseModel):
         return cls(**kwargs)
 
     def to_executor_config(
-        self, max_seq_len: int, model_dtype: str, device: str
+        self, max_seq_len: int, model_dtype: str, device: str, mapping: Mapping | None = None
     ) -> PyExecutorConfig:
         """Translate into the runtime's config, once, at the creation site. ``model_dtype`` is the
-        resolved weight dtype (the KV cache's under ``kv_cache_config.dtype: auto``)."""
+        resolved weight dtype (the KV cache's under ``kv_cache_config.dtype: auto``); ``mapping``
+        is the rank's (rank 0's by default)."""
         kv = self.kv_cache_config
         attn_backend = self.attn_backend or default_attn_backend(device)
         return PyExecutorConfig(
@@ -183,6 +208,7 @@ class TorchLlmArgs(StrictBaseModel):
             attn_backend=attn_backend,
             device=device,
             cuda_graph=self._cuda_graph_options(attn_backend, device),
+            mapping=mapping or self.mapping(),
         )
 
     def _cuda_graph_options(self, attn_backend: str, device: str) -> CudaGraphOptions | None:

@@ -24,6 +24,7 @@ from tensorrt_llm._torch.pyexecutor.scheduler import (
 from tensorrt_llm._torch.speculative.interface import StepTokens
 
 if TYPE_CHECKING:
+    from tensorrt_llm._torch.distributed.ranks import TensorParallelLeader
     from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
@@ -73,6 +74,9 @@ class PyExecutor:
         self.transfer_timeout_s = DEFAULT_TRANSFER_TIMEOUT_S  # how long held KV waits for a pull
         self._admitted: set[int] = set()
         self.stats = ExecutorStats()
+        # Rank 0 under tensor parallelism: told of every submit and cancel, and called at the
+        # start of every step to send them to the other ranks (``distributed/ranks.py``).
+        self.rank_sync: TensorParallelLeader | None = None
 
     @property
     def kv_cache_manager(self):
@@ -83,6 +87,13 @@ class PyExecutor:
         return bool(self.active or self.waiting_generation_only)
 
     def enqueue_request(self, request: LlmRequest) -> None:
+        self.check_request(request)
+        self.active.append(request)
+        if self.rank_sync is not None:
+            self.rank_sync.submitted(request)
+
+    def check_request(self, request: LlmRequest) -> None:
+        """Raise ``ValueError`` if ``request`` can never run here (its prompt, or its KV)."""
         if request.prompt_len == 0:
             raise ValueError(f"request {request.request_id}: the prompt is empty")
         if request.prompt_len >= self.max_seq_len:
@@ -97,7 +108,6 @@ class PyExecutor:
                 f"request {request.request_id} needs {need} KV slots to complete but the cache has {total}; "
                 f"raise kv_cache_config.max_tokens or lower max_tokens"
             )
-        self.active.append(request)
 
     def cancel_request(self, request_id: int) -> bool:
         """Finish a request now and free its KV. Returns False if it is not active or waiting."""
@@ -111,6 +121,8 @@ class PyExecutor:
             if req.request_id == request_id:
                 req.finish(FinishReason.CANCELLED)
                 self._release(req)
+                if self.rank_sync is not None:
+                    self.rank_sync.cancelled(request_id)
                 return True
         return False
 
@@ -157,11 +169,15 @@ class PyExecutor:
         is loaded calls ``load_kv.abandon()`` when ``load_kv`` has one (so the context server can
         free what it holds for the load now, not at its timeout)."""
         try:
-            self.enqueue_request(request)  # the checks; it joins ``active`` once admitted
+            if self.rank_sync is not None:
+                raise ValueError(
+                    "generation-only requests need a single-rank generation server "
+                    "(tensor_parallel_size=1, or enable_attention_dp)"
+                )
+            self.check_request(request)  # it joins ``active`` once admitted
         except ValueError:
             _abandon(load_kv)
             raise
-        self.active.remove(request)
         self.waiting_generation_only.append((request, load_kv))
         self._admit_generation_only()
         if request.finish_reason is FinishReason.ERROR:
@@ -195,6 +211,8 @@ class PyExecutor:
 
     def step(self) -> list[LlmRequest]:
         """Run one iteration; returns the requests that finished in it (already freed)."""
+        if self.rank_sync is not None:
+            self.rank_sync.start_step()
         self._admit_generation_only()
         batch = self.scheduler.schedule(self.active, self._admitted)
         if batch.batch_size == 0:

@@ -1,0 +1,200 @@
+"""Attention data parallelism: each rank runs its own requests with its own executor and KV cache
+(the unified draft cache on every rank); rank 0 spreads the requests and collects what the other
+ranks produce.
+
+Rank 0's ``AttentionDpExecutor`` is what the LLM and the server drive, with the executor interface
+they use (``enqueue_request``, ``cancel_request``, ``step``, ``has_work``, ``active``, ``stats``).
+A request goes to the rank with the fewest unfinished requests (the lowest rank on a tie); a
+request on another rank is mirrored on rank 0 by a shadow ``LlmRequest`` that each step's reports
+bring up to date, so callers read every request the same way. Every step is one broadcast of the
+commands and one gather of the reports over the control group; the ranks' forwards share no
+collective (the weights are replicated), and a rank with nothing to run skips its forward.
+
+Prefix reuse is per rank: a turn reuses the KV of an earlier turn when it lands on the same rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+
+import torch
+
+from tensorrt_llm._torch.distributed.communicator import broadcast_json, gather_json
+from tensorrt_llm._torch.distributed.mapping import Mapping
+from tensorrt_llm._torch.distributed.ranks import SHUTDOWN, cancel_command, submit_command
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
+from tensorrt_llm._torch.pyexecutor.py_executor import ExecutorStats, PyExecutor
+from tensorrt_llm.logger import logger
+
+
+@dataclasses.dataclass
+class _Remote:
+    rank: int
+    request: LlmRequest  # the shadow rank 0 hands out
+
+
+class AttentionDpExecutor:
+    def __init__(self, local: PyExecutor, mapping: Mapping) -> None:
+        self.local = local  # rank 0's own executor
+        self.mapping = mapping
+        self._outbox: list[dict] = []
+        self._remote: dict[int, _Remote] = {}
+        self._remote_stats: dict[int, ExecutorStats] = {}
+
+    # ---- what the LLM and the server read ----------------------------------------------------
+    @property
+    def kv_cache_manager(self):
+        """Rank 0's KV cache manager (each rank has its own, of the same size)."""
+        return self.local.kv_cache_manager
+
+    @property
+    def resource_manager(self):
+        return self.local.resource_manager
+
+    @property
+    def held_for_transfer(self) -> dict:
+        return self.local.held_for_transfer
+
+    @property
+    def active(self) -> list[LlmRequest]:
+        """Every rank's unfinished requests (shadows for the other ranks')."""
+        return self.local.active + [r.request for r in self._remote.values()]
+
+    @property
+    def has_work(self) -> bool:
+        return self.local.has_work or bool(self._remote) or bool(self._outbox)
+
+    @property
+    def stats(self) -> ExecutorStats:
+        """Every rank's counts, summed (the other ranks' as of the last step)."""
+        total = dataclasses.replace(self.local.stats)
+        for stats in self._remote_stats.values():
+            for f in dataclasses.fields(ExecutorStats):
+                setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
+        return total
+
+    def rank_loads(self) -> list[int]:
+        """Unfinished requests per rank."""
+        loads = [0] * self.mapping.dp_size
+        loads[0] = len(self.local.active) + len(self.local.waiting_generation_only)
+        for remote in self._remote.values():
+            loads[remote.rank] += 1
+        return loads
+
+    # ---- what changes requests -----------------------------------------------------------------
+    def enqueue_request(self, request: LlmRequest) -> None:
+        loads = self.rank_loads()
+        rank = loads.index(min(loads))
+        if rank == 0:
+            self.local.enqueue_request(request)
+            return
+        self.local.check_request(request)  # every rank's cache has the same size
+        self._remote[request.request_id] = _Remote(rank, request)
+        self._outbox.append(submit_command(request, rank))
+
+    def cancel_request(self, request_id: int) -> bool:
+        remote = self._remote.pop(request_id, None)
+        if remote is None:
+            return self.local.cancel_request(request_id)
+        remote.request.finish(FinishReason.CANCELLED)
+        self._outbox.append(cancel_command(request_id, remote.rank))
+        return True
+
+    def enqueue_generation_only(self, request: LlmRequest, load_kv) -> None:
+        raise ValueError(
+            "generation-only requests are not supported with enable_attention_dp yet: run one "
+            "generation server per GPU behind the router"
+        )
+
+    def step(self) -> list[LlmRequest]:
+        """One step on every rank; returns the requests (local and shadows) that finished."""
+        commands, self._outbox = self._outbox, []
+        broadcast_json(commands, 0)
+        failure = None
+        finished: list[LlmRequest] = []
+        if self.local.has_work:
+            try:
+                finished = self.local.step()
+            except Exception as exc:  # the batch is already ended; the ranks must still meet
+                failure = exc
+        for rank, report in enumerate(gather_json({}, self.mapping.world_size)):
+            if rank:
+                finished += self._apply_report(rank, report)
+        if failure is not None:
+            raise failure
+        return finished
+
+    def _apply_report(self, rank: int, report: dict) -> list[LlmRequest]:
+        self._remote_stats[rank] = ExecutorStats(**report["stats"])
+        finished = []
+        for update in report["requests"]:
+            remote = self._remote.get(update["request_id"])
+            if remote is None:  # cancelled here meanwhile
+                continue
+            apply_update(remote.request, update)
+            if remote.request.is_finished:
+                del self._remote[update["request_id"]]
+                finished.append(remote.request)
+        return finished
+
+    def shutdown(self) -> None:
+        broadcast_json([SHUTDOWN], 0)
+
+
+class ProgressReporter:
+    """A follower rank's side: after each step, what changed in its requests since the last
+    report, gathered to rank 0 (``AttentionDpExecutor._apply_report``)."""
+
+    def __init__(self, executor: PyExecutor, mapping: Mapping) -> None:
+        self.executor = executor
+        self.mapping = mapping
+        self._sent: dict[int, int] = {}  # request id -> output tokens already reported
+
+    def __call__(self, finished: list[LlmRequest]) -> None:
+        updates = []
+        for request in [*self.executor.active, *finished]:
+            sent = self._sent.get(request.request_id, 0)
+            if len(request.output_token_ids) == sent and not request.is_finished:
+                continue
+            updates.append(progress_update(request, sent))
+            self._sent[request.request_id] = len(request.output_token_ids)
+            if request.is_finished:
+                del self._sent[request.request_id]
+        report = {"stats": dataclasses.asdict(self.executor.stats), "requests": updates}
+        try:
+            gather_json(report, self.mapping.world_size)
+        except Exception:
+            logger.error("report to rank 0 failed:\n%s", traceback.format_exc())
+            raise
+
+
+def progress_update(request: LlmRequest, num_sent: int) -> dict:
+    """The tokens of ``request`` after the first ``num_sent``, and its counters and end."""
+    return {
+        "request_id": request.request_id,
+        "new_tokens": request.output_token_ids[num_sent:],
+        "logprobs": request.py_logprobs[num_sent:],
+        "generation_logits": [t.tolist() for t in request.py_generation_logits[num_sent:]],
+        "num_decode_iterations": request.num_decode_iterations,
+        "num_accepted_draft_tokens": request.num_accepted_draft_tokens,
+        "num_reused_tokens": request.num_reused_tokens,
+        "finish_reason": None if request.finish_reason is None else request.finish_reason.value,
+        "stop_reason": request.stop_reason,
+        "text_limit": request.text_limit,
+    }
+
+
+def apply_update(shadow: LlmRequest, update: dict) -> None:
+    """Bring a shadow up to date with its rank's report."""
+    shadow.output_token_ids.extend(update["new_tokens"])
+    shadow.py_logprobs.extend((lp, [tuple(t) for t in top]) for lp, top in update["logprobs"])
+    shadow.py_generation_logits.extend(torch.tensor(t) for t in update["generation_logits"])
+    shadow.num_decode_iterations = update["num_decode_iterations"]
+    shadow.num_accepted_draft_tokens = update["num_accepted_draft_tokens"]
+    shadow.num_reused_tokens = update["num_reused_tokens"]
+    shadow.text_limit = update["text_limit"]
+    if shadow.output_token_ids and shadow.state is LlmRequestState.CONTEXT_INIT:
+        shadow.state = LlmRequestState.GENERATION_IN_PROGRESS
+    if update["finish_reason"] is not None:
+        shadow.finish(FinishReason(update["finish_reason"]), update["stop_reason"])

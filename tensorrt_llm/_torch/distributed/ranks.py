@@ -1,0 +1,139 @@
+"""Keeping several ranks' executors in step: rank 0 takes the requests, the others follow.
+
+Every rank runs its own ``PyExecutor``. Rank 0 (the process the user or the server talks to)
+records what changes its requests between steps (``submit``, ``cancel``) and, at the start of
+every step, broadcasts those commands as JSON over the control group; each other rank applies the
+same commands to its executor and steps it (``follow``).
+
+- Tensor parallelism: every rank runs every request. Scheduling and KV bookkeeping are
+  deterministic, the logits are gathered to every rank and sampling is seeded (rank 0 draws a seed
+  for a sampled request that has none), so the ranks make the same decisions; the model's
+  collectives keep them together inside a step.
+- Attention DP (``data_parallel.py``): each command names the rank that runs the request; after
+  each step every rank reports its requests' progress back to rank 0.
+
+Requests travel as plain JSON (``request_to_json``): no pickle between processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import traceback
+from typing import TYPE_CHECKING
+
+import torch
+
+from tensorrt_llm._torch.distributed.communicator import broadcast_json
+from tensorrt_llm._torch.distributed.mapping import Mapping
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm.logger import logger
+from tensorrt_llm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
+
+SHUTDOWN = {"kind": "shutdown"}
+
+
+def request_to_json(request: LlmRequest) -> dict:
+    """What another rank needs to run ``request`` from its start."""
+    return {
+        "request_id": request.request_id,
+        "prompt_token_ids": list(request.prompt_token_ids),
+        "max_new_tokens": request.max_new_tokens,
+        "sampling_params": dataclasses.asdict(request.sampling_params),
+        "end_id": request.end_id,
+        "cache_salt": request.cache_salt,
+        "context_only": request.context_only,
+    }
+
+
+def request_from_json(data: dict) -> LlmRequest:
+    params = dict(data["sampling_params"])
+    if params["logit_bias"] is not None:  # JSON object keys are strings
+        params["logit_bias"] = {int(k): v for k, v in params["logit_bias"].items()}
+    return LlmRequest(
+        request_id=data["request_id"],
+        prompt_token_ids=data["prompt_token_ids"],
+        max_new_tokens=data["max_new_tokens"],
+        sampling_params=SamplingParams(**params),
+        end_id=data["end_id"],
+        cache_salt=data["cache_salt"],
+        context_only=data["context_only"],
+    )
+
+
+def seed_for_ranks(request: LlmRequest) -> None:
+    """A sampled request without a seed gets one, so that every rank draws the same tokens."""
+    params = request.sampling_params
+    if not params.greedy and params.seed is None and request.generator is None:
+        request.generator = torch.Generator().manual_seed(random.getrandbits(63))
+
+
+def submit_command(request: LlmRequest, rank: int) -> dict:
+    seed_for_ranks(request)
+    data = request_to_json(request)
+    if request.generator is not None and request.sampling_params.seed is None:
+        data["sampling_params"]["seed"] = request.generator.initial_seed()
+    return {"kind": "submit", "rank": rank, "request": data}
+
+
+def cancel_command(request_id: int, rank: int) -> dict:
+    return {"kind": "cancel", "rank": rank, "request_id": request_id}
+
+
+class TensorParallelLeader:
+    """Rank 0's side under tensor parallelism: ``PyExecutor`` records its submits and cancels here
+    and calls ``start_step`` first thing in every step."""
+
+    def __init__(self) -> None:
+        self._outbox: list[dict] = []
+
+    def submitted(self, request: LlmRequest) -> None:
+        self._outbox.append(submit_command(request, rank=-1))
+
+    def cancelled(self, request_id: int) -> None:
+        self._outbox.append(cancel_command(request_id, rank=-1))
+
+    def start_step(self) -> None:
+        commands, self._outbox = self._outbox, []
+        broadcast_json(commands, 0)
+
+    def shutdown(self) -> None:
+        broadcast_json([SHUTDOWN], 0)
+
+
+def apply_commands(executor: PyExecutor, commands: list[dict], rank: int) -> bool:
+    """Apply rank 0's commands meant for ``rank`` (``rank: -1``: every rank); False at shutdown."""
+    for command in commands:
+        if command["kind"] == "shutdown":
+            return False
+        if command["rank"] not in (-1, rank):
+            continue
+        if command["kind"] == "submit":
+            executor.enqueue_request(request_from_json(command["request"]))
+        elif command["kind"] == "cancel":
+            executor.cancel_request(command["request_id"])
+    return True
+
+
+def step_quietly(executor: PyExecutor) -> list[LlmRequest]:
+    """One step of a follower: a step that fails has ended its batch (as on rank 0); the follower
+    logs it and goes on, so the ranks stay together."""
+    if not executor.has_work:
+        return []
+    try:
+        return executor.step()
+    except Exception:
+        logger.error("step failed on this rank:\n%s", traceback.format_exc())
+        return []
+
+
+def follow(executor: PyExecutor, mapping: Mapping, report=None) -> None:
+    """A follower rank's loop: receive rank 0's commands, step, (under attention DP) report back;
+    returns when rank 0 shuts down."""
+    while apply_commands(executor, broadcast_json(None, mapping.rank), mapping.rank):
+        finished = step_quietly(executor)
+        if report is not None:
+            report(finished)
