@@ -71,6 +71,7 @@ class Settings:
     max_num_tokens: int
     max_seconds: float
     seed: int
+    tp_size: int = 1  # tensor-parallel ranks (bench_multi_gpu.py)
 
 
 @dataclasses.dataclass
@@ -153,6 +154,7 @@ def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
         device=s.device,
         attn_backend=s.attn_backend,
         speculative_config=spec,
+        tensor_parallel_size=s.tp_size,
         **({} if s.cuda_graphs else {"cuda_graph_config": None}),
     )
 
