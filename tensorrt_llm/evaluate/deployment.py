@@ -67,6 +67,7 @@ class Deployment:
         self.urls: dict[str, str] = {}
         self.commands: dict[str, list[str]] = {}
         self.procs: dict[str, subprocess.Popen] = {}
+        self.envs: dict[str, dict[str, str]] = {}  # per process, over ``env``
 
     def reserve(self, *names: str) -> None:
         """Pick ports for servers that must know each other's (the router's config)."""
@@ -79,9 +80,14 @@ class Deployment:
         path.write_text(yaml.safe_dump(data))
         return path
 
-    def server(self, name: str, options: dict, device: str = "cpu") -> None:
-        """A model server with LLM ``options`` (the bundled model when they name none)."""
+    def server(
+        self, name: str, options: dict, device: str = "cpu", gpus: str | None = None
+    ) -> None:
+        """A model server with LLM ``options`` (the bundled model when they name none), on the
+        GPUs ``gpus`` (``CUDA_VISIBLE_DEVICES``, e.g. "1") when given."""
         config = self.write_yaml(f"{name}.yaml", options)
+        if gpus is not None:
+            self.envs[name] = {"CUDA_VISIBLE_DEVICES": gpus}
         self.start(name, ["--config", str(config), "--device", device])
 
     def router(self, name: str, context: list[str], generation: list[str]) -> None:
@@ -114,7 +120,10 @@ class Deployment:
     def _launch(self, name: str) -> None:
         with open(self.workdir / f"{name}.log", "a") as log:
             self.procs[name] = subprocess.Popen(
-                self.commands[name], stdout=log, stderr=subprocess.STDOUT, env=self.env
+                self.commands[name],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**self.env, **self.envs.get(name, {})},
             )
 
     def wait_healthy(self, *names: str) -> None:
@@ -165,14 +174,18 @@ def disaggregation_options(options: dict, **transceiver) -> dict:
 
 @contextlib.contextmanager
 def disaggregated_deployment(
-    options: dict, device: str = "cpu", log_dir: Path | None = None
+    options: dict,
+    device: str = "cpu",
+    log_dir: Path | None = None,
+    gpus: tuple[str | None, str | None] = (None, None),
 ) -> Iterator[dict]:
-    """Start a context server and a generation server (``options`` plus a NIXL transceiver) and a
-    router; yields their URLs ``{"router", "ctx", "gen"}`` and stops them all on exit."""
+    """Start a context server and a generation server (``options`` plus a NIXL transceiver; on
+    the GPUs ``gpus[0]`` and ``gpus[1]`` when given) and a router; yields their URLs
+    ``{"router", "ctx", "gen"}`` and stops them all on exit."""
     with running(log_dir) as deployment:
         deployment.reserve("ctx", "gen", "router")
-        for name in ("ctx", "gen"):
-            deployment.server(name, disaggregation_options(options), device)
+        for name, on in zip(("ctx", "gen"), gpus, strict=True):
+            deployment.server(name, disaggregation_options(options), device, on)
         deployment.router("router", ["ctx"], ["gen"])
         deployment.wait_healthy("ctx", "gen", "router")
         yield deployment.urls
