@@ -68,7 +68,7 @@ def build_rank(args: TorchLlmArgs, mapping: Mapping) -> RankEngine:
     """This rank's shard of the model, its tokenizer and its executor (``args`` resolved: a model
     and an attention backend)."""
     device = rank_device(args.device, mapping)
-    if device.type == "cuda":
+    if device.index is not None:
         torch.cuda.set_device(device)
     config = load_config(args.model)
     if args.dtype != "auto":
