@@ -257,9 +257,9 @@ class LLM:
                 self.executor.shutdown()
             else:
                 self.executor.rank_sync.shutdown()
+            shutdown_distributed()  # with the followers: NCCL's teardown waits for every rank
             self._followers.stop()
             self._followers = None
-            shutdown_distributed()
         self.executor.resource_manager.shutdown()
 
     def __enter__(self) -> LLM:
