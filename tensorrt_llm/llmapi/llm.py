@@ -86,6 +86,7 @@ class LLM:
         self.tokenizer = engine.tokenizer
         self.eos_token_id = engine.config.eos_token_id
         self.max_seq_len = engine.max_seq_len
+        self._rank_executor = engine.executor  # this rank's
         self.executor: PyExecutor | AttentionDpExecutor = engine.executor
         if self.mapping.enable_attention_dp and self.mapping.world_size > 1:
             self.executor = AttentionDpExecutor(engine.executor, self.mapping)
@@ -257,10 +258,11 @@ class LLM:
                 self.executor.shutdown()
             else:
                 self.executor.rank_sync.shutdown()
+        self._rank_executor.shutdown()
+        if self._followers is not None:
             shutdown_distributed()  # with the followers: NCCL's teardown waits for every rank
             self._followers.stop()
             self._followers = None
-        self.executor.resource_manager.shutdown()
 
     def __enter__(self) -> LLM:
         return self

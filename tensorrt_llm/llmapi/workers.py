@@ -158,5 +158,5 @@ def _follower_main(args_json: str, mapping: Mapping, init_method: str, pipe) -> 
     except Exception:
         logger.error("rank %d stopped:\n%s", mapping.rank, traceback.format_exc())
     finally:
-        engine.executor.resource_manager.shutdown()
+        engine.executor.shutdown()
         shutdown_distributed()

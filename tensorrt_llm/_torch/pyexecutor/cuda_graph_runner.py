@@ -110,6 +110,12 @@ class CUDAGraphRunner:
                 if manager is not None:  # positions of the step and of the draft chain
                     manager.add_padding_sequence(PADDING_REQUEST_ID, 2 * self.tokens_per_seq)
 
+    def release(self) -> None:
+        """Drop every captured graph (before the process leaves torch.distributed: NCCL's
+        teardown waits on a communicator whose kernels a live graph still holds)."""
+        torch.cuda.synchronize(self.engine.device)
+        self._buckets.clear()
+
     @property
     def captured_batch_sizes(self) -> list[int]:
         return sorted(b for b, bucket in self._buckets.items() if bucket.graph is not None)

@@ -237,6 +237,12 @@ class PyExecutor:
             self._release(req)
         return finished
 
+    def shutdown(self) -> None:
+        """Drop the CUDA graphs and free the KV cache."""
+        if self.cuda_graph_runner is not None:
+            self.cuda_graph_runner.release()
+        self.resource_manager.shutdown()
+
     def _release(self, req: LlmRequest) -> None:
         if req.finish_reason is FinishReason.CONTEXT_DONE:  # its KV waits for a generation server
             deadline = time.monotonic() + self.transfer_timeout_s
