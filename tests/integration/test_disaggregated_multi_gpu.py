@@ -28,11 +28,11 @@ OPTIONS = {
 
 def test_context_on_gpu0_generation_on_gpu1_keeps_the_al(tmp_path):
     exclude = training_questions(BUNDLED_TARGET, BUNDLED_DRAFT)
-    with running(tmp_path / "agg") as servers:
+    with running(tmp_path) as servers:
         servers.server("agg", OPTIONS, "cuda", gpus="0")
         servers.wait_healthy()
         aggregated = run_gsm8k_http(servers.urls["agg"], 40, exclude)
-    with disaggregated_deployment(OPTIONS, "cuda", tmp_path, gpus=("0", "1")) as urls:
+    with disaggregated_deployment(OPTIONS, "cuda", tmp_path, ("0", "1")) as urls:
         disaggregated = run_gsm8k_http(urls["router"], 40, exclude)
         assert metric(urls["gen"], "trtllm_context_tokens_computed_total") == 0
         assert metric(urls["gen"], "trtllm_transferred_tokens_total") > 0
