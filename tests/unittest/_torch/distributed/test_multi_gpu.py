@@ -68,12 +68,13 @@ def test_adp2_serves_gsm8k_tiny_with_the_al_of_one_gpu(one_gpu):
     assert adp2["al"] == pytest.approx(reference["al"], abs=0.02)
 
 
-def test_tp2_agrees_with_tp1_on_the_benchmark_model(tmp_path):
+def test_tp2_agrees_with_tp1_on_the_benchmark_model():
+    """bf16 at 0.5B: not bit-exact, so the gate is the teacher-forced next-token agreement (see
+    ``bench_multi_gpu.py``), at least 99% and no worse than TP1's own prefill/decode floor."""
     sys.path.insert(0, str(BENCHMARKS))
     import bench_multi_gpu
 
-    record = bench_multi_gpu.main(
-        ["--batches", "1", "--modes", "target", "--new-tokens", "8", "--max-seconds", "5"]
-    )
-    line = next(x for x in record["summary"] if x.startswith("greedy token agreement"))
-    assert float(line.rsplit(" ", 1)[1]) >= 0.99, line
+    record = bench_multi_gpu.main(["--batches", ""])  # the agreement only, no timing
+    tp1, tp2 = record["agreement"]["tp1"], record["agreement"]["tp2"]
+    assert tp2["teacher_forced"] >= 0.99, record["summary"]
+    assert tp2["teacher_forced"] >= tp1["teacher_forced"] - 0.01, record["summary"]
