@@ -7,14 +7,17 @@ with every ``executor.step()`` of rank 0 timed (a step spans every rank: the ran
 layer's all-reduce). The ratio printed per mode and batch is TP2 step / TP1 step (below 1: TP2 is
 faster) and TP2 tokens/s / TP1 tokens/s, both from this one run.
 
-Also checks the layouts decode alike, on 64 greedy tokens after each of a few random prompts:
+Also checks the layouts decode alike, on 64 greedy tokens after each of a few random prompts
+(TP1's tokens are the reference):
 
-- free-running agreement: the fraction of positions where TP2's tokens equal TP1's. One flipped
-  near-tie (bf16 sums in another order) changes everything after it, and a random model's logits
-  are nearly flat, so this understates how close the two are;
+- free-running agreement: the fraction of positions where a layout's greedy tokens equal TP1's.
+  One flipped near-tie (bf16 sums in another order) changes everything after it, and a random
+  model's logits are nearly flat, so this understates how close the layouts are;
 - teacher-forced agreement: after each prompt plus TP1's first k tokens, for every k < 64, the
-  next greedy token of each layout against TP1's token k. TP1 against itself is the floor set by
-  prefill and decode summing in different orders; TP2 should match it.
+  layout's next greedy token (a prefill) against TP1's token k (a decode). TP1 against itself is
+  the floor set by prefill and decode summing in different orders;
+- layout agreement: the same teacher-forced prefills, TP2's next tokens against TP1's: the
+  layouts compared on the same path, and the relative RMS difference of their logits.
 
     python benchmarks/bench_multi_gpu.py [--tp 1,2] [--batches 1,16,64] [--modes target,unified]
     python benchmarks/bench_multi_gpu.py --device cpu --scale tiny --batches 1,2 --new-tokens 4
@@ -76,11 +79,20 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     return settings, args
 
 
-def decode_agreement(
+@dataclasses.dataclass
+class Decodes:
+    """One layout's greedy decode after the prompts, and its teacher-forced next tokens/logits."""
+
+    tokens: list[list[int]]
+    forced_tokens: list[int]
+    forced_logits: torch.Tensor  # [num_forced, vocab], float32
+
+
+def decode(
     target_dir: Path, s: Settings, prompts: list[list[int]], reference: list[list[int]] | None
-) -> tuple[list[list[int]], float | None, float | None]:
-    """This layout's greedy tokens after ``prompts``; with TP1's ``reference`` tokens, the
-    free-running and the teacher-forced agreement with them."""
+) -> Decodes:
+    """Greedy tokens after ``prompts``, then the next token after every prompt + ``reference``
+    prefix (``reference``: TP1's tokens; this layout's own when None)."""
     batch = 32
     blocks = -(-(s.prompt_len + AGREEMENT_TOKENS + 8) // 128)
     llm = LLM(
@@ -97,17 +109,33 @@ def decode_agreement(
         tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         reference = reference or tokens
         forced = [p + ref[:k] for p, ref in zip(prompts, reference) for k in range(len(ref))]
-        one = SamplingParams(max_tokens=1, ignore_eos=True, detokenize=False)
-        nexts = [o.outputs[0].token_ids[0] for o in llm.generate(forced, one)]
+        one = SamplingParams(
+            max_tokens=1, ignore_eos=True, detokenize=False, return_generation_logits=True
+        )
+        outputs = [o.outputs[0] for o in llm.generate(forced, one)]
     finally:
         llm.shutdown()
-    expected = [t for ref in reference for t in ref]
-    free = [(x, y) for a, b in zip(tokens, reference) for x, y in zip(a, b)]
-    return (
+    return Decodes(
         tokens,
-        sum(x == y for x, y in free) / len(free),
-        sum(x == y for x, y in zip(nexts, expected)) / len(expected),
+        [o.token_ids[0] for o in outputs],
+        torch.cat([o.generation_logits.float() for o in outputs]),
     )
+
+
+def share_equal(a: list[int], b: list[int]) -> float:
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def agreement(base: Decodes, other: Decodes) -> dict[str, float]:
+    """``other`` against TP1's ``base`` (see the module docstring)."""
+    reference = [t for tokens in base.tokens for t in tokens]
+    diff = other.forced_logits - base.forced_logits
+    return {
+        "free_running": share_equal([t for ts in other.tokens for t in ts], reference),
+        "teacher_forced": share_equal(other.forced_tokens, reference),
+        "layout": share_equal(other.forced_tokens, base.forced_tokens),
+        "logits_relative_rms": float(diff.norm() / base.forced_logits.norm()),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -115,17 +143,17 @@ def main(argv: list[str] | None = None) -> dict:
     logger.set_level("warning")
     started = time.perf_counter()
     cells: dict[tuple[int, str, int], Cell] = {}
-    agreement: dict[int, tuple[float, float]] = {}
+    agreements: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_multi_gpu_") as tmp:
         target_dir, draft_dir = write_checkpoints(Path(tmp), s)
         vocab = json.loads((target_dir / "config.json").read_text())["vocab_size"]
         prompts = random_prompts(args.agreement_prompts, s.prompt_len, vocab, s.seed + 11)
-        reference = None
+        decodes: dict[int, Decodes] = {}
         for tp in sorted(args.tp):
             ts = dataclasses.replace(s, tp_size=tp)
-            tokens, free, forced = decode_agreement(target_dir, ts, prompts, reference)
-            reference = reference or tokens
-            agreement[tp] = (free, forced)
+            base = decodes.get(min(args.tp))
+            decodes[tp] = decode(target_dir, ts, prompts, base.tokens if base else None)
+            agreements[tp] = agreement(decodes[min(args.tp)], decodes[tp])
             for batch in args.batches:
                 for mode in args.modes:
                     cells[tp, mode, batch] = cell = run_cell(target_dir, draft_dir, mode, batch, ts)
@@ -135,10 +163,10 @@ def main(argv: list[str] | None = None) -> dict:
                         file=sys.stderr,
                         flush=True,
                     )
-    return report(cells, agreement, s, args)
+    return report(cells, agreements, s, args)
 
 
-def report(cells, agreement, s: Settings, args) -> dict:
+def report(cells, agreements, s: Settings, args) -> dict:
     print(
         f"TP1 vs TP2, M3-shaped random model ({s.scale}), {s.dtype}, {s.attn_backend}, "
         f"cuda graphs {'on' if s.cuda_graphs else 'off'}, prompt {s.prompt_len} + "
@@ -162,19 +190,19 @@ def report(cells, agreement, s: Settings, args) -> dict:
                     f"{b.decode_step_ms / a.decode_step_ms:.2f}, tokens/s = "
                     f"{b.decode_tokens_per_s / a.decode_tokens_per_s:.2f}"
                 )
-    for tp, (free, forced) in sorted(agreement.items()):
+    for tp, a in sorted(agreements.items()):
         lines.append(
             f"TP{tp} vs TP{base}, {AGREEMENT_TOKENS} greedy tokens after {args.agreement_prompts} "
-            f"prompts: free-running agreement {free:.4f}, teacher-forced agreement {forced:.4f}"
+            f"prompts: free-running {a['free_running']:.4f}, teacher-forced "
+            f"{a['teacher_forced']:.4f}, layout {a['layout']:.4f} (logits relative RMS "
+            f"{a['logits_relative_rms']:.2e})"
         )
     for line in lines:
         print(line)
     record = {
         "settings": dataclasses.asdict(s),
         "cells": [{"tp": tp, **dataclasses.asdict(c)} for (tp, _, _), c in sorted(cells.items())],
-        "agreement": {
-            f"tp{tp}": {"free_running": a, "teacher_forced": b} for tp, (a, b) in agreement.items()
-        },
+        "agreement": {f"tp{tp}": a for tp, a in agreements.items()},
         "summary": lines,
     }
     if args.json is not None:

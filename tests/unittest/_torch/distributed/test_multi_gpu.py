@@ -69,12 +69,10 @@ def test_adp2_serves_gsm8k_tiny_with_the_al_of_one_gpu(one_gpu):
 
 
 def test_tp2_agrees_with_tp1_on_the_benchmark_model():
-    """bf16 at 0.5B: not bit-exact, so the gate is the teacher-forced next-token agreement (see
-    ``bench_multi_gpu.py``), at least 99% and no worse than TP1's own prefill/decode floor."""
+    """bf16 at 0.5B is not bit-exact: the gate is the layout agreement of ``bench_multi_gpu.py``
+    (TP2's and TP1's next tokens after the same teacher-forced prefixes), at least 99%."""
     sys.path.insert(0, str(BENCHMARKS))
     import bench_multi_gpu
 
     record = bench_multi_gpu.main(["--batches", ""])  # the agreement only, no timing
-    tp1, tp2 = record["agreement"]["tp1"], record["agreement"]["tp2"]
-    assert tp2["teacher_forced"] >= 0.99, record["summary"]
-    assert tp2["teacher_forced"] >= tp1["teacher_forced"] - 0.01, record["summary"]
+    assert record["agreement"]["tp2"]["layout"] >= 0.99, record["summary"]
