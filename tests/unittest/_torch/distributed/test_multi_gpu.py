@@ -69,10 +69,14 @@ def test_adp2_serves_gsm8k_tiny_with_the_al_of_one_gpu(one_gpu):
 
 
 def test_tp2_agrees_with_tp1_on_the_benchmark_model():
-    """bf16 at 0.5B is not bit-exact: the gate is the layout agreement of ``bench_multi_gpu.py``
-    (TP2's and TP1's next tokens after the same teacher-forced prefixes), at least 99%."""
+    """bf16 at 0.5B with random weights is not bit-exact, and its nearly flat logits turn bf16
+    rounding into flipped near-ties: TP1 against itself (prefill against decode) agrees on about
+    96% of teacher-forced tokens. The gate: TP2 is within 3 points of that floor, and its logits
+    within 5% (relative RMS) of TP1's; a wrong shard gives about 0% and 100%."""
     sys.path.insert(0, str(BENCHMARKS))
     import bench_multi_gpu
 
     record = bench_multi_gpu.main(["--batches", ""])  # the agreement only, no timing
-    assert record["agreement"]["tp2"]["layout"] >= 0.99, record["summary"]
+    tp1, tp2 = record["agreement"]["tp1"], record["agreement"]["tp2"]
+    assert tp2["teacher_forced"] >= tp1["teacher_forced"] - 0.03, record["summary"]
+    assert tp2["logits_relative_rms"] <= 0.05, record["summary"]

@@ -1,0 +1,63 @@
+"""The Mapping's arithmetic, the weight shards of the parallel linears, and the JSON commands that
+carry requests to the other ranks."""
+
+import pytest
+import torch
+
+from tensorrt_llm._torch.distributed.mapping import Mapping
+from tensorrt_llm._torch.distributed.ranks import request_from_json, submit_command
+from tensorrt_llm._torch.modules.linear import ColumnParallelLinear, RowParallelLinear, shard_weight
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm.sampling_params import SamplingParams
+
+
+def test_tensor_parallelism_splits_the_weights_and_attention_dp_replicates_them():
+    tp = Mapping(world_size=4, tp_size=4, rank=3)
+    assert (tp.attn_tp_size, tp.attn_tp_rank, tp.dp_size, tp.describe()) == (4, 3, 1, "tp4")
+    adp = Mapping(world_size=4, tp_size=4, rank=3, enable_attention_dp=True)
+    assert (adp.attn_tp_size, adp.attn_tp_rank, adp.dp_size, adp.describe()) == (1, 0, 4, "adp4")
+    assert adp.shard(6, "num_attention_heads") == 6
+    with pytest.raises(
+        ValueError, match="num_attention_heads=6 is not divisible by tensor_parallel_size=4"
+    ):
+        tp.shard(6, "num_attention_heads")
+    with pytest.raises(ValueError, match="rank=2 is not in"):
+        Mapping(world_size=2, tp_size=2, rank=2)
+    with pytest.raises(ValueError, match="no pipeline parallelism"):
+        Mapping(world_size=4, tp_size=2)
+
+
+def test_column_shards_split_the_output_rows_and_row_shards_the_input_columns():
+    full = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6)  # [out, in]
+    for rank in range(2):
+        mapping = Mapping(world_size=2, tp_size=2, rank=rank)
+        column = ColumnParallelLinear(6, 8, mapping, "x")
+        row = RowParallelLinear(8, 6, mapping, "x")
+        assert column.weight.shape == (4, 6) and row.weight.shape == (6, 4)
+        assert torch.equal(shard_weight(column, full), full[4 * rank : 4 * rank + 4])
+        assert torch.equal(shard_weight(row, full.T), full.T[:, 4 * rank : 4 * rank + 4])
+    assert shard_weight(torch.nn.Linear(6, 8), full) is full  # not split
+
+
+def test_a_request_crosses_to_another_rank_intact_and_a_sampled_one_with_a_seed():
+    params = SamplingParams(
+        max_tokens=9, temperature=0.7, top_p=0.9, stop=["x"], logit_bias={3: 1.5}, logprobs=2
+    )
+    request = LlmRequest(7, [1, 2, 3], 9, params, end_id=2, cache_salt="s")
+    command = submit_command(request, rank=1)
+    assert command["rank"] == 1
+    copy = request_from_json(command["request"])
+    seed = command["request"]["sampling_params"]["seed"]
+    assert isinstance(seed, int) and request.generator.initial_seed() == seed
+    assert copy.sampling_params.logit_bias == {3: 1.5}
+    assert (copy.request_id, copy.prompt_token_ids, copy.end_id, copy.cache_salt) == (
+        7,
+        [1, 2, 3],
+        2,
+        "s",
+    )
+    # both ranks now draw the same tokens
+    draws = [torch.rand(4, generator=r.generator) for r in (request, copy)]
+    assert torch.equal(*draws)
+    greedy = LlmRequest(8, [1], 4, SamplingParams(max_tokens=4))
+    assert submit_command(greedy, rank=0)["request"]["sampling_params"]["seed"] is None

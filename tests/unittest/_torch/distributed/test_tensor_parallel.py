@@ -1,0 +1,125 @@
+"""Several ranks on the CPU, over gloo: tensor parallelism decodes as one rank (target only and
+Eagle3 with the unified and the separate draft cache), attention DP spreads the requests and
+decodes as one rank, and the ranks stay together through sampling and cancellations."""
+
+import random
+
+import pytest
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
+from tensorrt_llm._torch.speculative.utils import VIEW_MODE
+from tensorrt_llm.bundled import BUNDLED_DRAFT
+from tensorrt_llm.evaluate.tasks import gsm8k_tiny
+from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
+
+pytestmark = pytest.mark.slow
+GREEDY = SamplingParams(max_tokens=40, temperature=0)
+
+
+def spec(draft_kv_cache: str | None) -> Eagle3DecodingConfig | None:
+    if draft_kv_cache is None:
+        return None
+    return Eagle3DecodingConfig(
+        max_draft_len=3, speculative_model=str(BUNDLED_DRAFT), draft_kv_cache=draft_kv_cache
+    )
+
+
+def make_llm(draft_kv_cache: str | None = "unified", **parallel) -> LLM:
+    return LLM(
+        device="cpu",
+        speculative_config=spec(draft_kv_cache),
+        kv_cache_config=KvCacheConfig(max_tokens=128 * 32),
+        **parallel,
+    )
+
+
+def prompts(llm: LLM, count: int = 6) -> list[str]:
+    rng = random.Random(3)
+    return [llm.tokenizer.apply_chat_template(gsm8k_tiny(rng)[0][:1]) for _ in range(count)]
+
+
+def decode(draft_kv_cache: str | None, **parallel) -> list[tuple[list[int], float | None]]:
+    with make_llm(draft_kv_cache, **parallel) as llm:
+        outputs = llm.generate(prompts(llm), GREEDY)
+    return [(o.outputs[0].token_ids, o.outputs[0].avg_decoded_tokens_per_iter) for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> dict:
+    return {mode: decode(mode) for mode in (None, "unified", "separate")}
+
+
+@pytest.mark.parametrize("draft_kv_cache", [None, "unified", "separate"])
+def test_tp2_decodes_the_same_tokens_and_al_as_one_rank(one_rank, draft_kv_cache):
+    assert decode(draft_kv_cache, tensor_parallel_size=2) == one_rank[draft_kv_cache]
+
+
+def test_each_tp_rank_caches_its_own_kv_heads_beside_the_drafters_sub_pages():
+    slot_bytes = {}
+    for tp in (1, 2):
+        with make_llm(tensor_parallel_size=tp) as llm:
+            manager = llm.kv_cache_manager  # rank 0's
+            heads = [(layer.num_kv_heads, layer.index_head_dim) for layer in manager.config.layers]
+            slot_bytes[tp] = manager.layout.pools[0].slot_bytes
+            llm.generate(prompts(llm, 1), GREEDY)
+            assert llm.executor.spec_worker.draft_kv_mode == VIEW_MODE  # unified, per rank
+        if tp == 2:  # K/V heads halved; the one index-K head is replicated (the indexer is)
+            assert heads == [(1, 0), (1, 16), (1, 16), (1, 16), (2, 0)]
+    # half the K/V bytes, all the index-K bytes (3 MSA layers x 128 tokens x 16 x fp32), aligned
+    assert (slot_bytes[1], slot_bytes[2]) == (819200, 425984)
+
+
+def test_adp2_spreads_the_requests_and_decodes_as_one_rank(one_rank):
+    with make_llm(tensor_parallel_size=2, enable_attention_dp=True) as llm:
+        assert isinstance(llm.executor, AttentionDpExecutor)
+        outputs = llm.generate(prompts(llm), GREEDY)
+        stats = llm.executor.stats
+        local = llm.executor.local.stats
+        # both ranks decoded: rank 0's own count is part of the total, not all of it
+        assert 0 < local.num_generated_tokens < stats.num_generated_tokens
+        assert stats.num_generated_tokens == sum(len(o.outputs[0].token_ids) for o in outputs)
+    got = [(o.outputs[0].token_ids, o.outputs[0].avg_decoded_tokens_per_iter) for o in outputs]
+    assert got == one_rank["unified"]
+
+
+@pytest.mark.parametrize("parallel", [{}, {"enable_attention_dp": True}], ids=["tp2", "adp2"])
+def test_sampling_and_cancellations_keep_the_ranks_together(one_rank, parallel):
+    with make_llm(tensor_parallel_size=2, **parallel) as llm:
+        texts = prompts(llm)
+        sampled = SamplingParams(max_tokens=12, temperature=1.0)  # unseeded: rank 0 seeds it
+        seeded = SamplingParams(max_tokens=12, temperature=1.0, seed=5)
+        first = llm.generate(texts[:2], [sampled, seeded])
+        assert all(len(o.outputs[0].token_ids) == 12 for o in first)
+        assert llm.generate(texts[1], seeded).outputs[0].token_ids == first[1].outputs[0].token_ids
+        # cancel one request mid-decode, as the server does for a client that went away
+        ids = []
+        for text in texts[:3]:
+            request, _ = llm._make_request(text, GREEDY)
+            llm.executor.enqueue_request(request)
+            ids.append(request)
+        for _ in range(3):
+            llm.executor.step()
+        assert llm.executor.cancel_request(ids[1].request_id)
+        while llm.executor.has_work:
+            llm.executor.step()
+        assert ids[1].finish_reason == "cancelled"
+        assert [r.output_token_ids for r in (ids[0], ids[2])] == [
+            one_rank["unified"][0][0],
+            one_rank["unified"][2][0],
+        ]
+        # and afterwards the ranks still agree on everything
+        again = llm.generate(texts, GREEDY)
+    assert [o.outputs[0].token_ids for o in again] == [t for t, _ in one_rank["unified"]]
+
+
+def test_the_separate_draft_cache_is_refused_under_attention_dp():
+    with pytest.raises(ValueError, match="draft_kv_cache='separate' is not supported with"):
+        make_llm("separate", tensor_parallel_size=2, enable_attention_dp=True)
+
+
+def test_heads_that_do_not_split_evenly_are_a_clear_error():
+    with pytest.raises(
+        ValueError, match=r"num_attention_heads=4 is not divisible by tensor_parallel_size=3"
+    ):
+        make_llm(None, tensor_parallel_size=3)
