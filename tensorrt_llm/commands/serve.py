@@ -9,6 +9,7 @@ replaces those defaults.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def build_server(
     device: str = "auto",
     served_model_name: str | None = None,
     api_key: str | None = None,
+    tp_size: int | None = None,
 ):
     from tensorrt_llm.llmapi import LLM
     from tensorrt_llm.serve.openai_server import OpenAIServer
@@ -49,6 +51,12 @@ def build_server(
             },
         )
     options.setdefault("device", device)
+    if tp_size is not None:
+        if "tensor_parallel_size" in options:
+            raise ValueError(
+                f"--tp_size {tp_size} and tensor_parallel_size in {config}: give one of them"
+            )
+        options["tensor_parallel_size"] = tp_size
     llm = LLM(model, **options)
     return OpenAIServer(llm, served_model_name or Path(model).name, api_key)
 
@@ -90,6 +98,10 @@ def serve_disaggregated(argv: list[str]) -> int:
 SHUTDOWN_GRACE_S = 10
 
 
+def _exit_after_graceful_shutdown(signum, frame) -> None:
+    raise SystemExit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["disaggregated"]:
@@ -108,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument(
+        "--tp_size",
+        type=int,
+        default=None,
+        help="ranks (GPUs) the model runs on, one process each (tensor_parallel_size; with "
+        "enable_attention_dp: true in --config, each rank runs its own requests)",
+    )
+    parser.add_argument(
         "--api-key",
         default=envs.TRTLLM_API_KEY.get() or None,
         help="require 'Authorization: Bearer <key>' on every path but /health "
@@ -117,13 +136,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bind_ucx_to(args.host)  # KV transfers listen where the HTTP server does
         server = build_server(
-            args.model, args.config, args.device, args.served_model_name, args.api_key
+            args.model,
+            args.config,
+            args.device,
+            args.served_model_name,
+            args.api_key,
+            args.tp_size,
         )
     except ValueError as exc:
         print(f"trtllm-serve: {exc}", file=sys.stderr)
         return 2
     import uvicorn
 
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again; this handler turns
+    # that into an ordinary exit, so the cleanup below runs (stopping the other ranks first).
+    signal.signal(signal.SIGTERM, _exit_after_graceful_shutdown)
     try:
         uvicorn.run(  # on SIGTERM, in-flight requests get SHUTDOWN_GRACE_S to finish
             server.app,
@@ -134,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             timeout_keep_alive=SERVER_KEEP_ALIVE_S,
         )
     finally:
-        server.shutdown()
+        server.shutdown()  # the engine loop first: it is the thread that talks to the other ranks
+        server.llm.shutdown()
     return 0
 
 
