@@ -102,3 +102,23 @@ def test_capacity_table_prints_every_model_and_mode(budget_gib, capsys):
     assert len(rows) == 6
     assert sum("eagle3 unified" in line for line in lines) == 2
     assert all(r.budget_bytes == budget_gib * GIB for r in rows)
+
+
+def test_multi_gpu_benchmark_runs_end_to_end_on_the_cpu_over_gloo(tmp_path):
+    out = tmp_path / "multi.json"
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "bench_multi_gpu.py"),
+        *("--device", "cpu", "--scale", "tiny", "--batches", "2", "--modes", "unified"),
+        *("--new-tokens", "4", "--agreement-prompts", "1", "--json", str(out)),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert sorted(c["tp"] for c in record["cells"]) == [1, 2]
+    assert all(c["decode_step_ms"] > 0 for c in record["cells"])
+    tp2 = record["agreement"]["tp2"]  # fp32 on the CPU: the layouts agree on every token
+    assert tp2["free_running"] == tp2["teacher_forced"] == tp2["layout"] == 1.0
+    assert tp2["logits_relative_rms"] < 1e-5
+    assert any("TP2 / TP1 step" in line for line in record["summary"])
