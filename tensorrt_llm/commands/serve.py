@@ -161,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout_keep_alive=SERVER_KEEP_ALIVE_S,
         )
     finally:
-        server.shutdown()  # the engine loop first: it is the thread that talks to the other ranks
-        server.llm.shutdown()
+        server.close()
     return 0
 
 

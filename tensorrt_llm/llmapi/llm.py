@@ -97,7 +97,9 @@ class LLM:
         if args.cache_transceiver_config is not None:
             self.executor.transfer_timeout_s = args.cache_transceiver_config.transfer_timeout_s
             self.transceiver = KvCacheTransceiver(
-                self.kv_cache_manager, f"trtllm-{uuid.uuid4().hex[:12]}"
+                self.kv_cache_manager,
+                f"trtllm-{uuid.uuid4().hex[:12]}",
+                parallel=self.mapping.describe(),
             )
         self._ids = itertools.count()
         logger.info(

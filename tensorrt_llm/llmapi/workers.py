@@ -102,7 +102,12 @@ class Followers:
             ours, theirs = context.Pipe()
             process = context.Process(
                 target=_follower_main,
-                args=(args.model_dump_json(exclude_unset=True), mapping.for_rank(rank), self.init_method, theirs),
+                args=(
+                    args.model_dump_json(exclude_unset=True),
+                    mapping.for_rank(rank),
+                    self.init_method,
+                    theirs,
+                ),
                 name=f"trtllm-rank{rank}",
                 daemon=True,
             )

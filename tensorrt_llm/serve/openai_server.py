@@ -53,7 +53,14 @@ class OpenAIServer:
         self._routes()
 
     def shutdown(self) -> None:
+        """Stop the engine loop (the LLM stays usable)."""
         self.engine.shutdown()
+
+    def close(self) -> None:
+        """Stop the engine loop, then the LLM: the loop's thread is the one that talks to the
+        LLM's other ranks, so it stops first."""
+        self.shutdown()
+        self.llm.shutdown()
 
     # ---- routes -------------------------------------------------------------------------------
     def _routes(self) -> None:

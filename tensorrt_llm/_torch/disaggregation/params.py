@@ -48,6 +48,9 @@ class LayoutFingerprint(_Message):
     layers: list[int]
     draft_layers: list[int]
     pools: list[PoolFingerprint]
+    # the parallel layout of the server (``Mapping.describe()``: "tp1", "tp2", "adp2"): which
+    # heads a slot holds depends on it, so slots cross only between servers of the same layout
+    parallel: str
     digest: str  # sha256 of the other fields (sorted-key JSON)
 
     @classmethod
@@ -57,8 +60,10 @@ class LayoutFingerprint(_Message):
         layers: list[int],
         draft_layers: list[int],
         pools: list[PoolFingerprint],
+        parallel: str = "tp1",
     ) -> LayoutFingerprint:
         body = {
+            "parallel": parallel,
             "tokens_per_block": tokens_per_block,
             "layers": list(layers),
             "draft_layers": list(draft_layers),

@@ -62,8 +62,9 @@ def _now() -> float:
     return time.time()
 
 
-def layout_fingerprint(manager: KVCacheManagerV2) -> LayoutFingerprint:
-    """Everything two peers must agree on to exchange slots byte for byte, plus its digest."""
+def layout_fingerprint(manager: KVCacheManagerV2, parallel: str = "tp1") -> LayoutFingerprint:
+    """Everything two peers must agree on to exchange slots byte for byte, plus its digest;
+    ``parallel`` is the server's parallel layout (``Mapping.describe()``)."""
     pools = [
         PoolFingerprint(
             slot_bytes=pool.slot_bytes,
@@ -76,6 +77,7 @@ def layout_fingerprint(manager: KVCacheManagerV2) -> LayoutFingerprint:
         layers=list(manager.pp_layers),
         draft_layers=[i for i in manager.pp_layers if manager.is_draft_layer(i)],
         pools=pools,
+        parallel=parallel,
     )
 
 
@@ -98,8 +100,10 @@ class KvCacheTransceiver:
         name: str,
         backends: tuple[str, ...] = ("UCX",),
         secret: bytes | None = None,
+        parallel: str = "tp1",
     ) -> None:
-        """``secret``: the deployment's (``trust.py``); None reads ``TRTLLM_DISAGG_SECRET``."""
+        """``secret``: the deployment's (``trust.py``); None reads ``TRTLLM_DISAGG_SECRET``;
+        ``parallel``: the server's parallel layout, part of the layout fingerprint."""
         from nixl._api import nixl_agent, nixl_agent_config
 
         self.secret = deployment_secret() if secret is None else secret
@@ -109,7 +113,7 @@ class KvCacheTransceiver:
         self.mem_type = "VRAM" if manager.device.type == "cuda" else "DRAM"
         self.device_id = manager.device.index or 0
         self._registrations = [self.agent.register_memory(pool) for pool in manager.pools]
-        self.fingerprint = layout_fingerprint(manager)
+        self.fingerprint = layout_fingerprint(manager, parallel)
         # context side: one word per held transfer, its nonce while live, 0 once revoked
         self._tickets = torch.zeros(MAX_HELD_TRANSFERS, dtype=torch.int64)
         self._free_tickets = list(range(MAX_HELD_TRANSFERS - 1, -1, -1))

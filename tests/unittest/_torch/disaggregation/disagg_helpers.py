@@ -13,13 +13,15 @@ from tensorrt_llm._torch.disaggregation.params import (
 )
 
 
-def fingerprint(slot_bytes: int = 4096) -> LayoutFingerprint:
+def fingerprint(slot_bytes: int = 4096, parallel: str = "tp1") -> LayoutFingerprint:
     half = slot_bytes // 2
     pool = PoolFingerprint(
         slot_bytes=slot_bytes,
         buffers=[(0, "key", 0, half, "float16"), (0, "value", half, half, "float16")],
     )
-    return LayoutFingerprint.build(tokens_per_block=128, layers=[0], draft_layers=[], pools=[pool])
+    return LayoutFingerprint.build(
+        tokens_per_block=128, layers=[0], draft_layers=[], pools=[pool], parallel=parallel
+    )
 
 
 def handle(**changes) -> TransferHandle:

@@ -75,3 +75,6 @@ def test_fingerprints_name_the_fields_that_differ():
     assert mine.digest != theirs.digest and mine.digest == fingerprint(4096).digest
     (difference,) = mine.differences(theirs)
     assert difference.startswith("pools: local [{'slot_bytes': 4096")
+    # the parallel layout is part of it: a TP2 rank's slot holds half the heads of a TP1 slot
+    (difference,) = mine.differences(fingerprint(4096, parallel="tp2"))
+    assert difference == "parallel: local 'tp1' vs peer 'tp2'"
