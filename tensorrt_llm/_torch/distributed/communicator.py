@@ -1,7 +1,7 @@
 """The collectives: ``torch.distributed`` over the ranks of one ``Mapping``.
 
 Model collectives (``all_reduce``, ``all_gather``) run on the world group: NCCL on GPUs (so they
-can be captured in CUDA graphs), gloo on the CPU. The control plane (``broadcast_json``,
+can be captured in CUDA graphs), gloo on the CPU. The control plane (``broadcast_bytes``,
 ``gather_json``: which requests to start or cancel, what the other ranks produced) runs on a gloo
 group of its own, on host memory, as JSON: nothing is unpickled from another process.
 """
@@ -66,23 +66,19 @@ def all_gather_last_dim(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-def _send_bytes(data: bytes | None, src: int) -> bytes:
+def broadcast_bytes(data: bytes | None) -> bytes:
+    """Rank 0's ``data`` on every rank (the others pass ``None``): its length, then (unless
+    empty) the bytes, over the control group."""
     size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
-    dist.broadcast(size, src, group=_control_group)
-    buffer = (
-        torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        if data is not None and len(data)
-        else torch.empty(int(size), dtype=torch.uint8)
-    )
-    if int(size):
-        dist.broadcast(buffer, src, group=_control_group)
+    dist.broadcast(size, 0, group=_control_group)
+    if not int(size):
+        return b""
+    if data is not None:
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    else:
+        buffer = torch.empty(int(size), dtype=torch.uint8)
+    dist.broadcast(buffer, 0, group=_control_group)
     return buffer.numpy().tobytes()
-
-
-def broadcast_json(obj: object, rank: int) -> object:
-    """Rank 0's ``obj`` on every rank (the others pass ``None``)."""
-    data = json.dumps(obj).encode() if rank == 0 else None
-    return json.loads(_send_bytes(data, 0))
 
 
 def gather_json(obj: object, world_size: int) -> list[object]:

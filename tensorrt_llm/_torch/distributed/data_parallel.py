@@ -20,9 +20,14 @@ import traceback
 
 import torch
 
-from tensorrt_llm._torch.distributed.communicator import broadcast_json, gather_json
+from tensorrt_llm._torch.distributed.communicator import gather_json
 from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.distributed.ranks import SHUTDOWN, cancel_command, submit_command
+from tensorrt_llm._torch.distributed.ranks import (
+    SHUTDOWN,
+    broadcast_commands,
+    cancel_command,
+    submit_command,
+)
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.py_executor import ExecutorStats, PyExecutor
 from tensorrt_llm.logger import logger
@@ -110,7 +115,7 @@ class AttentionDpExecutor:
     def step(self) -> list[LlmRequest]:
         """One step on every rank; returns the requests (local and shadows) that finished."""
         commands, self._outbox = self._outbox, []
-        broadcast_json(commands, 0)
+        broadcast_commands(commands)
         failure = None
         finished: list[LlmRequest] = []
         if self.local.has_work:
@@ -139,7 +144,7 @@ class AttentionDpExecutor:
         return finished
 
     def shutdown(self) -> None:
-        broadcast_json([SHUTDOWN], 0)
+        broadcast_commands([SHUTDOWN])
 
 
 class ProgressReporter:

@@ -18,13 +18,14 @@ Requests travel as plain JSON (``request_to_json``): no pickle between processes
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import traceback
 from typing import TYPE_CHECKING
 
 import torch
 
-from tensorrt_llm._torch.distributed.communicator import broadcast_json
+from tensorrt_llm._torch.distributed.communicator import broadcast_bytes
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm.logger import logger
@@ -34,6 +35,14 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 
 SHUTDOWN = {"kind": "shutdown"}
+
+
+def broadcast_commands(commands: list[dict] | None) -> list[dict]:
+    """Rank 0's ``commands`` on every rank (the others pass ``None``). Most steps have none: then
+    only their count (zero) crosses, one small broadcast."""
+    data = None if commands is None else (json.dumps(commands).encode() if commands else b"")
+    received = broadcast_bytes(data)
+    return json.loads(received) if received else []
 
 
 def request_to_json(request: LlmRequest) -> dict:
@@ -98,10 +107,10 @@ class TensorParallelLeader:
 
     def start_step(self) -> None:
         commands, self._outbox = self._outbox, []
-        broadcast_json(commands, 0)
+        broadcast_commands(commands)
 
     def shutdown(self) -> None:
-        broadcast_json([SHUTDOWN], 0)
+        broadcast_commands([SHUTDOWN])
 
 
 def apply_commands(executor: PyExecutor, commands: list[dict], rank: int) -> bool:
@@ -133,7 +142,7 @@ def step_quietly(executor: PyExecutor) -> list[LlmRequest]:
 def follow(executor: PyExecutor, mapping: Mapping, report=None) -> None:
     """A follower rank's loop: receive rank 0's commands, step, (under attention DP) report back;
     returns when rank 0 shuts down."""
-    while apply_commands(executor, broadcast_json(None, mapping.rank), mapping.rank):
+    while apply_commands(executor, broadcast_commands(None), mapping.rank):
         finished = step_quietly(executor)
         if report is not None:
             report(finished)
