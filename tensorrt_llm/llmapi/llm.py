@@ -89,9 +89,9 @@ class LLM:
         self._rank_executor = engine.executor  # this rank's
         self.executor: PyExecutor | AttentionDpExecutor = engine.executor
         if self.mapping.enable_attention_dp and self.mapping.world_size > 1:
-            self.executor = AttentionDpExecutor(engine.executor, self.mapping)
+            self.executor = AttentionDpExecutor(engine.executor, self.mapping, self.lost_rank)
         elif self.mapping.world_size > 1:
-            self.executor.rank_sync = TensorParallelLeader()
+            self.executor.rank_sync = TensorParallelLeader(self.lost_rank)
         self.kv_cache_manager = self.executor.kv_cache_manager
         self.transceiver: KvCacheTransceiver | None = None
         if args.cache_transceiver_config is not None:
@@ -252,6 +252,11 @@ class LLM:
         return RequestOutput(
             request.request_id, prompt, request.prompt_token_ids, [completion], finished=True
         )
+
+    def lost_rank(self) -> str | None:
+        """With several ranks: which one's process is gone (None while all run). Every step
+        then fails, ending its requests with an error: the LLM must be restarted."""
+        return None if self._followers is None else self._followers.lost()
 
     def shutdown(self) -> None:
         """Free the KV cache; with several ranks, stop the others and leave torch.distributed."""

@@ -130,6 +130,13 @@ class Followers:
                 self.kill()
                 raise RuntimeError(f"rank {rank} failed to start:\n{detail}")
 
+    def lost(self) -> str | None:
+        """Which follower's process has exited, if any."""
+        for rank, process in enumerate(self._processes, start=1):
+            if process.exitcode is not None:
+                return f"rank {rank} exited (code {process.exitcode})"
+        return None
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """Wait for the followers to exit (after rank 0's shutdown command); kill any that hang."""
         for process in self._processes:

@@ -6,12 +6,30 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
 
 from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
 from tensorrt_llm.llmapi.engine_loop import EngineLoop
 from tensorrt_llm.llmapi.llm import LLM
 from tensorrt_llm.serve.errors import ServerError
+
+
+def health_reply(llm: LLM) -> JSONResponse:
+    """200 while the LLM can serve; 503 naming the rank once one of its ranks is gone."""
+    lost = llm.lost_rank()
+    if lost is None:
+        return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "unhealthy", "reason": lost}, status_code=503)
+
+
+def check_ranks(llm: LLM) -> None:
+    """A 503 instead of a request that could not run: one of the LLM's ranks is gone."""
+    lost = llm.lost_rank()
+    if lost is not None:
+        raise ServerError(
+            503, f"this server lost a rank ({lost}); it must be restarted", "server_error"
+        )
 
 
 def check_disagg_access(llm: LLM, request: Request, disagg: DisaggregatedParams | None) -> None:

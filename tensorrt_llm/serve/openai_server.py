@@ -68,7 +68,7 @@ class OpenAIServer:
 
         @app.get("/health")
         async def health():
-            return {"status": "ok"}
+            return guards.health_reply(self.llm)
 
         @app.get("/kv_cache")
         async def kv_cache():
@@ -206,6 +206,7 @@ class OpenAIServer:
         self, body, prompts: list[list[int]], request: Request, timer: RequestTimer, chat: bool
     ):
         """``prompts`` (one, or a completions request's list), each sampled ``body.n`` times."""
+        guards.check_ranks(self.llm)
         guards.check_disagg_access(self.llm, request, body.disaggregated_params)
         if body.ignored_fields():
             logger.warning(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
+from collections.abc import Callable
 
 import torch
 
@@ -26,6 +27,7 @@ from tensorrt_llm._torch.distributed.ranks import (
     SHUTDOWN,
     broadcast_commands,
     cancel_command,
+    send_step_commands,
     submit_command,
 )
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
@@ -40,9 +42,10 @@ class _Remote:
 
 
 class AttentionDpExecutor:
-    def __init__(self, local: PyExecutor, mapping: Mapping) -> None:
+    def __init__(self, local: PyExecutor, mapping: Mapping, lost: Callable[[], str | None]) -> None:
         self.local = local  # rank 0's own executor
         self.mapping = mapping
+        self._lost = lost  # names a rank whose process is gone
         self._outbox: list[dict] = []
         self._remote: dict[int, _Remote] = {}
         self._remote_stats: dict[int, ExecutorStats] = {}
@@ -115,7 +118,14 @@ class AttentionDpExecutor:
     def step(self) -> list[LlmRequest]:
         """One step on every rank; returns the requests (local and shadows) that finished."""
         commands, self._outbox = self._outbox, []
-        broadcast_commands(commands)
+        try:
+            send_step_commands(commands, self._lost)
+        except Exception:  # a rank is gone: no request can go on
+            self.local.end_all(FinishReason.ERROR)
+            for remote in self._remote.values():
+                remote.request.finish(FinishReason.ERROR)
+            self._remote.clear()
+            raise
         failure = None
         finished: list[LlmRequest] = []
         if self.local.has_work:
@@ -144,7 +154,8 @@ class AttentionDpExecutor:
         return finished
 
     def shutdown(self) -> None:
-        broadcast_commands([SHUTDOWN])
+        if self._lost() is None:
+            broadcast_commands([SHUTDOWN])
 
 
 class ProgressReporter:

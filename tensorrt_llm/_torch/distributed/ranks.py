@@ -21,6 +21,7 @@ import dataclasses
 import json
 import random
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 
 SHUTDOWN = {"kind": "shutdown"}
+
+
+class RanksLostError(RuntimeError):
+    """Another rank is gone (its process exited): nothing can run until the LLM is restarted."""
 
 
 def broadcast_commands(commands: list[dict] | None) -> list[dict]:
@@ -92,11 +97,25 @@ def cancel_command(request_id: int, rank: int) -> dict:
     return {"kind": "cancel", "rank": rank, "request_id": request_id}
 
 
+def send_step_commands(commands: list[dict], lost: Callable[[], str | None]) -> None:
+    """Rank 0's broadcast at the start of a step; ``RanksLostError`` when a rank is gone (checked
+    first, and any failure of the broadcast itself), so that no step waits on a dead rank."""
+    reason = lost()
+    if reason is not None:
+        raise RanksLostError(reason)
+    try:
+        broadcast_commands(commands)
+    except RuntimeError as exc:
+        raise RanksLostError(lost() or f"the other ranks stopped answering: {exc}") from exc
+
+
 class TensorParallelLeader:
     """Rank 0's side under tensor parallelism: ``PyExecutor`` records its submits and cancels here
-    and calls ``start_step`` first thing in every step."""
+    and calls ``start_step`` first thing in every step. ``lost()`` names a rank whose process is
+    gone (None while all live)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lost: Callable[[], str | None]) -> None:
+        self._lost = lost
         self._outbox: list[dict] = []
 
     def submitted(self, request: LlmRequest) -> None:
@@ -107,10 +126,11 @@ class TensorParallelLeader:
 
     def start_step(self) -> None:
         commands, self._outbox = self._outbox, []
-        broadcast_commands(commands)
+        send_step_commands(commands, self._lost)
 
     def shutdown(self) -> None:
-        broadcast_commands([SHUTDOWN])
+        if self._lost() is None:
+            broadcast_commands([SHUTDOWN])
 
 
 def apply_commands(executor: PyExecutor, commands: list[dict], rank: int) -> bool:

@@ -212,7 +212,11 @@ class PyExecutor:
     def step(self) -> list[LlmRequest]:
         """Run one iteration; returns the requests that finished in it (already freed)."""
         if self.rank_sync is not None:
-            self.rank_sync.start_step()
+            try:
+                self.rank_sync.start_step()
+            except Exception:  # another rank is gone: no request can go on
+                self.end_all(FinishReason.ERROR)
+                raise
         self._admit_generation_only()
         batch = self.scheduler.schedule(self.active, self._admitted)
         if batch.batch_size == 0:
@@ -236,6 +240,16 @@ class PyExecutor:
         for req in finished:
             self._release(req)
         return finished
+
+    def end_all(self, reason: FinishReason) -> None:
+        """Finish every request, active or waiting for its KV, with ``reason``, and free it."""
+        for req, load_kv in self.waiting_generation_only:
+            _abandon(load_kv)
+            req.finish(reason)
+        self.waiting_generation_only.clear()
+        for req in list(self.active):
+            req.finish(reason)
+            self._release(req)
 
     def shutdown(self) -> None:
         """Drop the CUDA graphs and free the KV cache."""

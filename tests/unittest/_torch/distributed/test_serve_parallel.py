@@ -2,6 +2,11 @@
 the CPU, ranks over gloo): the replies equal one rank's, streamed or not, a client that hangs up
 mid-stream costs nothing, and the server stops cleanly with its ranks."""
 
+import os
+import signal
+import time
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -57,6 +62,23 @@ def test_tp2_and_adp2_servers_answer_as_one_rank(tmp_path):
         procs = dict(servers.procs)
     for name in ("tp2", "adp2"):
         assert procs[name].returncode == 0, servers.log(name)[-2000:]
+
+
+def test_a_server_that_loses_a_rank_says_so_instead_of_hanging(tmp_path):
+    with running(tmp_path) as servers:
+        servers.start("tp2", ["--tp_size", "2", "--device", "cpu"])
+        servers.wait_healthy()
+        url, pid = servers.urls["tp2"], servers.procs["tp2"].pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        (rank1,) = [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        os.kill(int(rank1), signal.SIGKILL)
+        deadline = time.time() + 10
+        while httpx.get(url + "/health").status_code == 200 and time.time() < deadline:
+            time.sleep(0.1)
+        health = httpx.get(url + "/health")
+        assert health.status_code == 503 and "rank 1 exited" in health.json()["reason"]
+        reply = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=30)
+        assert reply.status_code == 503 and "lost a rank" in reply.json()["error"]["message"]
 
 
 def test_tp_size_and_the_option_file_cannot_both_set_it(tmp_path):

@@ -3,11 +3,13 @@ Eagle3 with the unified and the separate draft cache), attention DP spreads the 
 decodes as one rank, and the ranks stay together through sampling and cancellations."""
 
 import random
+import time
 
 import pytest
 
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
+from tensorrt_llm._torch.distributed.ranks import RanksLostError
 from tensorrt_llm._torch.speculative.utils import VIEW_MODE
 from tensorrt_llm.bundled import BUNDLED_DRAFT
 from tensorrt_llm.evaluate.tasks import gsm8k_tiny
@@ -123,3 +125,23 @@ def test_heads_that_do_not_split_evenly_are_a_clear_error():
         ValueError, match=r"num_attention_heads=4 is not divisible by tensor_parallel_size=3"
     ):
         make_llm(None, tensor_parallel_size=3)
+
+
+@pytest.mark.parametrize("parallel", [{}, {"enable_attention_dp": True}], ids=["tp2", "adp2"])
+def test_a_rank_that_dies_ends_the_requests_with_an_error_not_a_hang(parallel):
+    llm = make_llm(tensor_parallel_size=2, **parallel)
+    requests = [llm._make_request(text, GREEDY)[0] for text in prompts(llm, 4)]
+    for request in requests:
+        llm.executor.enqueue_request(request)
+    llm.executor.step()
+    follower = llm._followers._processes[0]
+    follower.kill()
+    follower.join()
+    assert llm.lost_rank() == "rank 1 exited (code -9)"
+    with pytest.raises(RanksLostError, match=r"rank 1 exited \(code -9\)"):
+        llm.executor.step()
+    assert [r.finish_reason for r in requests] == ["error"] * 4
+    assert not llm.executor.has_work and not llm.executor.active
+    started = time.monotonic()
+    llm.shutdown()
+    assert time.monotonic() - started < 10
