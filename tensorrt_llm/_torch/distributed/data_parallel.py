@@ -4,13 +4,14 @@ ranks produce.
 
 Rank 0's ``AttentionDpExecutor`` is what the LLM and the server drive, with the executor interface
 they use (``enqueue_request``, ``cancel_request``, ``step``, ``has_work``, ``active``, ``stats``).
-A request goes to the rank with the fewest unfinished requests (the lowest rank on a tie); a
+A request goes to the rank that took the longest prefix of its prompt before (``affinity.py``:
+prefix reuse is per rank, so a conversation's turns stay together) unless that rank has half a
+batch more unfinished requests than the least loaded one; otherwise to the least loaded rank. A
 request on another rank is mirrored on rank 0 by a shadow ``LlmRequest`` that each step's reports
 bring up to date, so callers read every request the same way. Every step is one broadcast of the
 commands and one gather of the reports over the control group; the ranks' forwards share no
 collective (the weights are replicated), and a rank with nothing to run skips its forward.
 
-Prefix reuse is per rank: a turn reuses the KV of an earlier turn when it lands on the same rank.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from tensorrt_llm._torch.distributed.affinity import PrefixAffinity, choose_rank
 from tensorrt_llm._torch.distributed.communicator import gather_json
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.distributed.ranks import (
@@ -49,6 +51,8 @@ class AttentionDpExecutor:
         self._outbox: list[dict] = []
         self._remote: dict[int, _Remote] = {}
         self._remote_stats: dict[int, ExecutorStats] = {}
+        self._affinity = PrefixAffinity(local.kv_cache_manager.tokens_per_block)
+        self._slack = max(1, local.scheduler.max_batch_size // 2)
 
     # ---- what the LLM and the server read ----------------------------------------------------
     @property
@@ -92,14 +96,15 @@ class AttentionDpExecutor:
 
     # ---- what changes requests -----------------------------------------------------------------
     def enqueue_request(self, request: LlmRequest) -> None:
-        loads = self.rank_loads()
-        rank = loads.index(min(loads))
+        prompt = request.prompt_token_ids
+        rank = choose_rank(self.rank_loads(), self._affinity.rank_for(prompt), self._slack)
         if rank == 0:
             self.local.enqueue_request(request)
-            return
-        self.local.check_request(request)  # every rank's cache has the same size
-        self._remote[request.request_id] = _Remote(rank, request)
-        self._outbox.append(submit_command(request, rank))
+        else:
+            self.local.check_request(request)  # every rank's cache has the same size
+            self._remote[request.request_id] = _Remote(rank, request)
+            self._outbox.append(submit_command(request, rank))
+        self._affinity.record(prompt, rank)
 
     def cancel_request(self, request_id: int) -> bool:
         remote = self._remote.pop(request_id, None)

@@ -4,6 +4,7 @@ carry requests to the other ranks."""
 import pytest
 import torch
 
+from tensorrt_llm._torch.distributed.affinity import PrefixAffinity, choose_rank
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.distributed.ranks import request_from_json, submit_command
 from tensorrt_llm._torch.modules.linear import ColumnParallelLinear, RowParallelLinear, shard_weight
@@ -61,3 +62,25 @@ def test_a_request_crosses_to_another_rank_intact_and_a_sampled_one_with_a_seed(
     assert torch.equal(*draws)
     greedy = LlmRequest(8, [1], 4, SamplingParams(max_tokens=4))
     assert submit_command(greedy, rank=0)["request"]["sampling_params"]["seed"] is None
+
+
+def test_prefix_affinity_finds_the_rank_of_the_longest_block_aligned_prefix():
+    affinity = PrefixAffinity(tokens_per_block=4, capacity=6)
+    first, other = list(range(10)), [9] * 8
+    assert affinity.rank_for(first) is None
+    affinity.record(first, 1)  # blocks [0..3], [0..7]
+    affinity.record(first[:4] + [7] * 4, 0)  # the same first block, then another
+    assert affinity.rank_for(first + [5, 5]) == 1  # two blocks in common with rank 1's
+    assert affinity.rank_for(first[:4] + [7] * 4 + [1]) == 0
+    assert affinity.rank_for(first[:3]) is None  # no full block
+    assert affinity.rank_for(other) is None
+    for i in range(3):  # bounded: the oldest prefixes go first
+        affinity.record([100 + i] * 8, 0)
+    assert affinity.rank_for(first) is None
+
+
+def test_a_preferred_rank_is_kept_until_it_is_half_a_batch_ahead():
+    assert choose_rank([3, 1], preferred=0, slack=2) == 0
+    assert choose_rank([4, 1], preferred=0, slack=2) == 1
+    assert choose_rank([2, 2, 1], preferred=None, slack=2) == 2
+    assert choose_rank([1, 1], preferred=None, slack=2) == 0

@@ -11,7 +11,8 @@ from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
 from tensorrt_llm._torch.distributed.ranks import RanksLostError
 from tensorrt_llm._torch.speculative.utils import VIEW_MODE
-from tensorrt_llm.bundled import BUNDLED_DRAFT
+from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
+from tensorrt_llm.evaluate.runner import run_multiturn_copy, training_questions
 from tensorrt_llm.evaluate.tasks import gsm8k_tiny
 from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
 
@@ -145,3 +146,34 @@ def test_a_rank_that_dies_ends_the_requests_with_an_error_not_a_hang(parallel):
     started = time.monotonic()
     llm.shutdown()
     assert time.monotonic() - started < 10
+
+
+def test_adp2_keeps_each_conversation_on_one_rank_so_reused_turns_keep_their_al():
+    """The AL table's multi-turn rows under attention DP: turns 2-4 land where turn 1 ran, reuse
+    its KV (the drafter's included) and decode as one rank does."""
+    exclude = training_questions(BUNDLED_TARGET, BUNDLED_DRAFT)
+    results = {}
+    for name, parallel in (("one", {}), ("adp2", {"enable_attention_dp": True})):
+        with make_llm(tensor_parallel_size=2 if parallel else 1, **parallel) as llm:
+            results[name] = run_multiturn_copy(llm, 4, exclude, progress=lambda _: None)
+    one, adp2 = results["one"], results["adp2"]
+    assert [t.token_ids for t in adp2] == [t.token_ids for t in one]
+    assert [t.reused_tokens for t in adp2] == [t.reused_tokens for t in one]
+    assert sum(t.reused_tokens for t in adp2[1:]) > 0  # the later turns hit the cache
+    assert [t.al for t in adp2] == pytest.approx([t.al for t in one])
+
+
+def test_adp2_sends_a_later_turn_to_the_rank_that_holds_its_prefix():
+    """Two conversations opened one after the other both land on rank 0 (both ranks idle each
+    time); their next turns, sent together, would split over the ranks by load alone, and the one
+    sent to rank 1 would find nothing to reuse."""
+    openings = [f"Remember the list {i}: " + "red moon 4821 fish gold " * 12 for i in range(2)]
+    reused = {}
+    for name, parallel in (("one", {}), ("adp2", {"enable_attention_dp": True})):
+        with make_llm(tensor_parallel_size=2 if parallel else 1, **parallel) as llm:
+            for text in openings:
+                llm.generate(text, GREEDY)
+            before = llm.executor.stats.num_reused_tokens
+            llm.generate([text + " And again?" for text in openings], GREEDY)
+            reused[name] = llm.executor.stats.num_reused_tokens - before
+    assert reused["adp2"] == reused["one"] >= 2 * 128
