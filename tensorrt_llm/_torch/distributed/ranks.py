@@ -159,7 +159,11 @@ def step_quietly(executor: PyExecutor) -> list[LlmRequest]:
         return []
 
 
-def follow(executor: PyExecutor, mapping: Mapping, report=None) -> None:
+def follow(
+    executor: PyExecutor,
+    mapping: Mapping,
+    report: Callable[[list[LlmRequest]], None] | None = None,
+) -> None:
     """A follower rank's loop: receive rank 0's commands, step, (under attention DP) report back;
     returns when rank 0 shuts down."""
     while apply_commands(executor, broadcast_commands(None), mapping.rank):
