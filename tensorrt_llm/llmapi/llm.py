@@ -69,9 +69,10 @@ class LLM:
         self._followers: Followers | None = None
         if self.mapping.world_size > 1:  # ranks 1..N-1 in child processes; this one is rank 0
             self._followers = Followers(args, self.mapping)
-            self._followers.wait("joining")
-            init_distributed(self.mapping, self._followers.init_method, self.device.type)
         try:
+            if self._followers is not None:
+                self._followers.wait("joining")
+                init_distributed(self.mapping, self._followers.init_method, self.device.type)
             engine = build_rank(args, self.mapping)
             if self._followers is not None:
                 self._followers.wait("ready")
