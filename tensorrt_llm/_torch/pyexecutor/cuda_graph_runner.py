@@ -113,7 +113,8 @@ class CUDAGraphRunner:
     def release(self) -> None:
         """Drop every captured graph (before the process leaves torch.distributed: NCCL's
         teardown waits on a communicator whose kernels a live graph still holds)."""
-        torch.cuda.synchronize(self.engine.device)
+        if self._pool is not None:  # graphs were captured (on CUDA)
+            torch.cuda.synchronize(self.engine.device)
         self._buckets.clear()
 
     @property

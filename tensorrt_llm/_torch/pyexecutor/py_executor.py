@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -24,7 +24,6 @@ from tensorrt_llm._torch.pyexecutor.scheduler import (
 from tensorrt_llm._torch.speculative.interface import StepTokens
 
 if TYPE_CHECKING:
-    from tensorrt_llm._torch.distributed.ranks import TensorParallelLeader
     from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
@@ -45,6 +44,17 @@ class ExecutorStats:
         if not self.num_decode_iterations:
             return None
         return 1.0 + self.num_accepted_draft_tokens / self.num_decode_iterations
+
+
+class RankSync(Protocol):
+    """What rank 0's executor tells the other ranks under tensor parallelism
+    (``distributed/ranks.py``: ``TensorParallelLeader``)."""
+
+    def submitted(self, request: LlmRequest) -> None: ...
+
+    def cancelled(self, request_id: int) -> None: ...
+
+    def start_step(self) -> None: ...
 
 
 class PyExecutor:
@@ -76,7 +86,7 @@ class PyExecutor:
         self.stats = ExecutorStats()
         # Rank 0 under tensor parallelism: told of every submit and cancel, and called at the
         # start of every step to send them to the other ranks (``distributed/ranks.py``).
-        self.rank_sync: TensorParallelLeader | None = None
+        self.rank_sync: RankSync | None = None
 
     @property
     def kv_cache_manager(self):
