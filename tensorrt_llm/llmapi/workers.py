@@ -164,9 +164,9 @@ def _follower_main(args_json: str, mapping: Mapping, init_method: str, pipe) -> 
         pipe.send(("error", traceback.format_exc()))
         return
     pipe.send(("ready", None))
-    report = ProgressReporter(engine.executor, mapping) if mapping.enable_attention_dp else None
+    reporter = ProgressReporter(engine.executor, mapping) if mapping.enable_attention_dp else None
     try:
-        follow(engine.executor, mapping, report)
+        follow(engine.executor, mapping, reporter)
     except Exception:
         logger.error("rank %d stopped:\n%s", mapping.rank, traceback.format_exc())
     finally:

@@ -165,23 +165,28 @@ class AttentionDpExecutor:
 
 class ProgressReporter:
     """A follower rank's side: after each step, what changed in its requests since the last
-    report, gathered to rank 0 (``AttentionDpExecutor._apply_report``)."""
+    report, gathered to rank 0 (``AttentionDpExecutor._apply_report``). Every request is watched
+    from before its first step, so one that a failed step ended is reported too."""
 
     def __init__(self, executor: PyExecutor, mapping: Mapping) -> None:
         self.executor = executor
         self.mapping = mapping
-        self._sent: dict[int, int] = {}  # request id -> output tokens already reported
+        # request id -> (the request, output tokens already reported)
+        self._watched: dict[int, tuple[LlmRequest, int]] = {}
 
-    def __call__(self, finished: list[LlmRequest]) -> None:
+    def before_step(self) -> None:
+        for request in self.executor.active:
+            self._watched.setdefault(request.request_id, (request, 0))
+
+    def after_step(self) -> None:
         updates = []
-        for request in [*self.executor.active, *finished]:
-            sent = self._sent.get(request.request_id, 0)
+        for request_id, (request, sent) in list(self._watched.items()):
             if len(request.output_token_ids) == sent and not request.is_finished:
                 continue
             updates.append(progress_update(request, sent))
-            self._sent[request.request_id] = len(request.output_token_ids)
+            self._watched[request_id] = (request, len(request.output_token_ids))
             if request.is_finished:
-                del self._sent[request.request_id]
+                del self._watched[request_id]
         report = {"stats": dataclasses.asdict(self.executor.stats), "requests": updates}
         try:
             gather_json(report, self.mapping.world_size)

@@ -22,7 +22,7 @@ import json
 import random
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -147,26 +147,31 @@ def apply_commands(executor: PyExecutor, commands: list[dict], rank: int) -> boo
     return True
 
 
-def step_quietly(executor: PyExecutor) -> list[LlmRequest]:
+def step_quietly(executor: PyExecutor) -> None:
     """One step of a follower: a step that fails has ended its batch (as on rank 0); the follower
     logs it and goes on, so the ranks stay together."""
     if not executor.has_work:
-        return []
+        return
     try:
-        return executor.step()
+        executor.step()
     except Exception:
         logger.error("step failed on this rank:\n%s", traceback.format_exc())
-        return []
 
 
-def follow(
-    executor: PyExecutor,
-    mapping: Mapping,
-    report: Callable[[list[LlmRequest]], None] | None = None,
-) -> None:
+class StepReporter(Protocol):
+    """What a follower tells rank 0 of each step (attention DP: ``ProgressReporter``)."""
+
+    def before_step(self) -> None: ...
+
+    def after_step(self) -> None: ...
+
+
+def follow(executor: PyExecutor, mapping: Mapping, reporter: StepReporter | None = None) -> None:
     """A follower rank's loop: receive rank 0's commands, step, (under attention DP) report back;
     returns when rank 0 shuts down."""
     while apply_commands(executor, broadcast_commands(None), mapping.rank):
-        finished = step_quietly(executor)
-        if report is not None:
-            report(finished)
+        if reporter is not None:
+            reporter.before_step()
+        step_quietly(executor)
+        if reporter is not None:
+            reporter.after_step()

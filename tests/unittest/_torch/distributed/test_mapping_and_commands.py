@@ -1,14 +1,18 @@
 """The Mapping's arithmetic, the weight shards of the parallel linears, and the JSON commands that
 carry requests to the other ranks."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from tensorrt_llm._torch.distributed import data_parallel
 from tensorrt_llm._torch.distributed.affinity import PrefixAffinity, choose_rank
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.distributed.ranks import request_from_json, submit_command
 from tensorrt_llm._torch.modules.linear import ColumnParallelLinear, RowParallelLinear, shard_weight
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
+from tensorrt_llm._torch.pyexecutor.py_executor import ExecutorStats
 from tensorrt_llm.sampling_params import SamplingParams
 
 
@@ -84,3 +88,27 @@ def test_a_preferred_rank_is_kept_until_it_is_half_a_batch_ahead():
     assert choose_rank([4, 1], preferred=0, slack=2) == 1
     assert choose_rank([2, 2, 1], preferred=None, slack=2) == 2
     assert choose_rank([1, 1], preferred=None, slack=2) == 0
+
+
+def test_a_follower_reports_a_request_that_a_failed_step_ended(monkeypatch):
+    """Attention DP: a request ended by a failed step is gone from the follower's executor, but
+    its end still reaches rank 0's shadow (which would otherwise wait forever)."""
+    sent = []
+    monkeypatch.setattr(data_parallel, "gather_json", lambda report, world: sent.append(report))
+    request = LlmRequest(3, [1, 2], 4, SamplingParams(max_tokens=4))
+    executor = SimpleNamespace(active=[request], stats=ExecutorStats())
+    reporter = data_parallel.ProgressReporter(executor, Mapping(2, 2, 1, True))
+    reporter.before_step()
+    request.output_token_ids.append(7)  # the step made a token
+    reporter.after_step()
+    reporter.before_step()
+    request.finish(FinishReason.ERROR)  # the next step failed: the executor ended and dropped it
+    executor.active = []
+    reporter.after_step()
+    reporter.after_step()  # reported once
+    shadow = LlmRequest(3, [1, 2], 4, SamplingParams(max_tokens=4))
+    for report in sent:
+        for update in report["requests"]:
+            data_parallel.apply_update(shadow, update)
+    assert [len(r["requests"]) for r in sent] == [1, 1, 0]
+    assert shadow.output_token_ids == [7] and shadow.finish_reason is FinishReason.ERROR
