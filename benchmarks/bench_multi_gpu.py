@@ -56,6 +56,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     parser.add_argument("--new-tokens", type=int)
     parser.add_argument("--max-seconds", type=float, default=20.0)
     parser.add_argument("--agreement-prompts", type=int, default=8)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], help="default: bf16 on CUDA")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     args.tp = [int(t) for t in args.tp.split(",")]
@@ -66,7 +67,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     settings = Settings(
         scale=args.scale,
         device=args.device,
-        dtype="bfloat16" if args.device == "cuda" else "float32",
+        dtype=args.dtype or ("bfloat16" if args.device == "cuda" else "float32"),
         attn_backend=backend,
         cuda_graphs=backend == "TRITON",
         prompt_len=args.prompt_len or prompt_len,
