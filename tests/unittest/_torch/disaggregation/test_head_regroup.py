@@ -1,0 +1,102 @@
+"""Rebuilding one parallel layout's slots from another's, on the real slot layouts of the bundled
+model (target layers, MSA index-K, the Eagle3 draft layer) at TP1 and TP2: each rank gets exactly
+its heads, and the round trip is exact to the byte in every buffer."""
+
+import pytest
+import torch
+
+from tensorrt_llm._torch.disaggregation.head_regroup import RankSlots, regroup_heads
+from tensorrt_llm._torch.distributed.mapping import Mapping
+from tensorrt_llm._torch.models.checkpoint import load_config
+from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
+from tensorrt_llm._torch.pyexecutor.config import KvCacheOptions, PyExecutorConfig
+from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
+from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
+from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
+from tensorrt_llm.runtime.kv_cache_manager_v2.pool import buffer_view
+
+NUM_SLOTS = 3
+
+
+def slot_layout(tp_size: int, rank: int):
+    """The bundled model's unified slot layout on one rank of a TP layout."""
+    mapping = Mapping(tp_size, tp_size, rank)
+    config = PyExecutorConfig(
+        max_batch_size=1,
+        max_num_tokens=256,
+        max_seq_len=256,
+        kv_cache=KvCacheOptions(dtype="float32", max_tokens=512),
+        speculative=Eagle3SpecConfig(max_draft_len=3, speculative_model=str(BUNDLED_DRAFT)),
+        mapping=mapping,
+    )
+    draft_heads = 4 // tp_size  # the drafter's 4 KV heads, split like the target's
+    managers = create_kv_cache_managers(load_config(BUNDLED_TARGET), config, (draft_heads, 64))
+    (pool,) = managers[ResourceManagerType.KV_CACHE_MANAGER].layout.pools
+    return pool
+
+
+def random_slots(layout, seed: int) -> RankSlots:
+    generator = torch.Generator().manual_seed(seed)
+    data = torch.randint(
+        0, 256, (NUM_SLOTS, layout.slot_bytes), dtype=torch.uint8, generator=generator
+    )
+    return RankSlots(data, layout)
+
+
+def empty(layout, rank: int, tp_size: int) -> RankSlots:
+    return RankSlots(
+        torch.zeros(NUM_SLOTS, layout.slot_bytes, dtype=torch.uint8), layout, rank, tp_size
+    )
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal byte for byte (random bytes read as floats hold NaNs, which never compare equal)."""
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def buffers_equal(a: RankSlots, b: RankSlots) -> bool:
+    return all(
+        same_bits(buffer_view(a.slots, a.layout, buf), buffer_view(b.slots, b.layout, buf))
+        for buf in a.layout.buffers
+    )
+
+
+def test_tp1_slots_split_into_tp2_ranks_and_back_exactly():
+    whole = random_slots(slot_layout(1, 0), seed=1)
+    halves = [empty(slot_layout(2, r), r, 2) for r in range(2)]
+    for half in halves:
+        regroup_heads([whole], half)
+    # rank r holds K/V heads r of the target's 2 and heads 2r, 2r+1 of the drafter's 4; index-K whole
+    for buf in halves[1].layout.buffers:
+        got = buffer_view(halves[1].slots, halves[1].layout, buf)
+        full = buffer_view(whole.slots, whole.layout, whole.buffer(buf.layer_id, buf.role))
+        expected = (
+            full if buf.role.value == "index_key" else full[:, :, buf.num_heads : 2 * buf.num_heads]
+        )
+        assert same_bits(got, expected), (buf.layer_id, buf.role)
+    rebuilt = empty(whole.layout, 0, 1)
+    regroup_heads(halves, rebuilt)
+    assert buffers_equal(rebuilt, whole)
+
+
+def test_equal_layouts_copy_rank_to_rank():
+    sources = [random_slots(slot_layout(2, r), seed=r) for r in range(2)]
+    sources = [RankSlots(s.slots, s.layout, r, 2) for r, s in enumerate(sources)]
+    for buf in sources[0].layout.buffers:  # index-K is the same on every rank (replicated)
+        if buf.role.value == "index_key":
+            buffer_view(sources[1].slots, sources[1].layout, buf).copy_(
+                buffer_view(sources[0].slots, sources[0].layout, buf)
+            )
+    for r in range(2):
+        dest = empty(sources[r].layout, r, 2)
+        regroup_heads(sources, dest)
+        assert buffers_equal(dest, sources[r])
+
+
+def test_sources_must_be_every_rank_of_one_layout():
+    half = slot_layout(2, 0)
+    dest = empty(slot_layout(1, 0), 0, 1)
+    with pytest.raises(ValueError, match=r"every rank of one layout, got ranks \[0\]"):
+        regroup_heads([empty(half, 0, 2)], dest)
+    with pytest.raises(ValueError, match="slots must be"):
+        RankSlots(torch.zeros(2, 8, dtype=torch.uint8), half)
