@@ -1,9 +1,10 @@
 """Slots between parallel layouts: which heads of a slot each rank holds, and the copy that
 rebuilds one rank's slots from other ranks' slots.
 
-Under tensor parallelism over ``tp`` ranks, rank ``r`` holds global K/V heads
-``[r * h, (r + 1) * h)`` of every layer (``h = num_kv_heads / tp``; the drafter's layer too), and
-every rank holds the whole index-K (the MSA indexer is replicated). A block is
+Under tensor parallelism over ``tp`` ranks that split the KV heads evenly, rank ``r`` holds global
+K/V heads ``[r * h, (r + 1) * h)`` of every layer (``h = num_kv_heads / tp``; the drafter's layer
+too), and every rank holds the whole index-K (the MSA indexer is replicated). Layouts with fewer
+KV heads than ranks (a head replicated over several ranks) are not handled here yet. A block is
 ``[tokens, heads, head_dim]`` (layout rule 2), so one rank's heads are strided inside a slot of
 another layout: a transfer between layouts pulls each source rank's slots whole into a staging
 area, then ``regroup_heads`` writes each destination buffer from the source ranks that hold its

@@ -70,6 +70,19 @@ class Mapping:
             )
         return size // self.attn_tp_size
 
+    def kv_head_shard(self, num_kv_heads: int, what: str) -> tuple[int, int, int]:
+        """This rank's KV heads as ``(local heads, shards, shard index)``: the heads split
+        ``attn_tp_size`` ways, or, with fewer KV heads than ranks, one head per rank, replicated
+        over the ``attn_tp_size / num_kv_heads`` ranks whose query heads read it."""
+        tp = self.attn_tp_size
+        if num_kv_heads % tp == 0:
+            return num_kv_heads // tp, tp, self.attn_tp_rank
+        if tp % num_kv_heads == 0:
+            return 1, num_kv_heads, self.attn_tp_rank * num_kv_heads // tp
+        raise ValueError(
+            f"{what}={num_kv_heads} and tensor_parallel_size={tp}: one must divide the other"
+        )
+
     def describe(self) -> str:
         """What the layout fingerprint of a KV transfer records of the layout."""
         mode = "adp" if self.enable_attention_dp else "tp"

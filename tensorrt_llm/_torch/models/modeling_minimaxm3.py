@@ -122,7 +122,8 @@ class MiniMaxM3Config:
         """What each layer caches per token on one rank: its share of the KV heads, plus one
         index-K head on MSA layers (the indexer is replicated, so every rank caches it)."""
         msa, sparse = self.sparse_attention_config, set(self.sparse_layer_ids)
-        num_kv_heads = (mapping or Mapping()).shard(self.num_key_value_heads, "num_key_value_heads")
+        mapping = mapping or Mapping()
+        num_kv_heads = mapping.kv_head_shard(self.num_key_value_heads, "num_key_value_heads")[0]
         return tuple(
             KvCacheLayer(
                 num_kv_heads,
@@ -165,14 +166,15 @@ class MiniMaxM3Attention(nn.Module):
         self.cfg = cfg
         self.layer_idx = layer_idx
         self.num_heads = mapping.shard(cfg.num_attention_heads, "num_attention_heads")
-        self.num_kv_heads = mapping.shard(cfg.num_key_value_heads, "num_key_value_heads")
+        what = "num_key_value_heads"
+        self.num_kv_heads, *kv_shards = mapping.kv_head_shard(cfg.num_key_value_heads, what)
         self.head_dim = cfg.head_dim
         self.scale = 1.0 / math.sqrt(self.head_dim)
         hidden, q_size = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
         kv_size = cfg.num_key_value_heads * cfg.head_dim
         self.q_proj = ColumnParallelLinear(hidden, q_size, mapping, "num_attention_heads")
-        self.k_proj = ColumnParallelLinear(hidden, kv_size, mapping, "num_key_value_heads")
-        self.v_proj = ColumnParallelLinear(hidden, kv_size, mapping, "num_key_value_heads")
+        self.k_proj = ColumnParallelLinear(hidden, kv_size, mapping, what, shards=tuple(kv_shards))
+        self.v_proj = ColumnParallelLinear(hidden, kv_size, mapping, what, shards=tuple(kv_shards))
         self.o_proj = RowParallelLinear(q_size, hidden, mapping, "num_attention_heads")
         if cfg.use_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)

@@ -131,15 +131,16 @@ class Eagle3Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = mapping.shard(cfg.num_attention_heads, "draft num_attention_heads")
-        self.num_kv_heads = mapping.shard(cfg.num_key_value_heads, "draft num_key_value_heads")
+        what = "draft num_key_value_heads"
+        self.num_kv_heads, *kv_shards = mapping.kv_head_shard(cfg.num_key_value_heads, what)
         self.head_dim = cfg.head_dim
         self.rope_theta = cfg.rope_theta
         self.scale = 1.0 / math.sqrt(self.head_dim)
         x_size, q_size = 2 * cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
         kv_size = cfg.num_key_value_heads * cfg.head_dim
         self.q_proj = ColumnParallelLinear(x_size, q_size, mapping, "draft num_attention_heads")
-        self.k_proj = ColumnParallelLinear(x_size, kv_size, mapping, "draft num_key_value_heads")
-        self.v_proj = ColumnParallelLinear(x_size, kv_size, mapping, "draft num_key_value_heads")
+        self.k_proj = ColumnParallelLinear(x_size, kv_size, mapping, what, shards=tuple(kv_shards))
+        self.v_proj = ColumnParallelLinear(x_size, kv_size, mapping, what, shards=tuple(kv_shards))
         self.o_proj = RowParallelLinear(
             q_size, cfg.hidden_size, mapping, "draft num_attention_heads"
         )

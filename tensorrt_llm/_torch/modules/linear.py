@@ -31,9 +31,17 @@ class ColumnParallelLinear(nn.Linear):
         mapping: Mapping,
         what: str,
         gather_output: bool = False,
+        shards: tuple[int, int] | None = None,
     ) -> None:
-        super().__init__(in_features, mapping.shard(out_features, what), bias=False)
+        """``shards``: ``(number, index)`` of the output slice this rank holds when it is not
+        one of ``attn_tp_size`` equal parts (a KV head replicated over several ranks)."""
         self.tp_size, self.tp_rank = mapping.attn_tp_size, mapping.attn_tp_rank
+        self.num_shards, self.shard_index = shards or (self.tp_size, self.tp_rank)
+        if out_features % self.num_shards:
+            raise ValueError(
+                f"{what}={out_features} is not divisible by tensor_parallel_size={self.num_shards}"
+            )
+        super().__init__(in_features, out_features // self.num_shards, bias=False)
         self.gather_output = gather_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -49,6 +57,7 @@ class RowParallelLinear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, mapping: Mapping, what: str) -> None:
         super().__init__(mapping.shard(in_features, what), out_features, bias=False)
         self.tp_size, self.tp_rank = mapping.attn_tp_size, mapping.attn_tp_rank
+        self.num_shards, self.shard_index = self.tp_size, self.tp_rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = super().forward(x)
@@ -57,6 +66,6 @@ class RowParallelLinear(nn.Linear):
 
 def shard_weight(module: nn.Module, full: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``full`` for ``module`` (``full`` itself for a module not split)."""
-    if not isinstance(module, ColumnParallelLinear | RowParallelLinear) or module.tp_size == 1:
+    if not isinstance(module, ColumnParallelLinear | RowParallelLinear) or module.num_shards == 1:
         return full
-    return full.chunk(module.tp_size, dim=module.tp_dim)[module.tp_rank].contiguous()
+    return full.chunk(module.num_shards, dim=module.tp_dim)[module.shard_index].contiguous()

@@ -32,6 +32,18 @@ def test_tensor_parallelism_splits_the_weights_and_attention_dp_replicates_them(
         Mapping(world_size=4, tp_size=2)
 
 
+def test_fewer_kv_heads_than_ranks_are_replicated_over_the_ranks_that_read_them():
+    # 2 KV heads over 4 ranks: ranks 0, 1 hold head 0 and ranks 2, 3 head 1 (query heads 0-3)
+    shards = [Mapping(4, 4, r).kv_head_shard(2, "num_key_value_heads") for r in range(4)]
+    assert shards == [(1, 2, 0), (1, 2, 0), (1, 2, 1), (1, 2, 1)]
+    assert Mapping(2, 2, 1).kv_head_shard(4, "kv") == (2, 2, 1)
+    with pytest.raises(ValueError, match="num_key_value_heads=3 and tensor_parallel_size=2"):
+        Mapping(2, 2, 0).kv_head_shard(3, "num_key_value_heads")
+    column = ColumnParallelLinear(8, 2 * 3, Mapping(4, 4, 3), "kv", shards=(2, 1))
+    full = torch.arange(6 * 8, dtype=torch.float32).reshape(6, 8)
+    assert torch.equal(shard_weight(column, full), full[3:])
+
+
 def test_column_shards_split_the_output_rows_and_row_shards_the_input_columns():
     full = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6)  # [out, in]
     for rank in range(2):

@@ -58,6 +58,13 @@ def test_tp2_decodes_the_same_tokens_and_al_as_one_rank(one_rank, draft_kv_cache
     assert decode(draft_kv_cache, tensor_parallel_size=2) == one_rank[draft_kv_cache]
 
 
+@pytest.mark.parametrize("draft_kv_cache", [None, "unified"])
+def test_tp4_with_fewer_kv_heads_than_ranks_decodes_as_one_rank(one_rank, draft_kv_cache):
+    """The bundled target has 2 KV heads: at TP4 each is replicated on the two ranks whose query
+    heads read it (the drafter's 4 split one per rank)."""
+    assert decode(draft_kv_cache, tensor_parallel_size=4) == one_rank[draft_kv_cache]
+
+
 def test_each_tp_rank_caches_its_own_kv_heads_beside_the_drafters_sub_pages():
     slot_bytes = {}
     for tp in (1, 2):
