@@ -63,18 +63,20 @@ def test_bench_model_draft_kv_costs_one_more_target_layer_per_block():
     assert cap["eagle3 separate"].slot_bytes == (8 * kv_per_layer + 6 * index_k, kv_per_layer)
 
 
-def test_decode_benchmark_runs_end_to_end_at_tiny_scale(tmp_path):
-    out = tmp_path / "decode.json"
-    command = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "bench_decode.py"),
-        *("--scale", "tiny", "--device", "cpu", "--batches", "1,2", "--new-tokens", "4"),
-        *("--json", str(out)),
-    ]
+def run_benchmark(script: str, args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """``benchmarks/<script> args`` in a subprocess; it must exit 0."""
+    command = [sys.executable, str(ROOT / "benchmarks" / script), *args]
     # one intra-op thread: on a small shared CPU, more threads than free cores only spin
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_decode_benchmark_runs_end_to_end_at_tiny_scale(tmp_path):
+    out = tmp_path / "decode.json"
+    args = ["--scale", "tiny", "--device", "cpu", "--batches", "1,2", "--new-tokens", "4"]
+    done = run_benchmark("bench_decode.py", [*args, "--json", str(out)], timeout_s=120)
     assert "step / floor" in done.stdout and "machine:" in done.stdout
     record = json.loads(out.read_text())
     cells = {(c["mode"], c["batch"]): c for c in record["cells"]}
@@ -106,15 +108,9 @@ def test_capacity_table_prints_every_model_and_mode(budget_gib, capsys):
 
 def test_multi_gpu_benchmark_runs_end_to_end_on_the_cpu_over_gloo(tmp_path):
     out = tmp_path / "multi.json"
-    command = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "bench_multi_gpu.py"),
-        *("--device", "cpu", "--scale", "tiny", "--batches", "2", "--modes", "unified"),
-        *("--new-tokens", "4", "--agreement-prompts", "1", "--json", str(out)),
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    args = ["--device", "cpu", "--scale", "tiny", "--batches", "2", "--modes", "unified"]
+    args += ["--new-tokens", "4", "--agreement-prompts", "1", "--json", str(out)]
+    run_benchmark("bench_multi_gpu.py", args, timeout_s=600)
     record = json.loads(out.read_text())
     assert sorted(c["tp"] for c in record["cells"]) == [1, 2]
     assert all(c["decode_step_ms"] > 0 for c in record["cells"])

@@ -54,11 +54,6 @@ class Mapping:
         """Ranks that each run their own requests: ``tp_size`` under attention DP, else 1."""
         return self.tp_size if self.enable_attention_dp else 1
 
-    @property
-    def is_leader(self) -> bool:
-        """Rank 0: it takes the requests and drives the other ranks."""
-        return self.rank == 0
-
     def for_rank(self, rank: int) -> Mapping:
         return Mapping(self.world_size, self.tp_size, rank, self.enable_attention_dp)
 

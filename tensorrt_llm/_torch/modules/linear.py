@@ -37,11 +37,8 @@ class ColumnParallelLinear(nn.Linear):
         one of ``attn_tp_size`` equal parts (a KV head replicated over several ranks)."""
         self.tp_size, self.tp_rank = mapping.attn_tp_size, mapping.attn_tp_rank
         self.num_shards, self.shard_index = shards or (self.tp_size, self.tp_rank)
-        if out_features % self.num_shards:
-            raise ValueError(
-                f"{what}={out_features} is not divisible by tensor_parallel_size={self.num_shards}"
-            )
-        super().__init__(in_features, out_features // self.num_shards, bias=False)
+        local = mapping.shard(out_features, what) if shards is None else out_features // shards[0]
+        super().__init__(in_features, local, bias=False)
         self.gather_output = gather_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -13,16 +13,17 @@ from tensorrt_llm.evaluate.tasks import gsm8k_tiny
 from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig
 
 
+def llm_pair(device: str) -> tuple[LLM, LLM]:
+    """Target only, and with Eagle3 and the unified draft cache, on ``device``."""
+    spec = Eagle3DecodingConfig(
+        max_draft_len=3, speculative_model=str(BUNDLED_DRAFT), draft_kv_cache="unified"
+    )
+    return LLM(device=device), LLM(device=device, speculative_config=spec)
+
+
 @pytest.fixture(scope="module")
 def target_and_eagle():
-    target = LLM(device="cpu")
-    eagle = LLM(
-        device="cpu",
-        speculative_config=Eagle3DecodingConfig(
-            max_draft_len=3, speculative_model=str(BUNDLED_DRAFT), draft_kv_cache="unified"
-        ),
-    )
-    return target, eagle
+    return llm_pair("cpu")
 
 
 @pytest.fixture(scope="module")
@@ -129,13 +130,7 @@ def test_each_verify_row_counts_the_drafts_before_it():
 @pytest.mark.gpu
 def test_penalties_bias_and_logprobs_on_gpu():
     # on CUDA (graphs on): requests with penalties run eagerly and still decode losslessly
-    target = LLM(device="cuda")
-    eagle = LLM(
-        device="cuda",
-        speculative_config=Eagle3DecodingConfig(
-            max_draft_len=3, speculative_model=str(BUNDLED_DRAFT), draft_kv_cache="unified"
-        ),
-    )
+    target, eagle = llm_pair("cuda")
     texts = ["zq xv kk", "Tell me a story.", "aaaa bbbb"]
     prompts = [
         target.tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in texts
