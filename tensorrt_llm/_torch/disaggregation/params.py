@@ -19,6 +19,7 @@ import binascii
 import enum
 import hashlib
 import json
+import re
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
 
@@ -29,6 +30,9 @@ class RequestType(enum.StrEnum):
     CONTEXT_ONLY = "context_only"  # prefill, keep the KV, answer with a transfer handle
     GENERATION_ONLY = "generation_only"  # pull the handle's KV, then decode
     FINISHED = "finished"  # the context server's reply when the request ended there (EOS at once)
+
+
+PARALLEL_PATTERN = r"^(tp|adp)([1-9][0-9]*)$"  # ``Mapping.describe()``
 
 
 class _Message(BaseModel):
@@ -49,8 +53,8 @@ class LayoutFingerprint(_Message):
     draft_layers: list[int]
     pools: list[PoolFingerprint]
     # the parallel layout of the server (``Mapping.describe()``: "tp1", "tp2", "adp2"): which
-    # heads a slot holds depends on it, so slots cross only between servers of the same layout
-    parallel: str
+    # heads a slot holds depends on it (``head_regroup.py`` maps heads between layouts)
+    parallel: str = Field(pattern=PARALLEL_PATTERN)
     digest: str  # sha256 of the other fields (sorted-key JSON)
 
     @classmethod
@@ -81,6 +85,39 @@ class LayoutFingerprint(_Message):
 TRANSFER_ID_PATTERN = r"^[A-Za-z0-9_-]{16,64}$"
 
 
+def parallel_ranks(parallel: str) -> tuple[bool, int]:
+    """``(attention DP, ranks)`` of a layout's ``Mapping.describe()``: ``"tp2"`` -> (False, 2)."""
+    match = re.fullmatch(PARALLEL_PATTERN, parallel)
+    if match is None:
+        raise ValueError(f"parallel={parallel!r} is not a parallel layout (tp<N> or adp<N>)")
+    return match.group(1) == "adp", int(match.group(2))
+
+
+def _check_base64(value: str) -> str:
+    try:
+        base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise ValueError(f"agent_metadata={value[:16]!r}... is not base64") from None
+    return value
+
+
+class SourceRank(_Message):
+    """One context rank's part of a transfer: where its slots and this hold's ticket are. Under
+    tensor parallelism every context rank holds the same slot ids (deterministic allocation)
+    with its own heads in them, so a handle lists each rank's agent, pools and ticket."""
+
+    agent_name: str  # the rank's NIXL agent
+    agent_metadata: str  # base64 of the agent's NIXL metadata bytes
+    pool_addresses: list[NonNegativeInt]  # base address of each pool, in pool order
+    ticket_address: NonNegativeInt  # where the rank keeps this hold's ticket (8 bytes)
+    ticket: int = Field(gt=0, lt=2**63)
+
+    _is_base64 = field_validator("agent_metadata")(_check_base64)
+
+    def agent_metadata_bytes(self) -> bytes:
+        return base64.b64decode(self.agent_metadata)
+
+
 class TransferHandle(_Message):
     """What a generation server needs to pull one request's slots from a context server.
 
@@ -103,18 +140,39 @@ class TransferHandle(_Message):
     pool_addresses: list[NonNegativeInt]  # base address of each pool, in pool order
     ticket_address: NonNegativeInt  # where the context server keeps this hold's ticket (8 bytes)
     ticket: int = Field(gt=0, lt=2**63)
+    # a context server of several tensor-parallel ranks: ranks 1.. (the fields above are rank 0's)
+    other_ranks: list[SourceRank] = Field(default_factory=list)
 
-    @field_validator("agent_metadata")
-    @classmethod
-    def _is_base64(cls, value: str) -> str:
-        try:
-            base64.b64decode(value, validate=True)
-        except binascii.Error:
-            raise ValueError(f"agent_metadata={value[:16]!r}... is not base64") from None
-        return value
+    _is_base64 = field_validator("agent_metadata")(_check_base64)
+
+    @model_validator(mode="after")
+    def _one_source_per_rank(self) -> TransferHandle:
+        attention_dp, ranks = parallel_ranks(self.fingerprint.parallel)
+        if attention_dp:
+            raise ValueError(
+                f"fingerprint.parallel={self.fingerprint.parallel!r}: context servers run "
+                "tensor parallel (tp<N>), not attention DP"
+            )
+        if len(self.other_ranks) != ranks - 1:
+            raise ValueError(
+                f"a {self.fingerprint.parallel} context server's handle lists {ranks - 1} other "
+                f"ranks, got {len(self.other_ranks)}"
+            )
+        return self
 
     def agent_metadata_bytes(self) -> bytes:
         return base64.b64decode(self.agent_metadata)
+
+    def sources(self) -> list[SourceRank]:
+        """Every context rank's part, in rank order."""
+        first = SourceRank(
+            agent_name=self.agent_name,
+            agent_metadata=self.agent_metadata,
+            pool_addresses=self.pool_addresses,
+            ticket_address=self.ticket_address,
+            ticket=self.ticket,
+        )
+        return [first, *self.other_ranks]
 
 
 _HANDLE_FIELDS = ("first_token", "prompt_token_ids", "transfer_handle")

@@ -25,11 +25,21 @@ Each hold is one transfer with an unguessable ``transfer_id``, a ticket and an e
   read) and a handle it has already pulled;
 - a generation side that will not pull (its request was cancelled or refused first) sends the
   same notification without a read (``release``), so the hold ends now, not at its timeout.
+
+Servers of several ranks: every rank has its own agent, pools and tickets. A context server's
+ranks hold and revoke in the same order (rank 0 decides every release and broadcasts it), so a
+hold has the same ticket index on every rank, and each rank's ticket is an HMAC of the hold's
+serial under a key rank 0 shares at start-up (``join_ranks``): rank 0 writes the handle for
+every rank with no round trip. Only rank 0 reads notifications. A generation rank pulls from the
+context ranks that hold its heads: whole slots straight into its own when the two layouts hold
+the same heads, else into a staging area, then ``head_regroup.regroup_heads``.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import re
 import secrets
 import time
@@ -38,10 +48,18 @@ from collections import OrderedDict
 import torch
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
+from tensorrt_llm._torch.disaggregation.head_regroup import (
+    RankSlots,
+    attention_ranks,
+    peer_layouts,
+    regroup_heads,
+    source_ranks,
+)
 from tensorrt_llm._torch.disaggregation.params import (
     TRANSFER_ID_PATTERN,
     LayoutFingerprint,
     PoolFingerprint,
+    SourceRank,
     TransferHandle,
 )
 from tensorrt_llm._torch.disaggregation.trust import deployment_secret
@@ -52,6 +70,7 @@ _PULLED = b"pulled:"  # a finished (or abandoned) pull sends b"pulled:<transfer 
 STALE_MARGIN_S = 0.25  # a pull must finish this long before the hold's expiry
 _MAX_REMEMBERED_PULLS = 65536  # transfer ids a generation side remembers, to refuse a replay
 MAX_HELD_TRANSFERS = 4096  # tickets a context side has: transfers held at once
+STAGING_BLOCKS = 16  # blocks per source rank staged at once when heads are regrouped
 
 
 class StaleTransferError(ValueError):
@@ -101,75 +120,129 @@ class KvCacheTransceiver:
         backends: tuple[str, ...] = ("UCX",),
         secret: bytes | None = None,
         parallel: str = "tp1",
+        rank: int = 0,
     ) -> None:
         """``secret``: the deployment's (``trust.py``); None reads ``TRTLLM_DISAGG_SECRET``;
-        ``parallel``: the server's parallel layout, part of the layout fingerprint."""
+        ``parallel``: the server's parallel layout (``Mapping.describe()``), part of the layout
+        fingerprint; ``rank``: this process's rank in it."""
         from nixl._api import nixl_agent, nixl_agent_config
 
         self.secret = deployment_secret() if secret is None else secret
         self.manager = manager
         self.name = name
+        self.rank = rank
         self.agent = nixl_agent(name, nixl_agent_config(backends=list(backends)))
         self.mem_type = "VRAM" if manager.device.type == "cuda" else "DRAM"
         self.device_id = manager.device.index or 0
         self._registrations = [self.agent.register_memory(pool) for pool in manager.pools]
         self.fingerprint = layout_fingerprint(manager, parallel)
-        # context side: one word per held transfer, its nonce while live, 0 once revoked
+        # context side: one word per held transfer, its ticket while live, 0 once revoked
         self._tickets = torch.zeros(MAX_HELD_TRANSFERS, dtype=torch.int64)
         self._free_tickets = list(range(MAX_HELD_TRANSFERS - 1, -1, -1))
-        # generation side: where a peer's ticket is read back after the data (one pull at a time)
-        self._ticket_read = torch.zeros(1, dtype=torch.int64)
+        self._ticket_key = secrets.token_bytes(32)
+        self._serial = 0  # holds so far: a ticket is the HMAC of its hold's serial
+        # generation side: where peers' tickets are read back after the data
+        self._ticket_read = torch.zeros(64, dtype=torch.int64)
         self._registrations += [
             self.agent.register_memory(t, "DRAM") for t in (self._tickets, self._ticket_read)
         ]
+        self._staging: torch.Tensor | None = None  # registered lazily (heads regrouped)
+        # every rank's endpoint (rank 0 of a context server; ``join_ranks``), with what it registered
+        self._endpoints: list[dict] = [self.endpoint()]
         self._peers: set[str] = set()
         self._live: dict[str, tuple[int, float]] = {}  # context side: id -> (request, expiry)
-        self._holds: dict[int, tuple[str, int]] = {}  # context side: request -> (id, ticket index)
+        self._holds: dict[int, tuple[int, int]] = {}  # context side: request -> (index, serial)
+        self._exported: dict[int, str] = {}  # context side: request -> its transfer's id
         self._pulled: OrderedDict[str, None] = OrderedDict()  # generation side: ids pulled
 
-    def export(self, request_id: int, hold_s: float) -> TransferHandle:
-        """A new transfer of ``request_id``'s slots, which this side holds for ``hold_s`` more
-        seconds (until ``revoke``): the handle a generation server pulls them with."""
-        self.revoke(request_id)  # a request has one transfer at a time
+    # ---- several ranks -----------------------------------------------------------------------
+    def endpoint(self) -> dict:
+        """What rank 0 needs to write this rank's part of a handle (JSON)."""
+        return {
+            "agent_name": self.name,
+            "agent_metadata": base64.b64encode(self.agent.get_agent_metadata()).decode(),
+            "pool_addresses": [pool.data_ptr() for pool in self.manager.pools],
+            "ticket_base": self._tickets.data_ptr(),
+        }
+
+    def join_ranks(self, endpoints: list[dict], ticket_key: bytes) -> None:
+        """Every rank's ``endpoint()`` in rank order, and the ticket key all ranks use (rank 0's)."""
+        if endpoints[self.rank]["agent_name"] != self.name:
+            raise ValueError(f"endpoint {self.rank} is not this rank's agent {self.name!r}")
+        self._endpoints, self._ticket_key = list(endpoints), ticket_key
+
+    def _ticket(self, rank: int, serial: int) -> int:
+        digest = hmac.new(self._ticket_key, b"%d/%d" % (rank, serial), hashlib.sha256).digest()
+        return (int.from_bytes(digest[:8], "little") >> 1) or 1
+
+    # ---- context side --------------------------------------------------------------------------
+    def hold(self, request_id: int) -> None:
+        """``request_id``'s slots start waiting for a pull (the executor calls this on every rank,
+        in the same order): its ticket goes live."""
+        if request_id in self._holds:
+            return
         if not self._free_tickets:
             raise RuntimeError(
                 f"request {request_id}: {MAX_HELD_TRANSFERS} transfers are already held unpulled"
             )
-        index = self._free_tickets.pop()
-        ticket = secrets.randbits(63) or 1
-        self._tickets[index] = ticket
+        index, self._serial = self._free_tickets.pop(), self._serial + 1
+        self._tickets[index] = self._ticket(self.rank, self._serial)
+        self._holds[request_id] = (index, self._serial)
+
+    def export(self, request_id: int, hold_s: float) -> TransferHandle:
+        """A new transfer of ``request_id``'s held slots, which this side holds for ``hold_s``
+        more seconds (until ``revoke``): the handle a generation server pulls them with. On a
+        single rank a second export of a request ends its first transfer."""
+        if request_id in self._exported or request_id not in self._holds:
+            if len(self._endpoints) > 1:
+                state = "was exported already" if request_id in self._exported else "is not held"
+                raise ValueError(f"request {request_id} {state}: ranks hold in step, once each")
+            self.revoke(request_id)  # a request has one transfer at a time
+            self.hold(request_id)
+        index, serial = self._holds[request_id]
         transfer_id = secrets.token_urlsafe(24)
         expires_at = _now() + hold_s
         self._live[transfer_id] = (request_id, expires_at)
-        self._holds[request_id] = (transfer_id, index)
+        self._exported[request_id] = transfer_id
+        first, *others = [
+            SourceRank(
+                agent_name=e["agent_name"],
+                agent_metadata=e["agent_metadata"],
+                pool_addresses=e["pool_addresses"],
+                ticket_address=e["ticket_base"] + index * self._tickets.element_size(),
+                ticket=self._ticket(rank, serial),
+            )
+            for rank, e in enumerate(self._endpoints)
+        ]
         return TransferHandle(
             request_id=request_id,
             transfer_id=transfer_id,
             expires_at=expires_at,
-            agent_name=self.name,
-            agent_metadata=base64.b64encode(self.agent.get_agent_metadata()).decode(),
             fingerprint=self.fingerprint,
             slots=self.manager.get_batch_cache_indices([request_id])[0],
-            pool_addresses=[pool.data_ptr() for pool in self.manager.pools],
-            ticket_address=self._tickets.data_ptr() + index * self._tickets.element_size(),
-            ticket=ticket,
+            other_ranks=others,
+            **first.model_dump(),
         )
 
     def revoke(self, request_id: int) -> None:
-        """End ``request_id``'s transfer before its slots are freed: a pull of it that has not
+        """End ``request_id``'s hold before its slots are freed: a pull of it that has not
         read its ticket back yet will find it gone and discard what it read."""
-        transfer_id, index = self._holds.pop(request_id, (None, None))
-        if transfer_id is None:
-            return
-        self._live.pop(transfer_id, None)
-        self._tickets[index] = 0
-        self._free_tickets.append(index)
+        index, _ = self._holds.pop(request_id, (None, None))
+        self._live.pop(self._exported.pop(request_id, ""), None)
+        if index is not None:
+            self._tickets[index] = 0
+            self._free_tickets.append(index)
 
-    def check_peer(self, handle: TransferHandle) -> None:
-        theirs = handle.fingerprint
-        if theirs.digest != self.fingerprint.digest:
-            diff = "; ".join(self.fingerprint.differences(theirs)) or "fingerprint digests differ"
-            raise ValueError(f"incompatible KV cache layout on peer {handle.agent_name!r}: {diff}")
+    # ---- generation side -----------------------------------------------------------------------
+    def check_peer(self, handle: TransferHandle) -> tuple[list, bool]:
+        """The peer's per-rank slot layouts and whether its slots cross whole (same heads); a
+        ``ValueError`` naming the difference when no transfer can bridge the two layouts."""
+        try:
+            return peer_layouts(handle.fingerprint, self.fingerprint, self.manager.layout.pools)
+        except ValueError as exc:
+            raise ValueError(
+                f"incompatible KV cache layout on peer {handle.agent_name!r}: {exc}"
+            ) from None
 
     def pull(
         self,
@@ -178,19 +251,21 @@ class KvCacheTransceiver:
         num_blocks: int,
         start_block: int = 0,
         timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S,
+        confirm: bool = True,
     ) -> int:
         """READ blocks ``[start_block, num_blocks)`` of the peer's request into this manager's slots
-        of ``request_id`` (already allocated). Returns the bytes moved. ``StaleTransferError`` if
-        the hold is near its end, was revoked before its ticket was read back after the data, or
-        the handle was pulled here before."""
-        self.check_peer(handle)
+        of ``request_id`` (already allocated), from each context rank that holds this rank's
+        heads. Returns the bytes moved. ``StaleTransferError`` if the hold is near its end, was
+        revoked before its tickets were read back after the data, or the handle was pulled here
+        before. ``confirm=False``: the caller confirms the pull later (``confirm``), once every
+        rank of this server has pulled its part."""
+        layouts, whole = self.check_peer(handle)
         if handle.transfer_id in self._pulled:
             raise StaleTransferError(
                 f"request {request_id}: transfer {handle.transfer_id[:8]}... was already pulled "
                 "here; a handle serves one pull"
             )
         self._check_live(request_id, handle)
-        peer = self._connect(handle)
         local_slots = self.manager.get_batch_cache_indices([request_id])[0][start_block:num_blocks]
         remote_slots = handle.slots[start_block:num_blocks]
         if len(local_slots) != len(remote_slots):
@@ -198,53 +273,143 @@ class KvCacheTransceiver:
                 f"request {request_id}: {len(local_slots)} local slots for "
                 f"{len(remote_slots)} remote ones"
             )
-        local, remote = [], []
-        for pool, remote_base in zip(self.manager.pools, handle.pool_addresses, strict=True):
-            size = pool.shape[1]
-            local += [(pool.data_ptr() + s * size, size, self.device_id) for s in local_slots]
-            remote += [(remote_base + s * size, size, self.device_id) for s in remote_slots]
-        if local:  # (none when this side's prefix cache held every block)
-            what = f"request {request_id}: KV pull from {peer!r}"
-            self._read(local, remote, self.mem_type, peer, b"", what, timeout_s)
-        self._check_ticket(request_id, handle, timeout_s)
+        my_ranks, their_ranks = attention_ranks(self.fingerprint.parallel), len(handle.sources())
+        my_rank = self.rank if my_ranks > 1 else 0
+        used = [my_rank] if whole else source_ranks(my_rank, my_ranks, their_ranks)
+        sources = [handle.sources()[r] for r in used]
+        what = f"request {request_id}: KV pull from {[s.agent_name for s in sources]}"
+        moved = 0
+        if local_slots:  # (none when this side's prefix cache held every block)
+            if whole:
+                moved = self._pull_whole(sources[0], local_slots, remote_slots, what, timeout_s)
+            else:
+                moved = self._pull_regrouped(
+                    dict(zip(used, sources)),
+                    their_ranks,
+                    layouts,
+                    (local_slots, remote_slots),
+                    what,
+                    timeout_s,
+                )
+        self._check_tickets(request_id, handle, sources, confirm, timeout_s)
+        if confirm:
+            self._remember(handle)
+        return moved
+
+    def confirm(self, handle: TransferHandle) -> None:
+        """Tell the context server that this server pulled ``handle`` (every rank's part)."""
+        self._remember(handle)
+        self._notify(handle)
+
+    def _remember(self, handle: TransferHandle) -> None:
         self._pulled[handle.transfer_id] = None
         while len(self._pulled) > _MAX_REMEMBERED_PULLS:
             self._pulled.popitem(last=False)
+
+    def _descs(self, base: int, slots, size: int, device: int) -> list[tuple[int, int, int]]:
+        return [(base + s * size, size, device) for s in slots]
+
+    def _pull_whole(self, source: SourceRank, local_slots, remote_slots, what, timeout_s) -> int:
+        local, remote = [], []
+        for pool, remote_base in zip(self.manager.pools, source.pool_addresses, strict=True):
+            size = pool.shape[1]
+            local += self._descs(pool.data_ptr(), local_slots, size, self.device_id)
+            remote += self._descs(remote_base, remote_slots, size, self.device_id)
+        self._read(local, remote, self.mem_type, self._connect(source), b"", what, timeout_s)
         return sum(size for _, size, _ in local)
 
-    def _connect(self, handle: TransferHandle) -> str:
-        peer = handle.agent_name
+    def _pull_regrouped(self, sources: dict, their_ranks, layouts, slots, what, timeout_s) -> int:
+        """Pull each source rank's slots (``{rank: SourceRank}`` of a ``their_ranks``-way split)
+        into staging, ``STAGING_BLOCKS`` at a time, and write this rank's heads into its own
+        slots (``slots``: local and remote ids)."""
+        local_slots, remote_slots = slots
+        my_ranks = attention_ranks(self.fingerprint.parallel)
+        staging = self._staging_for(len(sources) * sum(p.slot_bytes for p in layouts))
+        moved = 0
+        for first in range(0, len(local_slots), STAGING_BLOCKS):
+            mine = local_slots[first : first + STAGING_BLOCKS]
+            theirs, offset, parts = remote_slots[first : first + STAGING_BLOCKS], 0, []
+            for rank, source in sources.items():
+                local, remote, views = [], [], []
+                for layout, remote_base in zip(layouts, source.pool_addresses, strict=True):
+                    size = layout.slot_bytes
+                    view = staging[offset : offset + len(theirs) * size].view(len(theirs), size)
+                    local += self._descs(view.data_ptr(), range(len(theirs)), size, self.device_id)
+                    remote += self._descs(remote_base, theirs, size, self.device_id)
+                    views.append(view)
+                    offset += len(theirs) * size
+                peer = self._connect(source)
+                self._read(local, remote, self.mem_type, peer, b"", what, timeout_s)
+                moved += sum(size for _, size, _ in local)
+                parts.append((rank, views))
+            for i, (pool, layout) in enumerate(zip(self.manager.pools, self.manager.layout.pools)):
+                dest = RankSlots(pool[mine], layout, self.rank if my_ranks > 1 else 0, my_ranks)
+                src = [RankSlots(v[i], layouts[i], r, their_ranks) for r, v in parts]
+                regroup_heads(src, dest)
+                pool[mine] = dest.slots
+        return moved
+
+    def _staging_for(self, nbytes_per_block: int) -> torch.Tensor:
+        """A registered staging area of ``STAGING_BLOCKS`` blocks of ``nbytes_per_block``."""
+        need = STAGING_BLOCKS * nbytes_per_block
+        if self._staging is None or self._staging.numel() < need:
+            if self._staging is not None:
+                self.agent.deregister_memory(self._staging_registration)
+            self._staging = torch.empty(need, dtype=torch.uint8, device=self.manager.device)
+            self._staging_registration = self.agent.register_memory(self._staging)
+        return self._staging
+
+    def _connect(self, source: SourceRank | TransferHandle) -> str:
+        peer = source.agent_name
         if peer not in self._peers:
-            self.agent.add_remote_agent(handle.agent_metadata_bytes())
+            self.agent.add_remote_agent(source.agent_metadata_bytes())
             self._peers.add(peer)
         return peer
 
     def release(self, handle: TransferHandle) -> None:
         """Tell the context side that this side will not pull ``handle``: it frees the hold now
         instead of at its timeout. Best effort (the timeout still frees it)."""
-        if handle.transfer_id in self._pulled:
-            return
+        if handle.transfer_id not in self._pulled:
+            self._notify(handle)
+
+    def _notify(self, handle: TransferHandle) -> None:
+        """The pull notification, to the context server's rank 0 (which decides releases)."""
         try:
             self.agent.send_notif(self._connect(handle), _encode_pulled(handle.transfer_id))
         except Exception as exc:  # NIXL raises its own types; the hold still ends at its timeout
-            logger.warning("could not release transfer %s...: %s", handle.transfer_id[:8], exc)
+            logger.warning("could not notify transfer %s...: %s", handle.transfer_id[:8], exc)
 
-    def _check_ticket(self, request_id: int, handle: TransferHandle, timeout_s: float) -> None:
-        """READ the hold's ticket back (with the notification that releases the hold) and refuse
-        the data if the context side revoked it: the slots may have been freed during the READ."""
+    def _check_tickets(
+        self,
+        request_id: int,
+        handle: TransferHandle,
+        sources: list[SourceRank],
+        notify: bool,
+        timeout_s: float,
+    ) -> None:
+        """READ the hold's ticket back from each source rank, after the data, and refuse the
+        data if one was revoked: those slots may have been freed during the READ. With
+        ``notify``, the notification that releases the hold rides on rank 0's read, the last."""
+        rank0 = handle.sources()[0]
+        ordered = sorted(sources, key=lambda s: s.agent_name == rank0.agent_name)
+        if notify and ordered[-1].agent_name != rank0.agent_name:
+            ordered.append(rank0)  # only its notification is needed
         self._ticket_read.zero_()
-        local = [(self._ticket_read.data_ptr(), self._ticket_read.element_size(), 0)]
-        remote = [(handle.ticket_address, self._ticket_read.element_size(), 0)]
+        size = self._ticket_read.element_size()
         what = f"request {request_id}: reading the ticket of transfer {handle.transfer_id[:8]}..."
-        notice = _encode_pulled(handle.transfer_id)
-        self._read(local, remote, "DRAM", handle.agent_name, notice, what, timeout_s)
-        if int(self._ticket_read[0]) != handle.ticket:
-            raise StaleTransferError(
-                f"request {request_id}: the context server ended the hold of transfer "
-                f"{handle.transfer_id[:8]}... before the pull finished (it timed out, or another "
-                "pull of the same handle came first); its slots may belong to another request, so "
-                "the KV is not used"
-            )
+        for i, source in enumerate(ordered):
+            local = [(self._ticket_read.data_ptr() + i * size, size, 0)]
+            remote = [(source.ticket_address, size, 0)]
+            last = notify and i == len(ordered) - 1
+            notice = _encode_pulled(handle.transfer_id) if last else b""
+            self._read(local, remote, "DRAM", self._connect(source), notice, what, timeout_s)
+            if int(self._ticket_read[i]) != source.ticket:
+                raise StaleTransferError(
+                    f"request {request_id}: the context server ended the hold of transfer "
+                    f"{handle.transfer_id[:8]}... before the pull finished (it timed out, or "
+                    "another pull of the same handle came first); its slots may belong to "
+                    "another request, so the KV is not used"
+                )
 
     def _read(self, local, remote, mem_type, peer, notice, what, timeout_s) -> None:
         xfer = self.agent.initialize_xfer(

@@ -37,7 +37,7 @@ def test_a_prefilled_request_answers_with_the_handle_to_its_kv():
         "first_token": 11,
         "draft_tokens": [12, 13],
         "prompt_token_ids": [1, 2, 3],
-        "transfer_handle": handle().model_dump(mode="json"),
+        "transfer_handle": handle().model_dump(mode="json", exclude_defaults=True),
     }
 
 

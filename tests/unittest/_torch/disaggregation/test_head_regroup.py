@@ -5,7 +5,13 @@ its heads, and the round trip is exact to the byte in every buffer."""
 import pytest
 import torch
 
-from tensorrt_llm._torch.disaggregation.head_regroup import RankSlots, regroup_heads
+from tensorrt_llm._torch.disaggregation.head_regroup import (
+    RankSlots,
+    peer_layouts,
+    regroup_heads,
+    source_ranks,
+)
+from tensorrt_llm._torch.disaggregation.params import LayoutFingerprint, PoolFingerprint
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.models.checkpoint import load_config
 from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
@@ -93,10 +99,57 @@ def test_equal_layouts_copy_rank_to_rank():
         assert buffers_equal(dest, sources[r])
 
 
-def test_sources_must_be_every_rank_of_one_layout():
+def test_a_head_no_source_holds_is_an_error():
     half = slot_layout(2, 0)
     dest = empty(slot_layout(1, 0), 0, 1)
-    with pytest.raises(ValueError, match=r"every rank of one layout, got ranks \[0\]"):
+    with pytest.raises(ValueError, match=r"heads \[1\] are held by none of source ranks \[0\]"):
         regroup_heads([empty(half, 0, 2)], dest)
+    with pytest.raises(ValueError, match="distinct ranks of one layout"):
+        regroup_heads([empty(half, 0, 2), empty(half, 0, 2)], dest)
     with pytest.raises(ValueError, match="slots must be"):
         RankSlots(torch.zeros(2, 8, dtype=torch.uint8), half)
+
+
+@pytest.mark.parametrize(
+    ("dest_rank", "dest_tp", "source_tp", "expected"),
+    [(0, 1, 2, [0, 1]), (1, 2, 1, [0]), (1, 2, 2, [1]), (1, 2, 4, [2, 3]), (2, 4, 2, [1])],
+)
+def test_source_ranks_are_those_holding_the_destinations_heads(
+    dest_rank, dest_tp, source_tp, expected
+):
+    assert source_ranks(dest_rank, dest_tp, source_tp) == expected
+
+
+def fingerprint_of(tp_size: int, attention_dp: bool = False) -> LayoutFingerprint:
+    layout = slot_layout(1 if attention_dp else tp_size, 0)
+    pool = PoolFingerprint(
+        slot_bytes=layout.slot_bytes,
+        buffers=[(b.layer_id, b.role.value, b.offset, b.size, b.dtype) for b in layout.buffers],
+    )
+    parallel = f"{'adp' if attention_dp else 'tp'}{tp_size}"
+    return LayoutFingerprint.build(128, [0, 1, 2, 3], [3], [pool], parallel=parallel)
+
+
+def test_a_peers_layout_is_rebuilt_from_its_fingerprint():
+    # a TP1 generation rank rebuilds a TP2 context rank's slot layout exactly
+    layouts, whole = peer_layouts(fingerprint_of(2), fingerprint_of(1), (slot_layout(1, 0),))
+    (rebuilt,), real = layouts, slot_layout(2, 0)
+    assert not whole and rebuilt.slot_bytes == real.slot_bytes
+
+    def geometry(layout):
+        return [(b.layer_id, b.role, b.offset, b.size, b.num_heads) for b in layout.buffers]
+
+    assert geometry(rebuilt) == geometry(real)
+    # TP1 -> attention DP: each rank holds every head, slots cross whole
+    assert peer_layouts(fingerprint_of(1), fingerprint_of(2, True), (slot_layout(1, 0),))[1]
+    assert peer_layouts(fingerprint_of(2), fingerprint_of(2), (slot_layout(2, 0),))[1]
+
+
+def test_layouts_no_regrouping_bridges_are_refused():
+    theirs = fingerprint_of(2).model_copy(update={"tokens_per_block": 64})
+    with pytest.raises(ValueError, match="tokens_per_block: local 128 vs peer 64"):
+        peer_layouts(theirs, fingerprint_of(1), (slot_layout(1, 0),))
+    # the bundled model's 2 KV heads replicated over 4 ranks: 1 head x 4 ranks is not 2 x 1
+    replicated = fingerprint_of(2).model_copy(update={"parallel": "tp4"})
+    with pytest.raises(ValueError, match="replicated over ranks"):
+        peer_layouts(replicated, fingerprint_of(1), (slot_layout(1, 0),))
