@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import torch
 
 from tensorrt_llm._torch.disaggregation import context_only, generation_only
 from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
+from tensorrt_llm._torch.disaggregation.parallel import pull_options
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
 from tensorrt_llm._torch.distributed.communicator import init_distributed, shutdown_distributed
@@ -20,7 +20,7 @@ from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.bundled import bundled_target
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs, default_attn_backend
-from tensorrt_llm.llmapi.workers import Followers, build_rank, rank_device
+from tensorrt_llm.llmapi.workers import Followers, build_rank, join_ranks, rank_device
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
 
@@ -76,6 +76,7 @@ class LLM:
             engine = build_rank(args, self.mapping)
             if self._followers is not None:
                 self._followers.wait("ready")
+                join_ranks(engine, self.mapping)
         except BaseException:
             if self._followers is not None:
                 self._followers.kill()
@@ -94,14 +95,7 @@ class LLM:
         elif self.mapping.world_size > 1:
             self.executor.rank_sync = TensorParallelLeader(self.lost_rank)
         self.kv_cache_manager = self.executor.kv_cache_manager
-        self.transceiver: KvCacheTransceiver | None = None
-        if args.cache_transceiver_config is not None:
-            self.executor.transfer_timeout_s = args.cache_transceiver_config.transfer_timeout_s
-            self.transceiver = KvCacheTransceiver(
-                self.kv_cache_manager,
-                f"trtllm-{uuid.uuid4().hex[:12]}",
-                parallel=self.mapping.describe(),
-            )
+        self.transceiver: KvCacheTransceiver | None = engine.transceiver
         self._ids = itertools.count()
         logger.info(
             "LLM ready: %s on %s (%s, %s), %d KV slots of %d tokens%s",
@@ -206,7 +200,9 @@ class LLM:
         params = DisaggregatedParams.model_validate(disaggregated_params)
         generation_only.check_resumable(params)
         request, _ = self._make_request(list(params.prompt_token_ids), sampling_params)
-        load_kv = generation_only.resume_from_context(request, params, self.executor, transceiver)
+        load_kv = generation_only.resume_from_context(
+            request, params, self._rank_executor, transceiver, **pull_options(self.mapping)
+        )
         return request, load_kv
 
     def generate_from_context(

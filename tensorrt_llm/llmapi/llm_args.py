@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.distributed.mapping import Mapping
@@ -157,16 +157,6 @@ class TorchLlmArgs(StrictBaseModel):
             rank=rank,
             enable_attention_dp=self.enable_attention_dp,
         )
-
-    @model_validator(mode="after")
-    def _one_rank_for_disaggregation(self) -> TorchLlmArgs:
-        if self.cache_transceiver_config is not None and self.tensor_parallel_size > 1:
-            raise ValueError(
-                f"cache_transceiver_config with tensor_parallel_size={self.tensor_parallel_size}: "
-                "a context or generation server runs on one GPU (run one server per GPU behind "
-                "the router)"
-            )
-        return self
 
     @classmethod
     def from_kwargs(cls, extra_llm_api_options: str | Path | None = None, **kwargs) -> TorchLlmArgs:

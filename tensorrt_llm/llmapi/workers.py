@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import socket
 import traceback
+import uuid
 from dataclasses import dataclass
 
 import torch
 import torch.multiprocessing as mp
 
+from tensorrt_llm._torch.disaggregation.parallel import connect_ranks, hold_in_step, in_lockstep
+from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
 from tensorrt_llm._torch.distributed.communicator import init_distributed, shutdown_distributed
 from tensorrt_llm._torch.distributed.data_parallel import ProgressReporter
 from tensorrt_llm._torch.distributed.mapping import Mapping
@@ -43,6 +46,7 @@ class RankEngine:
     tokenizer: TransformersTokenizer
     max_seq_len: int
     executor: PyExecutor
+    transceiver: KvCacheTransceiver | None = None  # with cache_transceiver_config
 
 
 def rank_device(device: str, mapping: Mapping) -> torch.device:
@@ -82,7 +86,24 @@ def build_rank(args: TorchLlmArgs, mapping: Mapping) -> RankEngine:
         max_seq_len, str(dtype).removeprefix("torch."), str(device), mapping
     )
     executor = create_py_executor(model, executor_config, detokenize=tokenizer.decode)
-    return RankEngine(config, model, dtype, device, tokenizer, max_seq_len, executor)
+    executor.lockstep = in_lockstep(mapping)
+    transceiver = None
+    if args.cache_transceiver_config is not None:
+        executor.transfer_timeout_s = args.cache_transceiver_config.transfer_timeout_s
+        transceiver = KvCacheTransceiver(
+            executor.kv_cache_manager,
+            f"trtllm-{uuid.uuid4().hex[:12]}-rank{mapping.rank}",
+            parallel=mapping.describe(),
+            rank=mapping.rank,
+        )
+        executor.on_hold = hold_in_step(transceiver, mapping)
+    return RankEngine(config, model, dtype, device, tokenizer, max_seq_len, executor, transceiver)
+
+
+def join_ranks(engine: RankEngine, mapping: Mapping) -> None:
+    """What every rank does together once all are ready (``disaggregation/parallel.py``)."""
+    if engine.transceiver is not None and in_lockstep(mapping):
+        connect_ranks(engine.transceiver, mapping)
 
 
 def _free_port() -> int:
@@ -166,7 +187,8 @@ def _follower_main(args_json: str, mapping: Mapping, init_method: str, pipe) -> 
     pipe.send(("ready", None))
     reporter = ProgressReporter(engine.executor, mapping) if mapping.enable_attention_dp else None
     try:
-        follow(engine.executor, mapping, reporter)
+        join_ranks(engine, mapping)
+        follow(engine.executor, mapping, reporter, engine.transceiver)
     except Exception:
         logger.error("rank %d stopped:\n%s", mapping.rank, traceback.format_exc())
     finally:

@@ -13,6 +13,7 @@ NIXL. No prefill runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,9 +48,11 @@ def resume_from_context(
     params: DisaggregatedParams,
     executor: PyExecutor,
     transceiver: KvCacheTransceiver,
+    **pull_options,
 ) -> PromptKvPull:
     """Give ``request`` (made from ``params.prompt_token_ids``) the context server's first token
-    and drafts; returns the ``load_kv`` to hand to ``PyExecutor.enqueue_generation_only``.
+    and drafts; returns the ``load_kv`` to hand to ``PyExecutor.enqueue_generation_only``
+    (``pull_options``: ``PromptKvPull``'s, for a server of several ranks).
     ``trust.UntrustedParamsError`` unless a context server of this deployment signed ``params``."""
     handle = check_resumable(params)
     trust.verify(params, transceiver.secret)
@@ -60,7 +63,7 @@ def resume_from_context(
         )
     request.output_token_ids = [params.first_token]
     request.py_draft_tokens = list(params.draft_tokens)
-    return PromptKvPull(executor, transceiver, handle)
+    return PromptKvPull(executor, transceiver, handle, **pull_options)
 
 
 def _check_tokens(params: DisaggregatedParams, executor: PyExecutor) -> None:
@@ -86,13 +89,34 @@ def _check_tokens(params: DisaggregatedParams, executor: PyExecutor) -> None:
 class PromptKvPull:
     """``load_kv(request) -> int`` of one generation-only request: allocates its prompt's slots,
     pulls the blocks not reused locally and returns the prompt tokens it did not compute (all of
-    them). On an error the executor frees whatever was allocated."""
+    them). On an error the executor frees whatever was allocated.
+
+    On a tensor-parallel server every rank pulls its heads, then the ranks ``agree`` (each
+    rank's error or None, gathered): one rank's failure fails the request on all of them, and
+    only the ``leader`` (rank 0) tells the context server it pulled or gave up."""
 
     executor: PyExecutor
     transceiver: KvCacheTransceiver
     handle: TransferHandle
+    agree: Callable[[str | None], list[str | None]] | None = None
+    leader: bool = True
 
     def __call__(self, request: LlmRequest) -> int:
+        if self.agree is None:
+            return self._load(request, confirm=True)
+        error, loaded = None, 0
+        try:
+            loaded = self._load(request, confirm=False)
+        except Exception as exc:  # the ranks must meet whatever happened
+            error = f"{type(exc).__name__}: {exc}"
+        failed = [f"rank {r}: {e}" for r, e in enumerate(self.agree(error)) if e is not None]
+        if failed:
+            raise ValueError(f"request {request.request_id}: KV pull failed on {'; '.join(failed)}")
+        if self.leader:
+            self.transceiver.confirm(self.handle)
+        return loaded
+
+    def _load(self, request: LlmRequest, confirm: bool) -> int:
         self.transceiver.check_peer(self.handle)  # before any slot is taken
         reused = self._allocate(request)
         tokens_per_block = self.executor.kv_cache_manager.tokens_per_block
@@ -102,13 +126,15 @@ class PromptKvPull:
             num_blocks=math.ceil(request.prompt_len / tokens_per_block),
             start_block=reused // tokens_per_block,
             timeout_s=self.executor.transfer_timeout_s,
+            confirm=confirm,
         )
         return request.prompt_len - reused
 
     def abandon(self) -> None:
         """This request will not pull (it was cancelled, refused or failed first): tell the
         context server, which frees its hold now rather than at its timeout."""
-        self.transceiver.release(self.handle)
+        if self.leader:
+            self.transceiver.release(self.handle)
 
     def _allocate(self, request: LlmRequest) -> int:
         """Slots for the whole prompt in every KV manager; returns the prompt tokens the target's

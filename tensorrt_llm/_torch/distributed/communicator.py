@@ -93,3 +93,8 @@ def gather_json(obj: object, world_size: int) -> list[object]:
     buffers = [torch.empty_like(buffer) for _ in range(world_size)]
     dist.all_gather(buffers, buffer, group=_control_group)
     return [json.loads(b[: int(s)].numpy().tobytes()) for b, s in zip(buffers, sizes)]
+
+
+def control_barrier() -> None:
+    """Wait until every rank reaches this point (control group)."""
+    dist.barrier(group=_control_group)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from tensorrt_llm._torch.disaggregation.parallel import generation_only_command
 from tensorrt_llm._torch.distributed.affinity import PrefixAffinity, choose_rank
 from tensorrt_llm._torch.distributed.communicator import gather_json
 from tensorrt_llm._torch.distributed.mapping import Mapping
@@ -96,15 +97,38 @@ class AttentionDpExecutor:
 
     # ---- what changes requests -----------------------------------------------------------------
     def enqueue_request(self, request: LlmRequest) -> None:
+        if request.context_only:
+            raise ValueError(
+                "context-only requests need a context server without enable_attention_dp "
+                "(tensor parallel or one rank): attention DP serves generation"
+            )
+        self._route(request, self.local.enqueue_request, submit_command)
+
+    def enqueue_generation_only(self, request: LlmRequest, load_kv) -> None:
+        """A request resumed from a context server, on the rank its prompt routes to: that rank
+        pulls every head of the prompt's KV from the context ranks."""
+        self._route(
+            request,
+            lambda r: self.local.enqueue_generation_only(r, load_kv),
+            lambda r, rank: generation_only_command(r, load_kv.handle, rank),
+        )
+
+    def _route(self, request: LlmRequest, here, command) -> None:
         prompt = request.prompt_token_ids
         rank = choose_rank(self.rank_loads(), self._affinity.rank_for(prompt), self._slack)
         if rank == 0:
-            self.local.enqueue_request(request)
+            here(request)
         else:
             self.local.check_request(request)  # every rank's cache has the same size
             self._remote[request.request_id] = _Remote(rank, request)
-            self._outbox.append(submit_command(request, rank))
+            self._outbox.append(command(request, rank))
         self._affinity.record(prompt, rank)
+
+    def release_transferred(self, request_ids=None, revoke=None) -> int:
+        return self.local.release_transferred(request_ids, revoke)
+
+    def hold_left_s(self, request_id: int) -> float:
+        return self.local.hold_left_s(request_id)
 
     def cancel_request(self, request_id: int) -> bool:
         remote = self._remote.pop(request_id, None)
@@ -113,12 +137,6 @@ class AttentionDpExecutor:
         remote.request.finish(FinishReason.CANCELLED)
         self._outbox.append(cancel_command(request_id, remote.rank))
         return True
-
-    def enqueue_generation_only(self, request: LlmRequest, load_kv) -> None:
-        raise ValueError(
-            "generation-only requests are not supported with enable_attention_dp yet: run one "
-            "generation server per GPU behind the router"
-        )
 
     def step(self) -> list[LlmRequest]:
         """One step on every rank; returns the requests (local and shadows) that finished."""
@@ -174,9 +192,11 @@ class ProgressReporter:
         # request id -> (the request, output tokens already reported)
         self._watched: dict[int, tuple[LlmRequest, int]] = {}
 
-    def before_step(self) -> None:
-        for request in self.executor.active:
-            self._watched.setdefault(request.request_id, (request, 0))
+    def before_step(self, started: list[LlmRequest]) -> None:
+        """Watch the requests rank 0's commands ``started`` here (a generation-only one already
+        has its first token, from the context server; one may have ended at once)."""
+        for request in [*started, *self.executor.active]:
+            self._watched.setdefault(request.request_id, (request, len(request.output_token_ids)))
 
     def after_step(self) -> None:
         updates = []

@@ -26,6 +26,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from tensorrt_llm._torch.disaggregation.parallel import (
+    generation_only_command,
+    release_command,
+    start_generation_only,
+)
+from tensorrt_llm._torch.disaggregation.params import TransferHandle
 from tensorrt_llm._torch.distributed.communicator import broadcast_bytes
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
@@ -33,6 +39,7 @@ from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
     from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 
 SHUTDOWN = {"kind": "shutdown"}
@@ -121,8 +128,14 @@ class TensorParallelLeader:
     def submitted(self, request: LlmRequest) -> None:
         self._outbox.append(submit_command(request, rank=-1))
 
+    def submitted_generation_only(self, request: LlmRequest, handle: TransferHandle) -> None:
+        self._outbox.append(generation_only_command(request, handle, rank=-1))
+
     def cancelled(self, request_id: int) -> None:
         self._outbox.append(cancel_command(request_id, rank=-1))
+
+    def released(self, request_ids: list[int]) -> None:
+        self._outbox.append(release_command(request_ids))
 
     def start_step(self) -> None:
         commands, self._outbox = self._outbox, []
@@ -133,18 +146,30 @@ class TensorParallelLeader:
             broadcast_commands([SHUTDOWN])
 
 
-def apply_commands(executor: PyExecutor, commands: list[dict], rank: int) -> bool:
-    """Apply rank 0's commands meant for ``rank`` (``rank: -1``: every rank); False at shutdown."""
+def apply_commands(
+    executor: PyExecutor,
+    commands: list[dict],
+    mapping: Mapping,
+    transceiver: KvCacheTransceiver | None = None,
+) -> list[LlmRequest] | None:
+    """Apply rank 0's commands meant for ``mapping.rank`` (``rank: -1``: every rank); returns the
+    requests they started here, None at shutdown."""
+    started = []
     for command in commands:
         if command["kind"] == "shutdown":
-            return False
-        if command["rank"] not in (-1, rank):
+            return None
+        if command["rank"] not in (-1, mapping.rank):
             continue
         if command["kind"] == "submit":
-            executor.enqueue_request(request_from_json(command["request"]))
+            started.append(request_from_json(command["request"]))
+            executor.enqueue_request(started[-1])
         elif command["kind"] == "cancel":
             executor.cancel_request(command["request_id"])
-    return True
+        elif command["kind"] == "generation_only":
+            started.append(start_generation_only(executor, transceiver, mapping, command))
+        elif command["kind"] == "release":  # rank 0 decided: pulled, or timed out there
+            executor.release_transferred(command["request_ids"], transceiver.revoke, expire=False)
+    return started
 
 
 def step_quietly(executor: PyExecutor) -> None:
@@ -161,17 +186,24 @@ def step_quietly(executor: PyExecutor) -> None:
 class StepReporter(Protocol):
     """What a follower tells rank 0 of each step (attention DP: ``ProgressReporter``)."""
 
-    def before_step(self) -> None: ...
+    def before_step(self, started: list[LlmRequest]) -> None: ...
 
     def after_step(self) -> None: ...
 
 
-def follow(executor: PyExecutor, mapping: Mapping, reporter: StepReporter | None = None) -> None:
+def follow(
+    executor: PyExecutor,
+    mapping: Mapping,
+    reporter: StepReporter | None = None,
+    transceiver: KvCacheTransceiver | None = None,
+) -> None:
     """A follower rank's loop: receive rank 0's commands, step, (under attention DP) report back;
     returns when rank 0 shuts down."""
-    while apply_commands(executor, broadcast_commands(None), mapping.rank):
+    while (
+        started := apply_commands(executor, broadcast_commands(None), mapping, transceiver)
+    ) is not None:
         if reporter is not None:
-            reporter.before_step()
+            reporter.before_step(started)
         step_quietly(executor)
         if reporter is not None:
             reporter.after_step()

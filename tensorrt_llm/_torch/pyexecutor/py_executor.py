@@ -52,7 +52,11 @@ class RankSync(Protocol):
 
     def submitted(self, request: LlmRequest) -> None: ...
 
+    def submitted_generation_only(self, request: LlmRequest, handle) -> None: ...
+
     def cancelled(self, request_id: int) -> None: ...
+
+    def released(self, request_ids: list[int]) -> None: ...
 
     def start_step(self) -> None: ...
 
@@ -84,9 +88,15 @@ class PyExecutor:
         self.transfer_timeout_s = DEFAULT_TRANSFER_TIMEOUT_S  # how long held KV waits for a pull
         self._admitted: set[int] = set()
         self.stats = ExecutorStats()
-        # Rank 0 under tensor parallelism: told of every submit and cancel, and called at the
-        # start of every step to send them to the other ranks (``distributed/ranks.py``).
+        # Rank 0 under tensor parallelism: told of every submit, cancel and release, and called
+        # at the start of every step to send them to the other ranks (``distributed/ranks.py``).
         self.rank_sync: RankSync | None = None
+        # Every rank under tensor parallelism: generation-only requests are admitted (and pull
+        # their KV) inside a step only, at the same point on every rank.
+        self.lockstep = False
+        # Called once per step with the context-only requests whose KV started waiting for a
+        # pull (``disaggregation/parallel.py``: ``hold_in_step``).
+        self.on_hold: Callable[[list[int]], None] | None = None
 
     @property
     def kv_cache_manager(self):
@@ -126,6 +136,8 @@ class PyExecutor:
                 del self.waiting_generation_only[i]
                 _abandon(load_kv)
                 req.finish(FinishReason.CANCELLED)
+                if self.rank_sync is not None:
+                    self.rank_sync.cancelled(request_id)
                 return True
         for req in self.active:
             if req.request_id == request_id:
@@ -137,17 +149,22 @@ class PyExecutor:
         return False
 
     def release_transferred(
-        self, request_ids: list[int] | None = None, revoke: Callable[[int], None] | None = None
+        self,
+        request_ids: list[int] | None = None,
+        revoke: Callable[[int], None] | None = None,
+        expire: bool = True,
     ) -> int:
-        """Free context-only requests that were pulled (``request_ids``) or waited past the
-        transfer timeout, calling ``revoke(request_id)`` before each one's slots are freed.
-        Returns how many were freed."""
+        """Free context-only requests that were pulled (``request_ids``) or (``expire``) waited
+        past the transfer timeout, calling ``revoke(request_id)`` before each one's slots are
+        freed. Returns how many were freed."""
         now, pulled = time.monotonic(), set(request_ids or ())
         done = [
             rid
             for rid, (_, deadline) in self.held_for_transfer.items()
-            if deadline < now or rid in pulled
+            if expire and deadline < now or rid in pulled
         ]
+        if done and self.rank_sync is not None:
+            self.rank_sync.released(done)
         for rid in done:
             req, _ = self.held_for_transfer.pop(rid)
             if revoke is not None:
@@ -179,16 +196,15 @@ class PyExecutor:
         is loaded calls ``load_kv.abandon()`` when ``load_kv`` has one (so the context server can
         free what it holds for the load now, not at its timeout)."""
         try:
-            if self.rank_sync is not None:
-                raise ValueError(
-                    "generation-only requests need a single-rank generation server "
-                    "(tensor_parallel_size=1, or enable_attention_dp)"
-                )
             self.check_request(request)  # it joins ``active`` once admitted
         except ValueError:
             _abandon(load_kv)
             raise
         self.waiting_generation_only.append((request, load_kv))
+        if self.rank_sync is not None:
+            self.rank_sync.submitted_generation_only(request, load_kv.handle)
+        if self.lockstep:
+            return  # admitted in the next step, on every rank
         self._admit_generation_only()
         if request.finish_reason is FinishReason.ERROR:
             raise ValueError(str(request.stop_reason))
@@ -249,6 +265,9 @@ class PyExecutor:
         finished = [r for r in batch.all_requests if r.is_finished]
         for req in finished:
             self._release(req)
+        held = [r.request_id for r in finished if r.finish_reason is FinishReason.CONTEXT_DONE]
+        if held and self.on_hold is not None:
+            self.on_hold(held)
         return finished
 
     def end_all(self, reason: FinishReason) -> None:

@@ -69,6 +69,7 @@ def test_a_hold_is_revoked_before_its_slots_are_freed():
     held = {4: ("req4", time.monotonic() + 60), 5: ("req5", time.monotonic() - 1)}
     executor = SimpleNamespace(
         held_for_transfer=held,
+        rank_sync=None,
         resource_manager=SimpleNamespace(free_resources=lambda r: events.append(("free", r))),
     )
     assert PyExecutor.release_transferred(executor, [4], lambda r: events.append(("revoke", r)))

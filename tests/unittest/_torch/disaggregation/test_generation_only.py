@@ -32,15 +32,22 @@ class RecordingTransceiver:
     secret = SECRET
 
     def __init__(self, refuse: bool = False) -> None:
-        self.refuse, self.pulls = refuse, []
+        self.refuse, self.pulls, self.told = refuse, [], []
 
     def check_peer(self, handle) -> None:
         if self.refuse:
             raise ValueError(f"incompatible KV cache layout on peer {handle.agent_name!r}")
 
-    def pull(self, request_id, handle, num_blocks, start_block=0, timeout_s=None) -> int:
+    def pull(self, request_id, handle, num_blocks, start_block=0, timeout_s=None, confirm=True):
         self.pulls.append((request_id, handle.request_id, start_block, num_blocks, timeout_s))
+        self.told += ["pulled"] if confirm else []
         return 0
+
+    def confirm(self, handle) -> None:
+        self.told.append("pulled")
+
+    def release(self, handle) -> None:
+        self.told.append("released")
 
 
 def executor():
@@ -130,3 +137,23 @@ def test_the_config_and_the_pull_share_one_transfer_timeout_default():
     assert CacheTransceiverConfig().transfer_timeout_s == DEFAULT_TRANSFER_TIMEOUT_S
     pull = inspect.signature(KvCacheTransceiver.pull).parameters["timeout_s"]
     assert pull.default == DEFAULT_TRANSFER_TIMEOUT_S
+
+
+def test_tensor_parallel_ranks_agree_on_a_pull_and_only_rank_0_tells_the_context_server():
+    # every rank pulls its heads; one rank's failure fails the request on all of them
+    def ranks(other_error):
+        return lambda mine: [mine, other_error]
+
+    ex, leader = executor(), RecordingTransceiver()
+    request = LlmRequest(request_id=0, prompt_token_ids=PROMPT, max_new_tokens=8)
+    assert PromptKvPull(ex, leader, handle(), agree=ranks(None))(request) == 300
+    assert leader.told == ["pulled"]  # once every rank has its part
+    ex.kv_cache_manager.free_sequence(0)
+    follower = RecordingTransceiver()
+    pull = PromptKvPull(
+        ex, follower, handle(), agree=ranks("StaleTransferError: late"), leader=False
+    )
+    with pytest.raises(ValueError, match="request 1: KV pull failed on rank 1: StaleTransferError"):
+        pull(LlmRequest(request_id=1, prompt_token_ids=PROMPT, max_new_tokens=8))
+    pull.abandon()
+    assert follower.told == []  # rank 0 releases the hold, not the followers

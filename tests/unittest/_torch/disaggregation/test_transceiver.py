@@ -180,7 +180,8 @@ def test_an_incompatible_peer_is_refused_with_the_difference():
     gen.resize_sequence(0, len(PROMPT))
     receiver = KvCacheTransceiver(gen, "gen-mismatch")
     with pytest.raises(
-        ValueError, match="incompatible KV cache layout on peer 'ctx-mismatch': pool 0 layer 2 key: 4 heads"
+        ValueError,
+        match="incompatible KV cache layout on peer 'ctx-mismatch': pool 0 layer 2 key: 4 heads",
     ):
         receiver.pull(0, KvCacheTransceiver(ctx, "ctx-mismatch").export(0, 30.0), num_blocks=3)
 

@@ -110,10 +110,10 @@ def test_a_follower_reports_a_request_that_a_failed_step_ended(monkeypatch):
     request = LlmRequest(3, [1, 2], 4, SamplingParams(max_tokens=4))
     executor = SimpleNamespace(active=[request], stats=ExecutorStats())
     reporter = data_parallel.ProgressReporter(executor, Mapping(2, 2, 1, True))
-    reporter.before_step()
+    reporter.before_step([])
     request.output_token_ids.append(7)  # the step made a token
     reporter.after_step()
-    reporter.before_step()
+    reporter.before_step([])
     request.finish(FinishReason.ERROR)  # the next step failed: the executor ended and dropped it
     executor.active = []
     reporter.after_step()
