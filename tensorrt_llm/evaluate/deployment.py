@@ -178,14 +178,16 @@ def disaggregated_deployment(
     device: str = "cpu",
     log_dir: Path | None = None,
     gpus: tuple[str | None, str | None] = (None, None),
+    layouts: tuple[dict, dict] = ({}, {}),
 ) -> Iterator[dict]:
-    """Start a context server and a generation server (``options`` plus a NIXL transceiver; on
-    the GPUs ``gpus[0]`` and ``gpus[1]`` when given) and a router; yields their URLs
+    """Start a context server and a generation server (``options`` plus a NIXL transceiver, plus
+    ``layouts[0]`` and ``layouts[1]``, e.g. ``{"tensor_parallel_size": 2}``; on the GPUs
+    ``gpus[0]`` and ``gpus[1]`` when given, e.g. "0,1") and a router; yields their URLs
     ``{"router", "ctx", "gen"}`` and stops them all on exit."""
     with running(log_dir) as deployment:
         deployment.reserve("ctx", "gen", "router")
-        for name, on in zip(("ctx", "gen"), gpus, strict=True):
-            deployment.server(name, disaggregation_options(options), device, on)
+        for name, on, layout in zip(("ctx", "gen"), gpus, layouts, strict=True):
+            deployment.server(name, disaggregation_options({**options, **layout}), device, on)
         deployment.router("router", ["ctx"], ["gen"])
         deployment.wait_healthy("ctx", "gen", "router")
         yield deployment.urls

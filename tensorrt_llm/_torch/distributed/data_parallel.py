@@ -66,6 +66,11 @@ class AttentionDpExecutor:
         return self.local.resource_manager
 
     @property
+    def spec_worker(self):
+        """Rank 0's Eagle3 worker (every rank's resolves the same draft KV mode)."""
+        return self.local.spec_worker
+
+    @property
     def held_for_transfer(self) -> dict:
         return self.local.held_for_transfer
 

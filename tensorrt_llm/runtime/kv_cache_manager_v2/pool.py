@@ -34,9 +34,11 @@ def allocate_pools(
 
 
 def _typed(pool: torch.Tensor, buf: BufferPlacement) -> tuple[torch.Tensor, int, int]:
-    """The pool as ``buf``'s dtype, the slot stride and the buffer offset, both in elements."""
+    """The pool as ``buf``'s dtype, the slot stride and the buffer's storage offset, both in
+    elements (``pool`` may itself be a slice of a larger tensor: ``as_strided`` counts from the
+    start of the storage)."""
     typed = pool.view(torch_dtype(buf.dtype))  # [num_slots, slot_bytes // itemsize]
-    return typed, typed.stride(0), buf.offset // buf.itemsize
+    return typed, typed.stride(0), typed.storage_offset() + buf.offset // buf.itemsize
 
 
 def buffer_view(pool: torch.Tensor, slot: SlotLayout, buf: BufferPlacement) -> torch.Tensor:

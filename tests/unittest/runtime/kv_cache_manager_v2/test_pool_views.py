@@ -89,3 +89,17 @@ def test_views_alias_the_pool_with_slot_stride():
     assert (
         int((pool != 0).sum()) == 5 * 512
     )  # K and V of the draft layer in every slot, nothing else
+
+
+def test_views_of_a_slice_of_slots_start_at_the_slice():
+    # a staging area cut into parts (one per source rank of a transfer): a view of a part must
+    # read that part, not the start of the storage
+    layout, pool = setup()
+    pool.copy_(torch.arange(pool.numel(), dtype=torch.int64).remainder(251).view(pool.shape))
+    _, key = layout.placement(2, "key")
+    part, slot = pool[2:4], layout.pools[0]
+    for view in (buffer_view, kv_view):
+        # bit patterns (some are NaNs as fp16)
+        assert torch.equal(
+            view(part, slot, key).view(torch.int16), view(pool, slot, key)[2:4].view(torch.int16)
+        )
