@@ -2,10 +2,13 @@
 DRAM): a tensor-parallel context server feeds a generation server of another layout (one rank,
 attention DP, tensor parallel), and a one-rank context server feeds a tensor-parallel one. Heads
 are regrouped between the layouts; the replies equal an aggregated one-rank server's, the
-generation side computes no prompt token, and no slot stays held on either side."""
+generation side computes no prompt token, and no slot stays held on either side, also after a
+burst of requests with hang-ups through a cache too small to leak in (every rank stays in step)."""
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from tensorrt_llm.bundled import BUNDLED_DRAFT
@@ -56,9 +59,49 @@ def test_kv_crosses_between_parallel_layouts(layouts, expected, tmp_path):
         gen, ctx = urls["gen"], urls["ctx"]
         assert metric(gen, "trtllm_context_tokens_computed_total") == 0  # no prefill there
         assert metric(gen, "trtllm_transferred_tokens_total") > 0
-        deadline = time.time() + 10
-        while time.time() < deadline and metric(ctx, "trtllm_held_for_transfer"):
-            time.sleep(0.2)  # released once pulled (on every context rank)
-        for url in (ctx, gen):
-            assert metric(url, "trtllm_held_for_transfer") == 0
-            assert metric(url, 'trtllm_kv_cache_slots{state="used"}') == 0
+        assert_nothing_held(ctx, gen)
+
+
+def assert_nothing_held(ctx: str, gen: str) -> None:
+    deadline = time.time() + 30
+    while time.time() < deadline and metric(ctx, "trtllm_held_for_transfer"):
+        time.sleep(0.2)  # released once pulled (on every context rank)
+    for url in (ctx, gen):
+        assert metric(url, "trtllm_held_for_transfer") == 0
+        assert metric(url, 'trtllm_kv_cache_slots{state="used"}') == 0
+
+
+def burst(router: str, count: int) -> list[str]:
+    """``count`` requests, 8 at a time; every third hangs up after its first event."""
+
+    def one(i: int) -> str:
+        body = {
+            "messages": [{"role": "user", "content": f"{QUESTIONS[i % 3]} ({i})"}],
+            "max_tokens": 64,
+            "stream": i % 3 == 0,
+            "ignore_eos": True,
+        }
+        if i % 3:
+            reply = httpx.post(router + "/v1/chat/completions", json=body, timeout=300)
+            reply.raise_for_status()
+            return "answered"
+        with httpx.stream("POST", router + "/v1/chat/completions", json=body, timeout=300) as r:
+            for _ in r.iter_lines():
+                break
+        return "hung up"
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, range(count)))
+
+
+@pytest.mark.parametrize("layouts", [(TP2, TP2), (TP2, ADP2)], ids=["tp2-to-tp2", "tp2-to-adp2"])
+def test_a_burst_with_hang_ups_leaves_every_rank_in_step(layouts, expected, tmp_path):
+    # 16 slots of 128 tokens per rank: a hold or a pull left behind on any rank would soon starve
+    # that rank, and its allocations (so its steps) would part from rank 0's
+    small = {**OPTIONS, "kv_cache_config": {"max_tokens": 2048}}
+    with disaggregated_deployment(small, "cpu", tmp_path, layouts=layouts) as urls:
+        assert sorted(set(burst(urls["router"], 36))) == ["answered", "hung up"]
+        assert_nothing_held(urls["ctx"], urls["gen"])
+        replies = chat_many(urls["router"], CONVERSATIONS, max_tokens=48)
+        assert [r["text"] for r in replies] == [r["text"] for r in expected]
+        assert_nothing_held(urls["ctx"], urls["gen"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tensorrt_llm.evaluate.deployment import running
+from tensorrt_llm.evaluate.deployment import metric, running
 
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "Ann has 58 cups. Ann gets 67 more cups. How many now?"}]
@@ -59,6 +59,7 @@ def test_tp2_and_adp2_servers_answer_as_one_rank(tmp_path):
             assert chat(url) == expected, name  # the ranks are still in step
             report = httpx.get(url + "/kv_cache", timeout=30).json()
             assert report["active_requests"] == 0, (name, report)
+            assert metric(url, "trtllm_generation_tokens_total") > 0, name  # /metrics answers
         procs = dict(servers.procs)
     for name in ("tp2", "adp2"):
         assert procs[name].returncode == 0, servers.log(name)[-2000:]
