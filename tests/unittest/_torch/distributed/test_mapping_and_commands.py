@@ -124,3 +124,14 @@ def test_a_follower_reports_a_request_that_a_failed_step_ended(monkeypatch):
             data_parallel.apply_update(shadow, update)
     assert [len(r["requests"]) for r in sent] == [1, 1, 0]
     assert shadow.output_token_ids == [7] and shadow.finish_reason is FinishReason.ERROR
+
+
+def test_attention_dp_refuses_context_only_requests_with_a_clear_error():
+    local = SimpleNamespace(
+        kv_cache_manager=SimpleNamespace(tokens_per_block=128),
+        scheduler=SimpleNamespace(max_batch_size=4),
+    )
+    executor = data_parallel.AttentionDpExecutor(local, Mapping(2, 2, 0, True), lambda: None)
+    request = LlmRequest(3, [1, 2], 4, SamplingParams(max_tokens=4), context_only=True)
+    with pytest.raises(ValueError, match="context-only requests need a context server without"):
+        executor.enqueue_request(request)
