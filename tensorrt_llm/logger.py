@@ -24,6 +24,9 @@ _LEVELS = {
 }
 
 
+_FORMAT = "[TRT-LLM]{rank} [%(levelname)s] %(message)s"
+
+
 class Logger:
     """A thin wrapper over :mod:`logging` with TensorRT-LLM's level names and once-only helpers."""
 
@@ -32,10 +35,17 @@ class Logger:
         self._logger.propagate = True
         if not self._logger.handlers:
             handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("[TRT-LLM] [%(levelname)s] %(message)s"))
+            handler.setFormatter(logging.Formatter(_FORMAT.format(rank="")))
             self._logger.addHandler(handler)
         self._seen: set[str] = set()
         self.set_level(envs.TRTLLM_LOG_LEVEL.get())
+
+    def set_rank(self, rank: int | None) -> None:
+        """Name this process's rank in every line (a model of several ranks, one process each);
+        None: no rank."""
+        label = "" if rank is None else f" [RANK {rank}]"
+        for handler in self._logger.handlers:
+            handler.setFormatter(logging.Formatter(_FORMAT.format(rank=label)))
 
     def set_level(self, level: str) -> None:
         key = level.lower()

@@ -68,6 +68,7 @@ class LLM:
         args = self.args
         self._followers: Followers | None = None
         if self.mapping.world_size > 1:  # ranks 1..N-1 in child processes; this one is rank 0
+            logger.set_rank(0)
             self._followers = Followers(args, self.mapping)
         try:
             if self._followers is not None:
@@ -267,6 +268,7 @@ class LLM:
             shutdown_distributed()  # with the followers: NCCL's teardown waits for every rank
             self._followers.stop()
             self._followers = None
+            logger.set_rank(None)
 
     def __enter__(self) -> LLM:
         return self

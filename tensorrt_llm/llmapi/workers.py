@@ -173,6 +173,7 @@ class Followers:
 
 def _follower_main(args_json: str, mapping: Mapping, init_method: str, pipe) -> None:
     """A follower rank's process: join, build, report ready, follow rank 0 until it shuts down."""
+    logger.set_rank(mapping.rank)
     try:
         args = TorchLlmArgs.model_validate_json(args_json)
         device = rank_device(args.device, mapping)

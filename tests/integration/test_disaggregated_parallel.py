@@ -60,6 +60,18 @@ def test_kv_crosses_between_parallel_layouts(layouts, expected, tmp_path):
         assert metric(gen, "trtllm_context_tokens_computed_total") == 0  # no prefill there
         assert metric(gen, "trtllm_transferred_tokens_total") > 0
         assert_nothing_held(ctx, gen)
+    for name, layout in zip(("ctx", "gen"), layouts):
+        assert_unified_on_every_rank((tmp_path / f"{name}.log").read_text(), layout)
+
+
+def assert_unified_on_every_rank(log: str, layout: dict) -> None:
+    """Every rank's process logged its unified draft KV layout (``[RANK r]`` once several)."""
+    ranks = layout.get("tensor_parallel_size", 1)
+    lines = [line for line in log.splitlines() if "[unified-kv] draft layers" in line]
+    if ranks == 1:
+        assert lines and all("[RANK" not in line for line in lines)
+    for rank in range(ranks if ranks > 1 else 0):
+        assert any(f"[RANK {rank}] [INFO] [unified-kv]" in line for line in lines), rank
 
 
 def assert_nothing_held(ctx: str, gen: str) -> None:

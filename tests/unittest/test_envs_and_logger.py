@@ -31,3 +31,13 @@ def test_info_once_logs_a_key_once(caplog):
     assert [r.getMessage() for r in caplog.records] == ["[unified-kv] hello"]
     with pytest.raises(ValueError, match="unknown log level 'loud'"):
         log.set_level("loud")
+
+
+def test_a_rank_is_named_in_every_line_while_set():
+    log = Logger("tensorrt_llm.test_rank")
+    (handler,) = log._logger.handlers
+    record = logging.LogRecord("x", logging.INFO, "", 0, "[unified-kv] hi", None, None)
+    log.set_rank(1)
+    assert handler.format(record) == "[TRT-LLM] [RANK 1] [INFO] [unified-kv] hi"
+    log.set_rank(None)
+    assert handler.format(record) == "[TRT-LLM] [INFO] [unified-kv] hi"
