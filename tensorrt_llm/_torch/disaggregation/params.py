@@ -109,6 +109,7 @@ class SourceRank(_Message):
     agent_name: str  # the rank's NIXL agent
     agent_metadata: str  # base64 of the agent's NIXL metadata bytes
     pool_addresses: list[NonNegativeInt]  # base address of each pool, in pool order
+    device_id: NonNegativeInt = 0  # the pools' CUDA device on the rank (its cuda:<rank>)
     ticket_address: NonNegativeInt  # where the rank keeps this hold's ticket (8 bytes)
     ticket: int = Field(gt=0, lt=2**63)
 
@@ -138,6 +139,7 @@ class TransferHandle(_Message):
     fingerprint: LayoutFingerprint
     slots: list[NonNegativeInt]  # the context server's slot id per logical block of the prompt
     pool_addresses: list[NonNegativeInt]  # base address of each pool, in pool order
+    device_id: NonNegativeInt = 0  # the pools' CUDA device on the context server's rank 0
     ticket_address: NonNegativeInt  # where the context server keeps this hold's ticket (8 bytes)
     ticket: int = Field(gt=0, lt=2**63)
     # a context server of several tensor-parallel ranks: ranks 1.. (the fields above are rank 0's)
@@ -169,6 +171,7 @@ class TransferHandle(_Message):
             agent_name=self.agent_name,
             agent_metadata=self.agent_metadata,
             pool_addresses=self.pool_addresses,
+            device_id=self.device_id,
             ticket_address=self.ticket_address,
             ticket=self.ticket,
         )

@@ -162,6 +162,7 @@ class KvCacheTransceiver:
             "agent_name": self.name,
             "agent_metadata": base64.b64encode(self.agent.get_agent_metadata()).decode(),
             "pool_addresses": [pool.data_ptr() for pool in self.manager.pools],
+            "device_id": self.device_id,
             "ticket_base": self._tickets.data_ptr(),
         }
 
@@ -209,6 +210,7 @@ class KvCacheTransceiver:
                 agent_name=e["agent_name"],
                 agent_metadata=e["agent_metadata"],
                 pool_addresses=e["pool_addresses"],
+                device_id=e["device_id"],
                 ticket_address=e["ticket_base"] + index * self._tickets.element_size(),
                 ticket=self._ticket(rank, serial),
             )
@@ -314,7 +316,7 @@ class KvCacheTransceiver:
         for pool, remote_base in zip(self.manager.pools, source.pool_addresses, strict=True):
             size = pool.shape[1]
             local += self._descs(pool.data_ptr(), local_slots, size, self.device_id)
-            remote += self._descs(remote_base, remote_slots, size, self.device_id)
+            remote += self._descs(remote_base, remote_slots, size, source.device_id)
         self._read(local, remote, self.mem_type, self._connect(source), b"", what, timeout_s)
         return sum(size for _, size, _ in local)
 
@@ -335,7 +337,7 @@ class KvCacheTransceiver:
                     size = layout.slot_bytes
                     view = staging[offset : offset + len(theirs) * size].view(len(theirs), size)
                     local += self._descs(view.data_ptr(), range(len(theirs)), size, self.device_id)
-                    remote += self._descs(remote_base, theirs, size, self.device_id)
+                    remote += self._descs(remote_base, theirs, size, source.device_id)
                     views.append(view)
                     offset += len(theirs) * size
                 peer = self._connect(source)
@@ -412,13 +414,19 @@ class KvCacheTransceiver:
                 )
 
     def _read(self, local, remote, mem_type, peer, notice, what, timeout_s) -> None:
-        xfer = self.agent.initialize_xfer(
-            "READ",
-            self.agent.get_xfer_descs(local, mem_type),
-            self.agent.get_xfer_descs(remote, mem_type),
-            peer,
-            notice,
-        )
+        try:
+            xfer = self.agent.initialize_xfer(
+                "READ",
+                self.agent.get_xfer_descs(local, mem_type),
+                self.agent.get_xfer_descs(remote, mem_type),
+                peer,
+                notice,
+            )
+        except Exception as exc:  # NIXL's own error types name only a status code
+            raise RuntimeError(
+                f"{what}: NIXL could not set up the READ from {peer!r} ({type(exc).__name__}: "
+                f"{exc}); the peer's memory is not registered as this side describes it"
+            ) from exc
         try:
             self._wait(xfer, what, timeout_s)
         finally:

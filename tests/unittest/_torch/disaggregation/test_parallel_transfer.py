@@ -43,6 +43,8 @@ def manager(
     (from a free list rotated by ``shift``: the ranks of one server allocate the same slots, the
     two servers different ones)."""
     mapping = Mapping(tp_size, tp_size, rank, attention_dp)
+    if device == "cuda":  # rank r on cuda:r, as a server places them, when there are GPUs enough
+        device = f"cuda:{rank % torch.cuda.device_count()}"
     config = PyExecutorConfig(
         max_batch_size=2,
         max_num_tokens=512,
