@@ -2,7 +2,7 @@
 at TP2 (two context ranks, each with its own agent, pools and tickets) and at TP1 / attention DP /
 TP2 on the generation side. Each generation rank must end up with exactly its heads (index-K from
 the context), whether its slots cross whole or through staging; a revoked ticket on any context
-rank voids the pull. On the CPU (DRAM) in CI, and on a GPU (VRAM) where there is one."""
+rank voids the pull. On the CPU (DRAM) in CI, and on GPUs (VRAM, rank r on cuda:r) where there are."""
 
 import time
 
