@@ -17,7 +17,11 @@ Also checks the layouts decode alike, on 64 greedy tokens after each of a few ra
   layout's next greedy token (a prefill) against TP1's token k (a decode). TP1 against itself is
   the floor set by prefill and decode summing in different orders;
 - layout agreement: the same teacher-forced prefills, TP2's next tokens against TP1's: the
-  layouts compared on the same path, and the relative RMS difference of their logits.
+  layouts compared on the same path, and the relative RMS difference of their logits;
+- decisive agreement: the layout agreement over the positions where TP1's top token leads its
+  runner-up by more than four times the RMS difference of the two layouts' logits (so no
+  rounding difference of that size could flip it), and the share of positions that are decisive.
+  A wrong shard fails here; a flipped near-tie does not count.
 
     python benchmarks/bench_multi_gpu.py [--tp 1,2] [--batches 1,16,64] [--modes target,unified]
     python benchmarks/bench_multi_gpu.py --device cpu --scale tiny --batches 1,2 --new-tokens 4
@@ -131,11 +135,17 @@ def agreement(base: Decodes, other: Decodes) -> dict[str, float]:
     """``other`` against TP1's ``base`` (see the module docstring)."""
     reference = [t for tokens in base.tokens for t in tokens]
     diff = other.forced_logits - base.forced_logits
+    top = base.forced_logits.topk(2, dim=-1).values
+    decisive = (top[:, 0] - top[:, 1] > 4 * diff.pow(2).mean().sqrt()).tolist()
+    pairs = zip(other.forced_tokens, base.forced_tokens, decisive, strict=True)
+    kept = [(a, b) for a, b, d in pairs if d]
     return {
         "free_running": share_equal([t for ts in other.tokens for t in ts], reference),
         "teacher_forced": share_equal(other.forced_tokens, reference),
         "layout": share_equal(other.forced_tokens, base.forced_tokens),
         "logits_relative_rms": float(diff.norm() / base.forced_logits.norm()),
+        "decisive": share_equal(*zip(*kept)) if kept else 1.0,
+        "decisive_share": len(kept) / len(decisive),
     }
 
 
@@ -196,7 +206,8 @@ def report(cells, agreements, s: Settings, args) -> dict:
             f"TP{tp} vs TP{base}, {AGREEMENT_TOKENS} greedy tokens after {args.agreement_prompts} "
             f"prompts: free-running {a['free_running']:.4f}, teacher-forced "
             f"{a['teacher_forced']:.4f}, layout {a['layout']:.4f} (logits relative RMS "
-            f"{a['logits_relative_rms']:.2e})"
+            f"{a['logits_relative_rms']:.2e}), decisive {a['decisive']:.4f} on "
+            f"{a['decisive_share']:.1%} of positions"
         )
     for line in lines:
         print(line)

@@ -91,7 +91,7 @@ def exported(ranks) -> TransferHandle:
 
 
 def heads_of(kv, buf, rank_slots):
-    return buffer_view(kv.pools[0], kv.layout.pools[0], buf)[rank_slots]
+    return buffer_view(kv.pools[0], kv.layout.pools[0], buf)[rank_slots].cpu()  # ranks' devices
 
 
 def assert_holds_its_heads(gen, gen_rank: int, gen_ranks: int, ctx) -> None:

@@ -71,8 +71,9 @@ def test_adp2_serves_gsm8k_tiny_with_the_al_of_one_gpu(one_gpu):
 def test_tp2_agrees_with_tp1_on_the_benchmark_model():
     """bf16 at 0.5B with random weights is not bit-exact, and its nearly flat logits turn bf16
     rounding into flipped near-ties: TP1 against itself (prefill against decode) agrees on about
-    96% of teacher-forced tokens. The gate: TP2 is within 3 points of that floor, and its logits
-    within 5% (relative RMS) of TP1's; a wrong shard gives about 0% and 100%."""
+    96% of teacher-forced tokens. The gates: TP2 is within 3 points of that floor, its logits
+    within 5% (relative RMS) of TP1's, and it picks TP1's token on 99% of the positions where no
+    rounding difference of that size could flip it; a wrong shard gives about 0%, 100%, 0%."""
     sys.path.insert(0, str(BENCHMARKS))
     import bench_multi_gpu
 
@@ -80,3 +81,4 @@ def test_tp2_agrees_with_tp1_on_the_benchmark_model():
     tp1, tp2 = record["agreement"]["tp1"], record["agreement"]["tp2"]
     assert tp2["teacher_forced"] >= tp1["teacher_forced"] - 0.03, record["summary"]
     assert tp2["logits_relative_rms"] <= 0.05, record["summary"]
+    assert tp2["decisive"] >= 0.99 and tp2["decisive_share"] >= 0.5, record["summary"]
