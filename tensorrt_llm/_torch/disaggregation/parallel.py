@@ -10,6 +10,7 @@
 - A generation-only request runs on every tensor-parallel rank (each pulls its heads) or on one
   attention-DP rank. Tensor-parallel ranks admit it inside a step only, pull, then agree: if one
   rank's pull failed, the request fails on every rank, and only rank 0 talks to the context server.
+  (The commands that carry releases and generation-only requests are ``distributed/ranks.py``'s.)
 """
 
 from __future__ import annotations
@@ -18,15 +19,11 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
-from tensorrt_llm._torch.disaggregation.params import TransferHandle
 from tensorrt_llm._torch.distributed.communicator import control_barrier, gather_json
 from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
-    from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 
 
 def in_lockstep(mapping: Mapping) -> bool:
@@ -62,41 +59,3 @@ def pull_options(mapping: Mapping) -> dict:
         "agree": lambda error: gather_json(error, mapping.world_size),
         "leader": mapping.rank == 0,
     }
-
-
-def generation_only_command(request: LlmRequest, handle: TransferHandle, rank: int) -> dict:
-    """What another rank needs to start ``request`` (resumed from a context server) there."""
-    from tensorrt_llm._torch.distributed.ranks import submit_command
-
-    command = submit_command(request, rank)
-    command.update(
-        kind="generation_only",
-        output_token_ids=list(request.output_token_ids),
-        draft_tokens=list(request.py_draft_tokens),
-        handle=handle.model_dump(mode="json"),
-    )
-    return command
-
-
-def start_generation_only(
-    executor: PyExecutor, transceiver: KvCacheTransceiver, mapping: Mapping, command: dict
-) -> LlmRequest:
-    """A follower's side of ``generation_only_command`` (rank 0 checked the request and its
-    signature). A request that cannot start ends with ``FinishReason.ERROR``."""
-    from tensorrt_llm._torch.distributed.ranks import request_from_json
-
-    request = request_from_json(command["request"])
-    request.output_token_ids = list(command["output_token_ids"])
-    request.py_draft_tokens = list(command["draft_tokens"])
-    try:
-        handle = TransferHandle.model_validate(command["handle"])
-        load_kv = PromptKvPull(executor, transceiver, handle, **pull_options(mapping))
-        executor.enqueue_generation_only(request, load_kv)
-    except ValueError as exc:
-        if not request.is_finished:
-            request.finish(FinishReason.ERROR, str(exc))
-    return request
-
-
-def release_command(request_ids: list[int]) -> dict:
-    return {"kind": "release", "rank": -1, "request_ids": list(request_ids)}

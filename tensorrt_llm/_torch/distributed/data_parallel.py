@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 import torch
 
-from tensorrt_llm._torch.disaggregation.parallel import generation_only_command
 from tensorrt_llm._torch.distributed.affinity import PrefixAffinity, choose_rank
 from tensorrt_llm._torch.distributed.communicator import gather_json
 from tensorrt_llm._torch.distributed.mapping import Mapping
@@ -30,6 +29,7 @@ from tensorrt_llm._torch.distributed.ranks import (
     SHUTDOWN,
     broadcast_commands,
     cancel_command,
+    generation_only_command,
     send_step_commands,
     submit_command,
 )

@@ -26,15 +26,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from tensorrt_llm._torch.disaggregation.parallel import (
-    generation_only_command,
-    release_command,
-    start_generation_only,
-)
+from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
+from tensorrt_llm._torch.disaggregation.parallel import pull_options
 from tensorrt_llm._torch.disaggregation.params import TransferHandle
 from tensorrt_llm._torch.distributed.communicator import broadcast_bytes
 from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
 
@@ -102,6 +99,40 @@ def submit_command(request: LlmRequest, rank: int) -> dict:
 
 def cancel_command(request_id: int, rank: int) -> dict:
     return {"kind": "cancel", "rank": rank, "request_id": request_id}
+
+
+def generation_only_command(request: LlmRequest, handle: TransferHandle, rank: int) -> dict:
+    """What another rank needs to start ``request`` (resumed from a context server) there."""
+    command = submit_command(request, rank)
+    command.update(
+        kind="generation_only",
+        output_token_ids=list(request.output_token_ids),
+        draft_tokens=list(request.py_draft_tokens),
+        handle=handle.model_dump(mode="json"),
+    )
+    return command
+
+
+def start_generation_only(
+    executor: PyExecutor, transceiver: KvCacheTransceiver, mapping: Mapping, command: dict
+) -> LlmRequest:
+    """A follower's side of ``generation_only_command`` (rank 0 checked the request and its
+    signature). A request that cannot start ends with ``FinishReason.ERROR``."""
+    request = request_from_json(command["request"])
+    request.output_token_ids = list(command["output_token_ids"])
+    request.py_draft_tokens = list(command["draft_tokens"])
+    try:
+        handle = TransferHandle.model_validate(command["handle"])
+        load_kv = PromptKvPull(executor, transceiver, handle, **pull_options(mapping))
+        executor.enqueue_generation_only(request, load_kv)
+    except ValueError as exc:
+        if not request.is_finished:
+            request.finish(FinishReason.ERROR, str(exc))
+    return request
+
+
+def release_command(request_ids: list[int]) -> dict:
+    return {"kind": "release", "rank": -1, "request_ids": list(request_ids)}
 
 
 def send_step_commands(commands: list[dict], lost: Callable[[], str | None]) -> None:

@@ -14,7 +14,7 @@ from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest,
 from tensorrt_llm._torch.pyexecutor.logits_processing import process_logits
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
-from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler
+from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler, token_logprobs
 from tensorrt_llm._torch.pyexecutor.scheduler import (
     GuaranteedNoEvictScheduler,
     ScheduledRequests,
@@ -348,7 +348,7 @@ class PyExecutor:
             decoding = req.state is LlmRequestState.GENERATION_IN_PROGRESS
             req.state = LlmRequestState.GENERATION_IN_PROGRESS
             emitted, top = 0, req.sampling_params.logprobs
-            logprobs = _logprobs(rows[: len(tokens)], tokens, top) if top is not None else None
+            logprobs = token_logprobs(rows[: len(tokens)], tokens, top) if top is not None else None
             for j, token in enumerate(tokens):
                 if req.sampling_params.return_generation_logits:
                     req.py_generation_logits.append(rows[j].cpu())
@@ -398,17 +398,3 @@ def _abandon(load_kv: Callable[[LlmRequest], int]) -> None:
     abandon = getattr(load_kv, "abandon", None)  # PromptKvPull has one; a plain function not
     if abandon is not None:
         abandon()
-
-
-def _logprobs(
-    rows: torch.Tensor, tokens: list[int], top: int
-) -> list[tuple[float, list[tuple[int, float]]]]:
-    """Per token, its log-probability under its row of logits and the ``top`` most likely (tokens,
-    log-probabilities): one softmax and one copy to the host for the request's step."""
-    logprobs = torch.log_softmax(rows.float(), dim=-1)
-    chosen = logprobs.gather(1, torch.tensor(tokens, device=rows.device)[:, None])[:, 0].tolist()
-    values, ids = torch.topk(logprobs, top, dim=-1)
-    return [
-        (lp, list(zip(i, v, strict=True)))
-        for lp, i, v in zip(chosen, ids.tolist(), values.tolist(), strict=True)
-    ]

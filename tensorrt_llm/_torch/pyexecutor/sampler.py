@@ -42,3 +42,17 @@ class TorchSampler:
                 probs = filtered_probs(logits[row], p).cpu()
                 tokens[row] = torch.multinomial(probs, 1, generator=gen).item()
         return tokens
+
+
+def token_logprobs(
+    rows: torch.Tensor, tokens: list[int], top: int
+) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Per token, its log-probability under its row of logits and the ``top`` most likely (tokens,
+    log-probabilities): one softmax and one copy to the host for the request's step."""
+    logprobs = torch.log_softmax(rows.float(), dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=rows.device)[:, None])[:, 0].tolist()
+    values, ids = torch.topk(logprobs, top, dim=-1)
+    return [
+        (lp, list(zip(i, v, strict=True)))
+        for lp, i, v in zip(chosen, ids.tolist(), values.tolist(), strict=True)
+    ]

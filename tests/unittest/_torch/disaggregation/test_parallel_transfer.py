@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from tensorrt_llm._torch.disaggregation import transceiver as transceiver_module
+from tensorrt_llm._torch.disaggregation import pulls
 from tensorrt_llm._torch.disaggregation.params import TransferHandle
 from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver, StaleTransferError
 from tensorrt_llm._torch.distributed.mapping import Mapping
@@ -148,7 +148,7 @@ def test_a_generation_rank_gets_exactly_its_heads_from_tp2(device, gen_tp, gen_r
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_tp1_splits_into_tp2_ranks_in_chunks(device, monkeypatch):
-    monkeypatch.setattr(transceiver_module, "STAGING_BLOCKS", 2)  # 3 blocks: two rounds
+    monkeypatch.setattr(pulls, "STAGING_BLOCKS", 2)  # 3 blocks: two rounds
     ctx = context_ranks(device, "ctx-tp1-split", tp_size=1)
     handle = exported(ctx)  # both generation ranks pull with it, then rank 0 confirms
     for rank in range(2):
