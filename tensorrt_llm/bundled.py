@@ -15,3 +15,14 @@ def bundled_target() -> str:
             f"model was not given and the bundled checkpoint is missing at {BUNDLED_TARGET}"
         )
     return str(BUNDLED_TARGET)
+
+
+def bundled_eagle3(draft_kv_cache: str = "unified") -> dict:
+    """The ``speculative_config`` of the bundled drafter (what ``trtllm-serve`` runs by default):
+    Eagle3 one-model, three draft tokens."""
+    return {
+        "decoding_type": "Eagle3",
+        "max_draft_len": 3,
+        "speculative_model": str(BUNDLED_DRAFT),
+        "draft_kv_cache": draft_kv_cache,
+    }

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tensorrt_llm import envs
 from tensorrt_llm._torch.disaggregation.binding import bind_ucx_to
-from tensorrt_llm.bundled import BUNDLED_DRAFT, bundled_target
+from tensorrt_llm.bundled import bundled_eagle3, bundled_target
 from tensorrt_llm.llmapi.llm_args import load_yaml_options
 
 # Every trtllm-serve process (servers and router) keeps an idle HTTP connection open this long, well
@@ -41,15 +41,7 @@ def build_server(
     model = model or options.pop("model", None)
     if model is None:
         model = bundled_target()
-        options.setdefault(
-            "speculative_config",
-            {
-                "decoding_type": "Eagle3",
-                "max_draft_len": 3,
-                "speculative_model": str(BUNDLED_DRAFT),
-                "draft_kv_cache": "unified",
-            },
-        )
+        options.setdefault("speculative_config", bundled_eagle3())
     options.setdefault("device", device)
     if tp_size is not None:
         if "tensor_parallel_size" in options:

@@ -13,7 +13,7 @@ Skipped with fewer GPUs than a case needs."""
 import pytest
 import torch
 
-from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
+from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET, bundled_eagle3
 from tensorrt_llm.evaluate.deployment import disaggregated_deployment, metric, running
 from tensorrt_llm.evaluate.runner import run_gsm8k_http, training_questions
 
@@ -34,12 +34,7 @@ GENERATION_ADP2 = {
     "kv_cache_config": {"max_tokens": 65536, "enable_block_reuse": False},
 }
 OPTIONS = {
-    "speculative_config": {
-        "decoding_type": "Eagle3",
-        "max_draft_len": 3,
-        "speculative_model": str(BUNDLED_DRAFT),
-        "draft_kv_cache": "unified",
-    },
+    "speculative_config": bundled_eagle3(),
     "kv_cache_config": {"max_tokens": 65536},
 }
 

@@ -11,18 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tensorrt_llm.bundled import BUNDLED_DRAFT
+from tensorrt_llm.bundled import bundled_eagle3
 from tensorrt_llm.evaluate.deployment import chat_many, disaggregated_deployment, metric, running
 
 pytest.importorskip("nixl")
 pytestmark = pytest.mark.slow
 OPTIONS = {
-    "speculative_config": {
-        "decoding_type": "Eagle3",
-        "max_draft_len": 3,
-        "speculative_model": str(BUNDLED_DRAFT),
-        "draft_kv_cache": "unified",
-    },
+    "speculative_config": bundled_eagle3(),
     "kv_cache_config": {"max_tokens": 8192},
 }
 QUESTIONS = [

@@ -4,6 +4,7 @@ its heads, and the round trip is exact to the byte in every buffer."""
 
 import pytest
 import torch
+from disagg_helpers import bundled_manager
 
 from tensorrt_llm._torch.disaggregation.head_regroup import (
     RankSlots,
@@ -12,13 +13,6 @@ from tensorrt_llm._torch.disaggregation.head_regroup import (
     source_ranks,
 )
 from tensorrt_llm._torch.disaggregation.params import LayoutFingerprint, PoolFingerprint
-from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.models.checkpoint import load_config
-from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
-from tensorrt_llm._torch.pyexecutor.config import KvCacheOptions, PyExecutorConfig
-from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
-from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
-from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 from tensorrt_llm.runtime.kv_cache_manager_v2.pool import buffer_view
 
 NUM_SLOTS = 3
@@ -26,18 +20,7 @@ NUM_SLOTS = 3
 
 def slot_layout(tp_size: int, rank: int):
     """The bundled model's unified slot layout on one rank of a TP layout."""
-    mapping = Mapping(tp_size, tp_size, rank)
-    config = PyExecutorConfig(
-        max_batch_size=1,
-        max_num_tokens=256,
-        max_seq_len=256,
-        kv_cache=KvCacheOptions(dtype="float32", max_tokens=512),
-        speculative=Eagle3SpecConfig(max_draft_len=3, speculative_model=str(BUNDLED_DRAFT)),
-        mapping=mapping,
-    )
-    draft_heads = 4 // tp_size  # the drafter's 4 KV heads, split like the target's
-    managers = create_kv_cache_managers(load_config(BUNDLED_TARGET), config, (draft_heads, 64))
-    (pool,) = managers[ResourceManagerType.KV_CACHE_MANAGER].layout.pools
+    (pool,) = bundled_manager(tp_size, rank).layout.pools
     return pool
 
 

@@ -4,21 +4,13 @@ TP2 on the generation side. Each generation rank must end up with exactly its he
 the context), whether its slots cross whole or through staging; a revoked ticket on any context
 rank voids the pull. On the CPU (DRAM) in CI, and on GPUs (VRAM, rank r on cuda:r) where there are."""
 
-import time
-
 import pytest
 import torch
+from disagg_helpers import bundled_manager, pulled
 
 from tensorrt_llm._torch.disaggregation import pulls
 from tensorrt_llm._torch.disaggregation.params import TransferHandle
 from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver, StaleTransferError
-from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.models.checkpoint import load_config
-from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
-from tensorrt_llm._torch.pyexecutor.config import KvCacheOptions, PyExecutorConfig
-from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
-from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
-from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 from tensorrt_llm.runtime.kv_cache_manager_v2.config import DataRole
 from tensorrt_llm.runtime.kv_cache_manager_v2.pool import buffer_view
 
@@ -42,21 +34,9 @@ def manager(
     """The bundled model's unified KV manager of one rank, with ``PROMPT``'s slots allocated
     (from a free list rotated by ``shift``: the ranks of one server allocate the same slots, the
     two servers different ones)."""
-    mapping = Mapping(tp_size, tp_size, rank, attention_dp)
     if device == "cuda":  # rank r on cuda:r, as a server places them, when there are GPUs enough
         device = f"cuda:{rank % torch.cuda.device_count()}"
-    config = PyExecutorConfig(
-        max_batch_size=2,
-        max_num_tokens=512,
-        max_seq_len=512,
-        kv_cache=KvCacheOptions(dtype="float32", max_tokens=2048),
-        speculative=Eagle3SpecConfig(max_draft_len=3, speculative_model=str(BUNDLED_DRAFT)),
-        mapping=mapping,
-        device=device,
-    )
-    draft_heads = 4 // mapping.attn_tp_size  # the drafter's 4 KV heads, split like the target's
-    managers = create_kv_cache_managers(load_config(BUNDLED_TARGET), config, (draft_heads, 64))
-    kv = managers[ResourceManagerType.KV_CACHE_MANAGER]
+    kv = bundled_manager(tp_size, rank, attention_dp, device)
     kv.impl._pool._free.rotate(-shift)
     kv.add_sequence(0, PROMPT)
     assert kv.resize_sequence(0, len(PROMPT))
@@ -112,16 +92,6 @@ def assert_holds_its_heads(gen, gen_rank: int, gen_ranks: int, ctx) -> None:
             per_rank = every_head.shape[2] // gen_ranks
             expected = every_head[:, :, gen_rank * per_rank : (gen_rank + 1) * per_rank]
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), (buf.layer_id, buf)
-
-
-def pulled(transceiver, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ids = transceiver.pulled_request_ids()
-        if ids:
-            return ids
-        time.sleep(0.01)
-    return []
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -2,11 +2,11 @@
 same descriptors in unified mode, stay behind in separate mode; an incompatible peer is refused."""
 
 import logging
-import time
 from types import SimpleNamespace
 
 import pytest
 import torch
+from disagg_helpers import pulled
 from m3_helpers import executor_config, tiny_config
 
 from tensorrt_llm._torch.disaggregation.params import TransferHandle
@@ -70,17 +70,6 @@ def test_unified_slots_move_whole_with_the_drafters_subpages():
     )  # drafter KV arrived
     assert torch.equal(gen.get_index_k_buffers(1)[dst], ctx.get_index_k_buffers(1)[src])
     assert pulled(sender) == [0]  # the context side learns which request to release
-
-
-def pulled(transceiver, timeout_s=10.0):
-    """The pull notifications arrive asynchronously: wait for the first ones."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ids = transceiver.pulled_request_ids()
-        if ids:
-            return ids
-        time.sleep(0.01)
-    return []
 
 
 def test_only_a_live_transfers_id_releases_its_hold(monkeypatch, caplog):
