@@ -3,13 +3,18 @@ DRAM): a tensor-parallel context server feeds a generation server of another lay
 attention DP, tensor parallel), and a one-rank context server feeds a tensor-parallel one. Heads
 are regrouped between the layouts; the replies equal an aggregated one-rank server's, the
 generation side computes no prompt token, and no slot stays held on either side, also after a
-burst of requests with hang-ups through a cache too small to leak in (every rank stays in step)."""
+burst of requests with hang-ups through a cache too small to leak in (every rank stays in step).
+The TP2 -> attention-DP arm also runs the M3-shaped benchmark model (tiny widths, random weights,
+fp32: the layouts then decode alike) on prompts long enough for MSA's sparse block selection."""
 
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from tensorrt_llm.bundled import bundled_eagle3
 from tensorrt_llm.evaluate.deployment import chat_many, disaggregated_deployment, metric, running
@@ -112,3 +117,56 @@ def test_a_burst_with_hang_ups_leaves_every_rank_in_step(layouts, expected, tmp_
         replies = chat_many(urls["router"], CONVERSATIONS, max_tokens=48)
         assert [r["text"] for r in replies] == [r["text"] for r in expected]
         assert_nothing_held(urls["ctx"], urls["gen"])
+
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def benchmark_model(tmp_path_factory) -> dict:
+    """The benchmark model at tiny widths (8 layers, 6 of them MSA with top-2 blocks), and its
+    drafter: the options of a server of it."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from bench_decode import Settings, write_checkpoints
+
+    settings = Settings("tiny", "cpu", "float32", "VANILLA", False, 400, 16, 3, 8192, 10.0, 0)
+    target, draft = write_checkpoints(tmp_path_factory.mktemp("benchmark_model"), settings)
+    return {
+        "model": str(target),
+        "speculative_config": {**bundled_eagle3(), "speculative_model": str(draft)},
+        "kv_cache_config": {"max_tokens": 8192},
+    }
+
+
+def completions(url: str, prompts: list[list[int]]) -> list[dict]:
+    with httpx.Client(timeout=300) as client:
+        replies = [
+            client.post(
+                url + "/v1/completions",
+                json={"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": True},
+            )
+            for p in prompts
+        ]
+    for reply in replies:
+        reply.raise_for_status()
+    return [r.json()["choices"][0] for r in replies]
+
+
+def test_the_benchmark_model_crosses_from_tp2_to_attention_dp(benchmark_model, tmp_path):
+    generator = torch.Generator().manual_seed(5)
+    prompts = torch.randint(0, 512, (3, 400), generator=generator).tolist()  # 4 blocks: sparse
+    (tmp_path / "agg").mkdir()
+    with running(tmp_path / "agg") as servers:
+        servers.server("agg", benchmark_model)
+        servers.wait_healthy()
+        expected = completions(servers.urls["agg"], prompts)
+    layouts = (TP2, ADP2)
+    with disaggregated_deployment(benchmark_model, "cpu", tmp_path, layouts=layouts) as urls:
+        got = completions(urls["router"], prompts)
+        assert metric(urls["gen"], "trtllm_context_tokens_computed_total") == 0
+        assert metric(urls["gen"], "trtllm_transferred_tokens_total") == 3 * 400
+        assert_nothing_held(urls["ctx"], urls["gen"])
+    assert [c["text"] for c in got] == [c["text"] for c in expected]
+    assert [c["avg_decoded_tokens_per_iter"] for c in got] == pytest.approx(
+        [c["avg_decoded_tokens_per_iter"] for c in expected], abs=0.02
+    )
