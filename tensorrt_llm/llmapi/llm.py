@@ -15,7 +15,7 @@ from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
 from tensorrt_llm._torch.distributed.communicator import init_distributed, shutdown_distributed
 from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
-from tensorrt_llm._torch.distributed.ranks import TensorParallelLeader
+from tensorrt_llm._torch.distributed.ranks import TensorParallelLeader, stop_followers
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.bundled import bundled_target
@@ -259,10 +259,7 @@ class LLM:
     def shutdown(self) -> None:
         """Free the KV cache; with several ranks, stop the others and leave torch.distributed."""
         if self._followers is not None:
-            if isinstance(self.executor, AttentionDpExecutor):
-                self.executor.shutdown()
-            else:
-                self.executor.rank_sync.shutdown()
+            stop_followers(self.lost_rank)
         self._rank_executor.shutdown()
         if self._followers is not None:
             shutdown_distributed()  # with the followers: NCCL's teardown waits for every rank

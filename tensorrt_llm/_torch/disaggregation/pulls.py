@@ -80,6 +80,13 @@ class PullSide:
         self._staging: torch.Tensor | None = None  # registered lazily (heads regrouped)
         self._pulled: OrderedDict[str, None] = OrderedDict()  # ids pulled here
 
+    @property
+    def _split(self) -> tuple[int, int]:
+        """How many ranks split this server's heads, and this rank's place among them (an
+        attention-DP rank holds every head: one of one)."""
+        ranks = attention_ranks(self.fingerprint.parallel)
+        return ranks, self.rank if ranks > 1 else 0
+
     def check_peer(self, handle: TransferHandle) -> tuple[list, bool]:
         """The peer's per-rank slot layouts and whether its slots cross whole (same heads); a
         ``ValueError`` naming the difference when no transfer can bridge the two layouts."""
@@ -119,8 +126,8 @@ class PullSide:
                 f"request {request_id}: {len(local_slots)} local slots for "
                 f"{len(remote_slots)} remote ones"
             )
-        my_ranks, their_ranks = attention_ranks(self.fingerprint.parallel), len(handle.sources())
-        my_rank = self.rank if my_ranks > 1 else 0
+        my_ranks, my_rank = self._split
+        their_ranks = len(handle.sources())
         used = [my_rank] if whole else source_ranks(my_rank, my_ranks, their_ranks)
         sources = [handle.sources()[r] for r in used]
         what = f"request {request_id}: KV pull from {[s.agent_name for s in sources]}"
@@ -169,7 +176,7 @@ class PullSide:
         into staging, ``STAGING_BLOCKS`` at a time, and write this rank's heads into its own
         slots (``slots``: local and remote ids)."""
         local_slots, remote_slots = slots
-        my_ranks = attention_ranks(self.fingerprint.parallel)
+        my_ranks, my_rank = self._split
         staging = self._staging_for(len(sources) * sum(p.slot_bytes for p in layouts))
         moved = 0
         for first in range(0, len(local_slots), STAGING_BLOCKS):
@@ -189,7 +196,7 @@ class PullSide:
                 moved += sum(size for _, size, _ in local)
                 parts.append((rank, views))
             for i, (pool, layout) in enumerate(zip(self.manager.pools, self.manager.layout.pools)):
-                dest = RankSlots(pool[mine], layout, self.rank if my_ranks > 1 else 0, my_ranks)
+                dest = RankSlots(pool[mine], layout, my_rank, my_ranks)
                 src = [RankSlots(v[i], layouts[i], r, their_ranks) for r, v in parts]
                 regroup_heads(src, dest)
                 pool[mine] = dest.slots

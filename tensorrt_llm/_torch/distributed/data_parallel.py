@@ -26,8 +26,6 @@ from tensorrt_llm._torch.distributed.affinity import PrefixAffinity, choose_rank
 from tensorrt_llm._torch.distributed.communicator import gather_json
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.distributed.ranks import (
-    SHUTDOWN,
-    broadcast_commands,
     cancel_command,
     generation_only_command,
     send_step_commands,
@@ -180,10 +178,6 @@ class AttentionDpExecutor:
                 del self._remote[update["request_id"]]
                 finished.append(remote.request)
         return finished
-
-    def shutdown(self) -> None:
-        if self._lost() is None:
-            broadcast_commands([SHUTDOWN])
 
 
 class ProgressReporter:

@@ -172,9 +172,11 @@ class TensorParallelLeader:
         commands, self._outbox = self._outbox, []
         send_step_commands(commands, self._lost)
 
-    def shutdown(self) -> None:
-        if self._lost() is None:
-            broadcast_commands([SHUTDOWN])
+
+def stop_followers(lost: Callable[[], str | None]) -> None:
+    """Rank 0's last command: the other ranks leave their loops (unless one is gone already)."""
+    if lost() is None:
+        broadcast_commands([SHUTDOWN])
 
 
 def apply_commands(

@@ -55,13 +55,8 @@ def create_kv_cache_managers(
     num_target = len(layers)
     if draft_geometry is not None:
         layers += (KvCacheLayer(*draft_geometry, is_draft=True),)
-    separate = _should_create_separate_draft_kv_cache(spec, manager_cls)
-    if separate and executor_config.mapping.enable_attention_dp:
-        raise ValueError(
-            "speculative_config.draft_kv_cache='separate' is not supported with "
-            "enable_attention_dp=True: each attention-DP rank keeps the drafter's KV in its own "
-            "unified cache (use draft_kv_cache='unified')"
-        )
+    attention_dp = executor_config.mapping.enable_attention_dp
+    separate = _should_create_separate_draft_kv_cache(spec, manager_cls, attention_dp)
     mask = [True] * num_target + [False] * (len(layers) - num_target) if separate else None
     target_config = KVCacheManagerV2Config(
         layers=layers,

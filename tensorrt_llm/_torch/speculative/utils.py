@@ -15,20 +15,28 @@ DIRECT_MODE = "none (the drafter attends the target manager directly)"
 
 
 def _should_create_separate_draft_kv_cache(
-    spec_config: Eagle3SpecConfig | None, manager_cls: type
+    spec_config: Eagle3SpecConfig | None, manager_cls: type, attention_dp: bool = False
 ) -> bool:
     """Decided once, at the creation site; everything downstream trusts the registered resource.
 
     Upstream forces shared draft layers under attention DP, disaggregated serving and for M3. This
     fork keeps the separate manager only as an explicit, documented measurement switch
     (``speculative_config.draft_kv_cache: separate``); otherwise a manager class that supports shared
-    draft layers gets them.
+    draft layers gets them. Under attention DP a separate manager is an error, not a silent switch:
+    each rank keeps the drafter's KV in its own unified cache.
     """
     if spec_config is None or spec_config.num_draft_layers == 0:
         return False
-    if spec_config.draft_kv_cache == "separate":
-        return True
-    return not manager_cls.supports_shared_draft_layers
+    separate = (
+        spec_config.draft_kv_cache == "separate" or not manager_cls.supports_shared_draft_layers
+    )
+    if separate and attention_dp:
+        raise ValueError(
+            "speculative_config.draft_kv_cache='separate' is not supported with "
+            "enable_attention_dp=True: each attention-DP rank keeps the drafter's KV in its own "
+            "unified cache (use draft_kv_cache='unified')"
+        )
+    return separate
 
 
 def resolve_draft_kv(resource_manager: ResourceManager) -> tuple[object | None, str]:
