@@ -27,13 +27,13 @@ import torch
 import torch.nn.functional as F
 from bench_common import bench_eagle3_config, bench_target_config, machine_name
 
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.triton.addressing import (
     draft_subpage_kv,
     plain_paged_kv,
 )
 from tensorrt_llm._torch.attention_backend.triton.ops import paged_attention
 from tensorrt_llm._torch.attention_backend.triton.step import StepBatch
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
 from tensorrt_llm._torch.pyexecutor.config import (
     KvCacheLayer,
@@ -110,10 +110,10 @@ def plain_manager(batch: int, context: int) -> KVCacheManagerV2:
     return filled(KVCacheManagerV2(config), batch, context)
 
 
-def decode_metadata(manager, batch: int, context: int) -> TrtllmAttentionMetadata:
+def decode_metadata(manager, batch: int, context: int) -> AttentionMetadata:
     """One query token per sequence at position ``context - 1``."""
     ids = list(range(batch))
-    return TrtllmAttentionMetadata(manager, ids, [1] * batch, [context - 1] * batch, 0, "cuda")
+    return AttentionMetadata(manager, ids, [1] * batch, [context - 1] * batch, 0, "cuda")
 
 
 def time_paths(batch: int, context: int, q: torch.Tensor, iters: int) -> list[tuple[str, float]]:

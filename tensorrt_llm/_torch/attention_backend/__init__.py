@@ -1,3 +1,3 @@
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 
-__all__ = ["TrtllmAttentionMetadata"]
+__all__ = ["AttentionMetadata"]

@@ -7,8 +7,8 @@ from typing import ClassVar
 
 import torch
 
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 
 
 class AttentionBackend(ABC):
@@ -41,7 +41,7 @@ class AttentionBackend(ABC):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        metadata: TrtllmAttentionMetadata | None,
+        metadata: AttentionMetadata | None,
         scale: float,
     ) -> torch.Tensor:
         """Dense causal attention of layer ``layer_idx``.
@@ -58,7 +58,7 @@ class AttentionBackend(ABC):
         k: torch.Tensor,
         v: torch.Tensor,
         msa: MsaInputs,
-        metadata: TrtllmAttentionMetadata | None,
+        metadata: AttentionMetadata | None,
         cfg: MsaConfig,
         scale: float,
     ) -> torch.Tensor:
@@ -66,13 +66,13 @@ class AttentionBackend(ABC):
         attends the key blocks its indexer scores select under ``cfg``. Shapes as ``attention``; a
         paged backend also caches ``msa.index_k``."""
 
-    def reads_block_table(self, metadata: TrtllmAttentionMetadata) -> bool:
+    def reads_block_table(self, metadata: AttentionMetadata) -> bool:
         """Whether attending through ``metadata``'s attached manager reads
         ``metadata.kv_cache_block_offsets`` (a CUDA graph replay must copy it in beforehand)."""
         del metadata
         return True
 
-    def paged_metadata(self, metadata: TrtllmAttentionMetadata | None) -> TrtllmAttentionMetadata:
+    def paged_metadata(self, metadata: AttentionMetadata | None) -> AttentionMetadata:
         """``metadata``, which a paged backend cannot do without (a clear error if it is None)."""
         if metadata is None:
             raise ValueError(

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 
 
 def token_pages(
-    metadata: TrtllmAttentionMetadata, pool: int, lane: int
+    metadata: AttentionMetadata, pool: int, lane: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Page index and in-page offset of every token of the step, for K (lane 0) or V (lane 1)."""
     tpb = metadata.tokens_per_block
@@ -24,7 +24,7 @@ def token_pages(
 
 def write_paged(
     pages: torch.Tensor,
-    metadata: TrtllmAttentionMetadata,
+    metadata: AttentionMetadata,
     pool: int,
     lane: int,
     values: torch.Tensor,
@@ -35,7 +35,7 @@ def write_paged(
 
 
 def gather_paged(
-    pages: torch.Tensor, metadata: TrtllmAttentionMetadata, pool: int, lane: int, seq: int
+    pages: torch.Tensor, metadata: AttentionMetadata, pool: int, lane: int, seq: int
 ) -> torch.Tensor:
     """All cached positions of sequence ``seq``: ``[kv_len, heads, dim]``."""
     kv_len = int(metadata.kv_lens_cpu[seq])
@@ -76,7 +76,7 @@ def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    metadata: TrtllmAttentionMetadata,
+    metadata: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
     """Write the step's K/V into the cache, then attend every query to its sequence's cached keys.

@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 
 from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.reference import paged_attention
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
     MsaConfig,
     MsaInputs,
     msa_paged_attention,
 )
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 
 
 class VanillaAttentionBackend(AttentionBackend):
@@ -27,7 +27,7 @@ class VanillaAttentionBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        metadata: TrtllmAttentionMetadata | None,
+        metadata: AttentionMetadata | None,
         scale: float,
     ) -> torch.Tensor:
         return paged_attention(layer_idx, q, k, v, self.paged_metadata(metadata), scale)
@@ -39,7 +39,7 @@ class VanillaAttentionBackend(AttentionBackend):
         k: torch.Tensor,
         v: torch.Tensor,
         msa: MsaInputs,
-        metadata: TrtllmAttentionMetadata | None,
+        metadata: AttentionMetadata | None,
         cfg: MsaConfig,
         scale: float,
     ) -> torch.Tensor:

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.models.config_utils import (
@@ -187,7 +187,7 @@ class MiniMaxM3Attention(nn.Module):
         self,
         hidden: torch.Tensor,
         positions: torch.Tensor,
-        metadata: TrtllmAttentionMetadata | None,
+        metadata: AttentionMetadata | None,
         backend: AttentionBackend,
     ) -> torch.Tensor:
         q = self.q_proj(hidden).unflatten(-1, (self.num_heads, self.head_dim))  # [..., T, H, D]
@@ -220,7 +220,7 @@ class MiniMaxM3DecoderLayer(nn.Module):
         self,
         hidden: torch.Tensor,
         positions: torch.Tensor,
-        metadata: TrtllmAttentionMetadata | None,
+        metadata: AttentionMetadata | None,
         backend: AttentionBackend,
     ) -> torch.Tensor:
         attn = self.self_attn(self.input_layernorm(hidden), positions, metadata, backend)
@@ -263,7 +263,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor | None = None,
-        attn_metadata: TrtllmAttentionMetadata | None = None,
+        attn_metadata: AttentionMetadata | None = None,
         capture_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Hidden states after the final norm, and the outputs of ``capture_layers`` (in that order).

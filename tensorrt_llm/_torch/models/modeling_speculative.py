@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.models.config_utils import (
@@ -149,7 +149,7 @@ class Eagle3Attention(nn.Module):
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
-        metadata: TrtllmAttentionMetadata | None,
+        metadata: AttentionMetadata | None,
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """``x [..., 2H]`` -> ``[..., H]``."""
@@ -198,7 +198,7 @@ class Eagle3DraftModel(nn.Module):
         input_ids: torch.Tensor,
         features: torch.Tensor,
         positions: torch.Tensor,
-        attn_metadata: TrtllmAttentionMetadata | None,
+        attn_metadata: AttentionMetadata | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids`` (token p+1 at position p) and ``features`` ``[..., H]`` -> the drafter's hidden
         ``h`` (the next step's features) and draft-vocabulary logits."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.trtllm import MetadataBuffers, TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
@@ -48,8 +48,8 @@ class _Bucket:
     batch_size: int
     staging: torch.Tensor  # host, pinned on CUDA
     inputs: torch.Tensor  # on the device
-    md: TrtllmAttentionMetadata
-    chain_md: TrtllmAttentionMetadata | None
+    md: AttentionMetadata
+    chain_md: AttentionMetadata | None
     graph: torch.cuda.CUDAGraph | None = None
     # logits [B * T, V], target argmax [B, T], and with Eagle3 num_accepted [B], drafts [B, K]
     outputs: tuple[torch.Tensor, ...] = ()
@@ -167,8 +167,8 @@ class CUDAGraphRunner:
         staging = torch.zeros(size, dtype=torch.long, pin_memory=device.type == "cuda")
         inputs = torch.zeros(size, dtype=torch.long, device=device)
 
-        def metadata(seq_len: int) -> TrtllmAttentionMetadata:
-            return TrtllmAttentionMetadata(
+        def metadata(seq_len: int) -> AttentionMetadata:
+            return AttentionMetadata(
                 kv_cache_manager=self.engine.kv_cache_manager,
                 request_ids=request_ids,
                 seq_lens=[seq_len] * batch_size,

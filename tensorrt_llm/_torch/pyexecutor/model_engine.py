@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.trtllm import MetadataBuffers, TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 
@@ -20,7 +20,7 @@ class ForwardOutput:
     logits: torch.Tensor  # [num_rows, vocab]
     num_logits: list[int]
     hidden_states: torch.Tensor  # [num_tokens, hidden], every input token
-    attn_metadata: TrtllmAttentionMetadata
+    attn_metadata: AttentionMetadata
     captured: list[torch.Tensor]
 
 
@@ -37,7 +37,7 @@ class PyTorchModelEngine:
 
     def build_inputs(
         self, batch: ScheduledRequests
-    ) -> tuple[torch.Tensor, TrtllmAttentionMetadata, list[int]]:
+    ) -> tuple[torch.Tensor, AttentionMetadata, list[int]]:
         tokens: list[int] = []
         seq_lens, cached, num_logits = [], [], []
         for req in batch.context_requests:
@@ -53,7 +53,7 @@ class PyTorchModelEngine:
             seq_lens.append(len(step))
             cached.append(req.get_num_tokens() - 1)
             num_logits.append(len(step))
-        metadata = TrtllmAttentionMetadata(
+        metadata = AttentionMetadata(
             kv_cache_manager=self.kv_cache_manager,
             request_ids=[r.request_id for r in batch.all_requests],
             seq_lens=seq_lens,

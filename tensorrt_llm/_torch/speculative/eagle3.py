@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.trtllm import MetadataBuffers, TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3DraftModel
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput
@@ -140,7 +140,7 @@ class Eagle3OneModelWorker:
         drafting_reqs = [requests[i] for i in drafting]
         for req in drafting_reqs:
             req.py_draft_probs = []
-        chain_md: TrtllmAttentionMetadata | None = None
+        chain_md: AttentionMetadata | None = None
         for k in range(self.max_draft_len):
             tokens = self._choose_drafts(logits, drafting_reqs)
             for i, token in zip(drafting, tokens, strict=True):
@@ -149,7 +149,7 @@ class Eagle3OneModelWorker:
                 break
             # the draft just chosen sits at the next position; its successor is drafted from there
             if chain_md is None:  # built once per step (one table copy), then advanced in place
-                chain_md = TrtllmAttentionMetadata(
+                chain_md = AttentionMetadata(
                     kv_cache_manager=md.kv_cache_manager,
                     request_ids=[r.request_id for r in drafting_reqs],
                     seq_lens=[1] * len(drafting),
@@ -166,7 +166,7 @@ class Eagle3OneModelWorker:
                 hidden, logits = self.draft_model(ids, hidden, chain_md.position_ids, chain_md)
         return StepTokens(new_tokens, next_drafts, num_accepted)
 
-    def prefetch_draft_table(self, md: TrtllmAttentionMetadata, draft_manager) -> None:
+    def prefetch_draft_table(self, md: AttentionMetadata, draft_manager) -> None:
         """Copy the draft manager's rows into ``md`` once, if the drafter's backend reads them
         (not when its kernels address the draft sub-pages from the target's slot table)."""
         if draft_manager is None:
@@ -181,8 +181,8 @@ class Eagle3OneModelWorker:
         input_ids: torch.Tensor,
         logits: torch.Tensor,
         captured: list[torch.Tensor],
-        md: TrtllmAttentionMetadata,
-        chain_md: TrtllmAttentionMetadata,
+        md: AttentionMetadata,
+        chain_md: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Greedy accept and the whole draft chain of a generation-only batch of ``B`` sequences of
         ``T = 1 + max_draft_len`` tokens each, on device tensors only (what a CUDA graph captures).

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 from tensorrt_llm._torch.training.msa_dense import msa_dense_attention
 
 
@@ -51,7 +51,7 @@ class TrainingAttentionBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        metadata: TrtllmAttentionMetadata | None,
+        metadata: AttentionMetadata | None,
         scale: float,
     ) -> torch.Tensor:
         _check_no_cache(metadata)
@@ -71,7 +71,7 @@ class TrainingAttentionBackend(AttentionBackend):
         k: torch.Tensor,
         v: torch.Tensor,
         msa: MsaInputs,
-        metadata: TrtllmAttentionMetadata | None,
+        metadata: AttentionMetadata | None,
         cfg: MsaConfig,
         scale: float,
     ) -> torch.Tensor:
@@ -86,7 +86,7 @@ class TrainingAttentionBackend(AttentionBackend):
         return out
 
 
-def _check_no_cache(metadata: TrtllmAttentionMetadata | None) -> None:
+def _check_no_cache(metadata: AttentionMetadata | None) -> None:
     if metadata is not None:
         raise ValueError(
             "the training attention backend runs whole sequences without a KV cache: "

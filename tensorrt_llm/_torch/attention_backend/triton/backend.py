@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.reference import write_paged
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.draft_subpage_view import (
     MiniMaxM3DraftSubpageView,
@@ -31,7 +32,6 @@ from tensorrt_llm._torch.attention_backend.triton.addressing import (
 from tensorrt_llm._torch.attention_backend.triton.msa import triton_msa_attend
 from tensorrt_llm._torch.attention_backend.triton.ops import paged_attention, write_kv_pages
 from tensorrt_llm._torch.attention_backend.triton.step import StepBatch
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -53,7 +53,7 @@ class TritonAttentionBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        metadata: TrtllmAttentionMetadata | None,
+        metadata: AttentionMetadata | None,
         scale: float,
     ) -> torch.Tensor:
         metadata = self.paged_metadata(metadata)
@@ -69,7 +69,7 @@ class TritonAttentionBackend(AttentionBackend):
         k: torch.Tensor,
         v: torch.Tensor,
         msa: MsaInputs,
-        metadata: TrtllmAttentionMetadata | None,
+        metadata: AttentionMetadata | None,
         cfg: MsaConfig,
         scale: float,
     ) -> torch.Tensor:
@@ -82,17 +82,17 @@ class TritonAttentionBackend(AttentionBackend):
         write_paged(manager.get_index_k_pages(layer_idx), metadata, pool, 0, msa.index_k)
         return triton_msa_attend(layer_idx, q, msa, metadata, cfg, scale)
 
-    def reads_block_table(self, metadata: TrtllmAttentionMetadata) -> bool:
+    def reads_block_table(self, metadata: AttentionMetadata) -> bool:
         return not self._addresses_subpages(metadata)
 
-    def _addresses_subpages(self, metadata: TrtllmAttentionMetadata) -> bool:
+    def _addresses_subpages(self, metadata: AttentionMetadata) -> bool:
         return (
             self.draft_subpage_addressing
             and isinstance(metadata.kv_cache_manager, MiniMaxM3DraftSubpageView)
             and metadata.swapped_out is not None
         )
 
-    def paged_kv(self, metadata: TrtllmAttentionMetadata, layer_idx: int) -> PagedKV:
+    def paged_kv(self, metadata: AttentionMetadata, layer_idx: int) -> PagedKV:
         """How this step's kernels reach ``layer_idx``'s KV (see the module docstring)."""
         manager = metadata.kv_cache_manager
         if self._addresses_subpages(metadata):

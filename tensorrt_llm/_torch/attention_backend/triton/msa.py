@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
     MsaConfig,
     MsaInputs,
@@ -39,7 +40,6 @@ from tensorrt_llm._torch.attention_backend.triton.msa_kernels import (
     _msa_sparse_attention_kernel,
 )
 from tensorrt_llm._torch.attention_backend.triton.ops import choose_num_splits, num_sms
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -58,7 +58,7 @@ def _dot_options(a: torch.Tensor, b: torch.Tensor) -> dict:
 
 @dataclass(frozen=True)
 class PagedBatch:
-    """The step's batch as the MSA kernels address it (``TrtllmAttentionMetadata`` layout).
+    """The step's batch as the MSA kernels address it (``AttentionMetadata`` layout).
 
     Device: ``table_k`` / ``table_v`` ``[num_seqs, max_pages]`` int32 (lanes 0 and 1 of one pool's
     block table: K and index-K pages, V pages), ``cu_seqlens_q`` ``[num_seqs + 1]`` int32,
@@ -74,7 +74,7 @@ class PagedBatch:
     max_kv_len: int
 
     @classmethod
-    def from_metadata(cls, metadata: TrtllmAttentionMetadata, pool: int) -> PagedBatch:
+    def from_metadata(cls, metadata: AttentionMetadata, pool: int) -> PagedBatch:
         table = metadata.kv_cache_block_offsets[pool]  # [>= num_seqs, 2, max_pages]
         return cls(
             table_k=table[:, 0],
@@ -274,7 +274,7 @@ def triton_msa_paged_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     msa: MsaInputs,
-    metadata: TrtllmAttentionMetadata,
+    metadata: AttentionMetadata,
     cfg: MsaConfig,
     scale: float,
 ) -> torch.Tensor:
@@ -299,7 +299,7 @@ def triton_msa_attend(
     layer_idx: int,
     q: torch.Tensor,
     msa: MsaInputs,
-    metadata: TrtllmAttentionMetadata,
+    metadata: AttentionMetadata,
     cfg: MsaConfig,
     scale: float,
 ) -> torch.Tensor:

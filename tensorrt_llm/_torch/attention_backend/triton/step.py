@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class StepBatch:
         return self.kv_lens.shape[0]
 
     @classmethod
-    def from_metadata(cls, metadata: TrtllmAttentionMetadata) -> StepBatch:
+    def from_metadata(cls, metadata: AttentionMetadata) -> StepBatch:
         return cls(
             metadata.cu_seqlens_q,
             metadata.kv_lens,

@@ -6,7 +6,10 @@ import logging
 import pytest
 import torch
 
-from tensorrt_llm._torch.attention_backend.interface import PAGED_KV_CACHE_MEMBERS
+from tensorrt_llm._torch.attention_backend.interface import (
+    PAGED_KV_CACHE_MEMBERS,
+    AttentionMetadata,
+)
 from tensorrt_llm._torch.attention_backend.reference import paged_attention
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
     MiniMaxM3KVCacheManagerV2,
@@ -15,7 +18,6 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager impor
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.draft_subpage_view import (
     MiniMaxM3DraftSubpageView,
 )
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 from tensorrt_llm._torch.pyexecutor.config import (
     KvCacheLayer,
     KVCacheManagerV2Config,
@@ -158,7 +160,7 @@ def test_drafter_writes_through_the_view_land_in_the_raw_slot_layout_and_nothing
     before = pool.clone()
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(230, h, 8, generator=g).half() for h in (8, 4, 4))
-    md = TrtllmAttentionMetadata(mgr, [0], [230], [0], num_contexts=1)
+    md = AttentionMetadata(mgr, [0], [230], [0], num_contexts=1)
     with md.swap_kv_cache_manager(mgr.draft_subpage_view):
         assert md.tokens_per_block == 32
         paged_attention(DRAFT, q, k, v, md, 1 / 8**0.5)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from m3_helpers import m3_manager, tiny_config
 
-from tensorrt_llm._torch.attention_backend.trtllm import MetadataBuffers, TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 
 FIELDS = ("position_ids", "token_seq_idx", "cu_seqlens_q", "kv_lens", "num_cached_tokens")
 
@@ -19,10 +19,10 @@ def manager_with(lengths):
 
 def test_advance_equals_metadata_built_at_the_next_positions():
     mgr = manager_with([9, 17, 30])
-    md = TrtllmAttentionMetadata(mgr, [0, 1, 2], [1, 1, 1], [9, 17, 30], num_contexts=0)
+    md = AttentionMetadata(mgr, [0, 1, 2], [1, 1, 1], [9, 17, 30], num_contexts=0)
     md.advance()
     md.advance()
-    fresh = TrtllmAttentionMetadata(mgr, [0, 1, 2], [1, 1, 1], [11, 19, 32], num_contexts=0)
+    fresh = AttentionMetadata(mgr, [0, 1, 2], [1, 1, 1], [11, 19, 32], num_contexts=0)
     for name in (*FIELDS, "kv_lens_cpu", "position_ids_cpu", "kv_cache_block_offsets"):
         assert torch.equal(getattr(md, name), getattr(fresh, name)), name
     assert md.num_cached_tokens_per_seq == [11, 19, 32]
@@ -30,7 +30,7 @@ def test_advance_equals_metadata_built_at_the_next_positions():
 
 def test_advance_refuses_a_batch_that_is_not_one_token_per_sequence():
     mgr = manager_with([9, 17])
-    md = TrtllmAttentionMetadata(mgr, [0, 1], [3, 1], [6, 17], num_contexts=1)
+    md = AttentionMetadata(mgr, [0, 1], [3, 1], [6, 17], num_contexts=1)
     with pytest.raises(ValueError, match="one generation token per sequence"):
         md.advance()
 
@@ -38,9 +38,9 @@ def test_advance_refuses_a_batch_that_is_not_one_token_per_sequence():
 def test_steps_reuse_the_same_device_buffers():
     mgr = manager_with([9, 17, 30])
     buffers = MetadataBuffers()
-    first = TrtllmAttentionMetadata(mgr, [0, 1, 2], [2, 1, 1], [7, 17, 30], 1, buffers=buffers)
+    first = AttentionMetadata(mgr, [0, 1, 2], [2, 1, 1], [7, 17, 30], 1, buffers=buffers)
     ptrs = {name: getattr(first, name).data_ptr() for name in (*FIELDS, "kv_cache_block_offsets")}
-    second = TrtllmAttentionMetadata(mgr, [2, 0], [1, 1], [30, 9], 0, buffers=buffers)
+    second = AttentionMetadata(mgr, [2, 0], [1, 1], [30, 9], 0, buffers=buffers)
     for name, ptr in ptrs.items():
         assert getattr(second, name).data_ptr() == ptr, name  # same storage, no new allocation
     expect = torch.zeros_like(second.kv_cache_block_offsets)
@@ -50,7 +50,7 @@ def test_steps_reuse_the_same_device_buffers():
 
 def test_a_draft_swap_keeps_the_targets_table_intact():
     mgr = manager_with([20, 30])
-    md = TrtllmAttentionMetadata(mgr, [0, 1], [1, 1], [20, 30], 0)
+    md = AttentionMetadata(mgr, [0, 1], [1, 1], [20, 30], 0)
     target_table = md.kv_cache_block_offsets.clone()
     other = m3_manager(tiny_config(), tokens_per_block=8)
     other.add_sequence(0, list(range(5)))

@@ -7,9 +7,9 @@ import pytest
 import torch
 from m3_helpers import m3_manager, tiny_config
 
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.reference import causal_attention
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaInputs
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
 
 CFG = tiny_config()
@@ -64,7 +64,7 @@ def random_inputs(length, seed):
 def run_paged(x, manager, request_id, start, end):
     """Positions [start, end) of a sequence as one step (earlier ones already cached)."""
     assert manager.resize_sequence(request_id, end)
-    md = TrtllmAttentionMetadata(manager, [request_id], [end - start], [start], num_contexts=1)
+    md = AttentionMetadata(manager, [request_id], [end - start], [start], num_contexts=1)
     part = {n: t[start:end] for n, t in x.items()}
     msa = MsaInputs(index_q=part["iq"], index_w=part["iw"], index_k=part["ik"])
     return BACKEND.msa_attention(LAYER, part["q"], part["k"], part["v"], msa, md, MSA, SCALE)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from m3_helpers import executor_config, tiny_config
 
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_model
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config
 from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
@@ -47,13 +47,13 @@ def test_training_steps_equal_chained_drafting(start):
         manager = managers[ResourceManagerType.DRAFT_KV_CACHE_MANAGER]
         manager.add_sequence(0, ids[0].tolist())
         assert manager.resize_sequence(0, start + STEPS)
-        md = TrtllmAttentionMetadata(manager, [0], [start + 1], [0], num_contexts=1)
+        md = AttentionMetadata(manager, [0], [start + 1], [0], num_contexts=1)
         features = draft.fuse([c[0, : start + 1] for c in captured])
         hidden, logits = draft(ids[0, 1 : start + 2], features, md.position_ids, md)
         torch.testing.assert_close(logits[start], train[0][0, start], rtol=1e-4, atol=1e-4)
         hidden = hidden[start : start + 1]
         for i in range(1, STEPS):
-            md = TrtllmAttentionMetadata(manager, [0], [1], [start + i], num_contexts=0)
+            md = AttentionMetadata(manager, [0], [1], [start + i], num_contexts=0)
             hidden, logits = draft(
                 ids[0, start + i + 1 : start + i + 2], hidden, md.position_ids, md
             )

@@ -7,14 +7,14 @@ import pytest
 import torch
 from m3_helpers import m3_manager, tiny_config
 
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.training import use_training_backend
 
 
 def paged_step(model, manager, request_id, tokens, num_cached):
     """Run ``tokens`` of one sequence at positions ``num_cached ..`` through the paged path."""
     assert manager.resize_sequence(request_id, num_cached + len(tokens))
-    md = TrtllmAttentionMetadata(manager, [request_id], [len(tokens)], [num_cached], num_contexts=1)
+    md = AttentionMetadata(manager, [request_id], [len(tokens)], [num_cached], num_contexts=1)
     hidden, _ = model(torch.tensor(tokens), attn_metadata=md)
     return model.compute_logits(hidden)
 
@@ -57,7 +57,7 @@ def test_a_batch_of_mixed_sequences_equals_each_alone(tiny_model):
         for i, p in enumerate(prompts):
             manager.add_sequence(i, p)
             manager.resize_sequence(i, len(p))
-        md = TrtllmAttentionMetadata(
+        md = AttentionMetadata(
             manager, [0, 1, 2], [len(p) for p in prompts], [0, 0, 0], num_contexts=3
         )
         hidden, _ = model(torch.tensor(sum(prompts, [])), attn_metadata=md)

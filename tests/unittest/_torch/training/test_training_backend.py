@@ -5,7 +5,7 @@ import pytest
 import torch
 from m3_helpers import m3_manager
 
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.training import TrainingAttentionBackend, use_training_backend
 
 
@@ -31,7 +31,7 @@ def test_the_training_backend_refuses_paged_metadata(tiny_model):
     manager = m3_manager(cfg)
     manager.add_sequence(0, [1, 2, 3])
     manager.resize_sequence(0, 3)
-    md = TrtllmAttentionMetadata(manager, [0], [3], [0], num_contexts=1)
+    md = AttentionMetadata(manager, [0], [3], [0], num_contexts=1)
     with pytest.raises(ValueError, match="without attn_metadata"), use_training_backend(model):
         model(torch.tensor([1, 2, 3]), attn_metadata=md)
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.reference import gather_paged, write_paged
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def write_msa_step(
     k: torch.Tensor,
     v: torch.Tensor,
     index_k: torch.Tensor,
-    metadata: TrtllmAttentionMetadata,
+    metadata: AttentionMetadata,
 ) -> None:
     """Store the step's K, V ``[n, Hkv, D]`` and index-K ``[n, 1, Di]`` of an MSA layer at the
     step's positions, through the manager attached to ``metadata``."""
@@ -157,7 +157,7 @@ def msa_paged_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     msa: MsaInputs,
-    metadata: TrtllmAttentionMetadata,
+    metadata: AttentionMetadata,
     cfg: MsaConfig,
     scale: float,
 ) -> torch.Tensor:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from paged_case import DEVICE
 
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (
     MiniMaxM3KVCacheManagerV2,
 )
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata
 from tensorrt_llm._torch.pyexecutor.config import (
     KvCacheLayer,
     KVCacheManagerV2Config,
@@ -43,7 +43,7 @@ def m3_manager(
 
 def step_on(
     manager, steps: list[tuple[int, int]], num_contexts: int, seed: int = 0
-) -> TrtllmAttentionMetadata:
+) -> AttentionMetadata:
     """A step of ``(num_cached, num_new)`` per sequence, the first ``num_contexts`` of them context
     chunks. Allocates each sequence after a throwaway one, so its slots are not 0, 1, 2, ...;
     fills the pool with random values (the cached prefixes)."""
@@ -56,7 +56,7 @@ def step_on(
     generator = torch.Generator(device=DEVICE).manual_seed(seed)
     pool = manager.pools[0].view(torch_dtype(manager.dtype))
     pool.copy_(torch.randn(pool.shape, generator=generator, device=DEVICE))
-    return TrtllmAttentionMetadata(
+    return AttentionMetadata(
         manager,
         list(range(len(steps))),
         [new for _, new in steps],

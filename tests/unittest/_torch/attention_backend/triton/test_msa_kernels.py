@@ -15,6 +15,7 @@ import torch
 
 pytest.importorskip("triton.language")
 
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata  # noqa: E402
 from tensorrt_llm._torch.attention_backend.reference import gather_paged, write_paged  # noqa: E402
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (  # noqa: E402
     MiniMaxM3KVCacheManagerV2,
@@ -35,7 +36,6 @@ from tensorrt_llm._torch.attention_backend.triton.msa import (  # noqa: E402
     msa_sparse_attention,
     triton_msa_paged_attention,
 )
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata  # noqa: E402
 from tensorrt_llm._torch.pyexecutor.config import (  # noqa: E402
     KvCacheLayer,
     KVCacheManagerV2Config,
@@ -100,7 +100,7 @@ class Step:
 
     case: Case
     manager: MiniMaxM3KVCacheManagerV2
-    metadata: TrtllmAttentionMetadata
+    metadata: AttentionMetadata
     x: dict[str, torch.Tensor]
 
     @property
@@ -125,7 +125,7 @@ def make_step(case: Case, specs: list[tuple[int, int]], num_contexts: int, seed:
     prefixed = [rid for rid, (cached, _) in enumerate(specs) if cached]
     if prefixed:
         lens = [specs[rid][0] for rid in prefixed]
-        md = TrtllmAttentionMetadata(manager, prefixed, lens, [0] * len(lens), len(lens), DEVICE)
+        md = AttentionMetadata(manager, prefixed, lens, [0] * len(lens), len(lens), DEVICE)
         prefix = random_tokens(sum(lens), case, g)
         pool = manager.layer_pool_index(LAYER)
         for pages, lane, name in (
@@ -135,7 +135,7 @@ def make_step(case: Case, specs: list[tuple[int, int]], num_contexts: int, seed:
         ):
             write_paged(pages, md, pool, lane, prefix[name])
     rids = list(range(len(specs)))
-    md = TrtllmAttentionMetadata(
+    md = AttentionMetadata(
         manager, rids, [n for _, n in specs], [c for c, _ in specs], num_contexts, DEVICE
     )
     return Step(case, manager, md, random_tokens(md.num_tokens, case, g))
@@ -300,7 +300,7 @@ def test_bf16_on_the_gpu_matches_the_reference():
 def test_a_step_without_tokens_returns_an_empty_output():
     case = Case(4, 2, SMALL, tokens_per_block=4)
     step = make_step(case, [(0, 3)], num_contexts=1, seed=0)
-    md = TrtllmAttentionMetadata(step.manager, [], [], [], 0, DEVICE)
+    md = AttentionMetadata(step.manager, [], [], [], 0, DEVICE)
     empty = {name: t[:0] for name, t in step.x.items()}
     msa = MsaInputs(empty["index_q"], empty["index_w"], empty["index_k"])
     out = triton_msa_paged_attention(LAYER, empty["q"], empty["k"], empty["v"], msa, md, SMALL, 1.0)

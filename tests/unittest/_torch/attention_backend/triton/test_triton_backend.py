@@ -11,6 +11,7 @@ pytest.importorskip("triton.language")
 from m3_cache import HEAD_DIM, TARGET_KV_HEADS, m3_manager  # noqa: E402
 from paged_case import DEVICE  # noqa: E402
 
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata  # noqa: E402
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (  # noqa: E402
     MsaConfig,
     MsaInputs,
@@ -19,7 +20,6 @@ from tensorrt_llm._torch.attention_backend.triton import ops  # noqa: E402
 from tensorrt_llm._torch.attention_backend.triton.backend import (  # noqa: E402
     TritonAttentionBackend,
 )
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata  # noqa: E402
 from tensorrt_llm._torch.attention_backend.utils import get_attention_backend  # noqa: E402
 from tensorrt_llm._torch.attention_backend.vanilla import VanillaAttentionBackend  # noqa: E402
 
@@ -57,7 +57,7 @@ def test_cpu_tensors_without_the_interpreter_are_a_clear_error(monkeypatch):
     manager = m3_manager(tokens_per_block=32, dtype="float32")
     manager.add_sequence(0, [1, 2])
     manager.resize_sequence(0, 2)
-    md = TrtllmAttentionMetadata(manager, [0], [2], [0], num_contexts=1)
+    md = AttentionMetadata(manager, [0], [2], [0], num_contexts=1)
     with pytest.raises(ValueError, match="need CUDA tensors; these are on cpu.*TRITON_INTERPRET=1"):
         TritonAttentionBackend().attention(0, k.repeat(1, 2, 1), k, k, md, SCALE)
 
@@ -67,7 +67,7 @@ def step(manager, steps, num_contexts):
         if cached == 0:
             manager.add_sequence(rid, [rid] * (cached + new))
         assert manager.resize_sequence(rid, cached + new)
-    return TrtllmAttentionMetadata(
+    return AttentionMetadata(
         manager,
         list(range(len(steps))),
         [new for _, new in steps],

@@ -11,11 +11,11 @@ pytest.importorskip("triton.language")
 from m3_cache import DRAFT, DRAFT_KV_HEADS, HEAD_DIM, m3_manager, step_on  # noqa: E402
 from paged_case import DEVICE  # noqa: E402
 
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata  # noqa: E402
 from tensorrt_llm._torch.attention_backend.triton.addressing import draft_subpage_kv  # noqa: E402
 from tensorrt_llm._torch.attention_backend.triton.backend import (  # noqa: E402
     TritonAttentionBackend,
 )
-from tensorrt_llm._torch.attention_backend.trtllm import TrtllmAttentionMetadata  # noqa: E402
 from tensorrt_llm._torch.attention_backend.vanilla import VanillaAttentionBackend  # noqa: E402
 
 # a fresh 150-token prompt, a 10-token chunk after 290 cached, decodes of 1 + 3 at 130 and 255
@@ -40,7 +40,7 @@ def run(manager, md, backend, attach):
         with md.swap_kv_cache_manager(view):
             out = backend.attention(DRAFT, q, k, v, md, SCALE)
     else:  # a chained draft step: metadata built on the view itself (its expanded table)
-        view_md = TrtllmAttentionMetadata(
+        view_md = AttentionMetadata(
             view, md.request_ids, md.seq_lens, md.num_cached_tokens_per_seq, md.num_contexts,
             device=DEVICE,
         )  # fmt: skip
