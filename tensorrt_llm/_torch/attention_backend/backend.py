@@ -8,7 +8,6 @@ from typing import ClassVar
 import torch
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
 
 
 class AttentionBackend(ABC):
@@ -18,15 +17,17 @@ class AttentionBackend(ABC):
     imports an attention op. Implementations differ in where the keys come from:
 
     - paged backends (``VANILLA``, later ``TRITON``): ``q, k, v`` are the step's flattened tokens
-      ``[num_tokens, heads, head_dim]``; the call first writes the step's K and V (and index-K) at
-      the step's positions through ``metadata.kv_cache_manager`` (``PagedKVCache`` in ``interface.py``), then
+      ``[num_tokens, heads, head_dim]``; the call first writes the step's K and V at the step's
+      positions through ``metadata.kv_cache_manager`` (``PagedKVCache`` in ``interface.py``), then
       attends each query to every cached key of its sequence at a position ``<=`` its own;
     - the training backend (``tensorrt_llm._torch.training``): whole sequences ``[B, T, heads,
       head_dim]`` from position 0, no cache, ``metadata`` is ``None``.
 
     Both return ``[..., num_heads, head_dim]`` shaped like ``q`` (``num_heads`` a multiple of
     ``num_kv_heads``: GQA). A backend may keep state between calls (the training backend collects
-    the indexer loss); it must not change a model's parameters.
+    the indexer loss); it must not change a model's parameters. A model family's own attention
+    (MiniMax-M3's sparse layers: ``sparse/minimax_m3/msa_backend.py``) lives with the family and
+    is chosen by this backend's ``name``.
     """
 
     name: ClassVar[str]
@@ -49,22 +50,6 @@ class AttentionBackend(ABC):
         q: ``[..., num_heads, head_dim]``; k, v: ``[..., num_kv_heads, head_dim]`` -> ``[..., num_heads,
         head_dim]``. Scores are ``q . k * scale``.
         """
-
-    @abstractmethod
-    def msa_attention(
-        self,
-        layer_idx: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        msa: MsaInputs,
-        metadata: AttentionMetadata | None,
-        cfg: MsaConfig,
-        scale: float,
-    ) -> torch.Tensor:
-        """MiniMax sparse attention of layer ``layer_idx`` (``sparse/minimax_m3/msa.py``): each query
-        attends the key blocks its indexer scores select under ``cfg``. Shapes as ``attention``; a
-        paged backend also caches ``msa.index_k``."""
 
     def reads_block_table(self, metadata: AttentionMetadata) -> bool:
         """Whether attending through ``metadata``'s attached manager reads

@@ -55,18 +55,23 @@ def causal_attention(
     key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``q [n, H, D]`` against ``k, v [L, Hkv, D]`` (key j at position j), each query seeing keys at
-    positions <= its own (and, if given, where ``key_mask [n, L]`` is true). Returns ``[n, H, D]``."""
+    positions <= its own (and, if given, where ``key_mask`` is true: ``[n, L]`` for every head, or
+    ``[n, Hkv, L]`` per KV group). Returns ``[n, H, D]``."""
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
-    if num_heads != num_kv_heads:
-        k = k.repeat_interleave(num_heads // num_kv_heads, dim=1)
-        v = v.repeat_interleave(num_heads // num_kv_heads, dim=1)
+    group = num_heads // num_kv_heads
+    if group != 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale  # [H, n, L]
     allowed = torch.arange(k.shape[0], device=q.device)[None, :] <= q_pos[:, None].to(
         q.device
     )  # [n, L]
+    allowed = allowed[None]  # [1, n, L]
     if key_mask is not None:
+        if key_mask.dim() == 3:  # [n, Hkv, L] -> [H, n, L]
+            key_mask = key_mask.repeat_interleave(group, dim=1).transpose(0, 1)
         allowed = allowed & key_mask
-    scores = scores.masked_fill(~allowed[None], float("-inf"))
+    scores = scores.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
 

@@ -21,16 +21,15 @@ from torch import nn
 
 from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
-from tensorrt_llm._torch.training.msa_dense import msa_dense_attention
 
 
 class TrainingAttentionBackend(AttentionBackend):
     """Causal attention over ``[B, T, heads, head_dim]`` with key ``j`` at position ``j``.
 
-    ``msa_sparse``: MSA layers attend only their selected blocks (``False``: densely, the warm-up).
-    ``train_indexer``: MSA layers compute the indexer's loss; ``indexer_loss`` sums the losses of
-    the last forward.
+    Knobs of MiniMax-M3's sparse layers, read by their training MSA backend
+    (``msa_dense.TrainingMsaBackend``): ``msa_sparse``: attend only the selected blocks (``False``:
+    densely, the warm-up); ``train_indexer``: compute the indexer's loss; ``indexer_loss`` sums the
+    losses of the last forward.
     """
 
     name = "TRAINING"
@@ -54,7 +53,7 @@ class TrainingAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata | None,
         scale: float,
     ) -> torch.Tensor:
-        _check_no_cache(metadata)
+        check_no_cache(metadata)
         groups = q.shape[2] // k.shape[2]
         return F.scaled_dot_product_attention(
             q.transpose(1, 2),  # [B, H, T, D]
@@ -64,29 +63,8 @@ class TrainingAttentionBackend(AttentionBackend):
             scale=scale,
         ).transpose(1, 2)
 
-    def msa_attention(
-        self,
-        layer_idx: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        msa: MsaInputs,
-        metadata: AttentionMetadata | None,
-        cfg: MsaConfig,
-        scale: float,
-    ) -> torch.Tensor:
-        _check_no_cache(metadata)
-        out, loss = msa_dense_attention(
-            q, k, v, msa, cfg, scale, self.msa_sparse, self.train_indexer
-        )
-        if loss is None:
-            self.indexer_losses.pop(layer_idx, None)
-        else:
-            self.indexer_losses[layer_idx] = loss
-        return out
 
-
-def _check_no_cache(metadata: AttentionMetadata | None) -> None:
+def check_no_cache(metadata: AttentionMetadata | None) -> None:
     if metadata is not None:
         raise ValueError(
             "the training attention backend runs whole sequences without a KV cache: "

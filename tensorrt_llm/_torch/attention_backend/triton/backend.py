@@ -1,9 +1,9 @@
 """TritonAttentionBackend (``attn_backend="TRITON"``): the paged backend on Triton kernels.
 
 Same contract as ``VANILLA`` (``backend.py``): write the step's K and V through the manager attached
-to the metadata, then attend. Dense layers run on ``ops.py``; MSA layers write K/V with the same
-kernel and index-K with the torch reference (``write_paged``), then attend through
-``triton_msa_attend`` on the MSA kernels (``msa.py``).
+to the metadata, then attend, on ``ops.py``. MiniMax-M3's sparse layers attend through their
+family's backend (``sparse/minimax_m3/msa_backend.py``), which writes K and V with this backend's
+addressing (``paged_kv``).
 
 The Eagle3 draft layer's KV lives in sub-pages of the target's slots. The backend reads it
 - through the target's slot table with the addressing computed in the kernel (``draft_subpage_kv``),
@@ -19,17 +19,14 @@ import torch
 
 from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
-from tensorrt_llm._torch.attention_backend.reference import write_paged
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.draft_subpage_view import (
     MiniMaxM3DraftSubpageView,
 )
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig, MsaInputs
 from tensorrt_llm._torch.attention_backend.triton.addressing import (
     PagedKV,
     draft_subpage_kv,
     plain_paged_kv,
 )
-from tensorrt_llm._torch.attention_backend.triton.msa import triton_msa_attend
 from tensorrt_llm._torch.attention_backend.triton.ops import paged_attention, write_kv_pages
 from tensorrt_llm._torch.attention_backend.triton.step import StepBatch
 
@@ -61,26 +58,6 @@ class TritonAttentionBackend(AttentionBackend):
         write_kv_pages(k, v, kv, metadata.position_ids, metadata.token_seq_idx)
         batch = StepBatch.from_metadata(metadata)
         return paged_attention(q, kv, batch, scale, self.num_splits)
-
-    def msa_attention(
-        self,
-        layer_idx: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        msa: MsaInputs,
-        metadata: AttentionMetadata | None,
-        cfg: MsaConfig,
-        scale: float,
-    ) -> torch.Tensor:
-        metadata = self.paged_metadata(metadata)
-        manager = metadata.kv_cache_manager
-        write_kv_pages(
-            k, v, self.paged_kv(metadata, layer_idx), metadata.position_ids, metadata.token_seq_idx
-        )
-        pool = manager.layer_pool_index(layer_idx)
-        write_paged(manager.get_index_k_pages(layer_idx), metadata, pool, 0, msa.index_k)
-        return triton_msa_attend(layer_idx, q, msa, metadata, cfg, scale)
 
     def reads_block_table(self, metadata: AttentionMetadata) -> bool:
         return not self._addresses_subpages(metadata)

@@ -1,102 +1,111 @@
-"""MiniMax sparse attention (MSA): block selection by a light indexer, then attention over the blocks.
+"""MiniMax sparse attention (MSA) of the published MiniMax-M3, in torch: the CPU path and the oracle.
 
-For a query at position p, with ``B = block_size`` (128 in M3)::
+On a sparse layer (``layer_types[i] == "minimax_m3_sparse"``) a lightning indexer picks, per query
+token and per KV group, the key blocks the group's query heads attend. With ``B =
+index_block_size``, index head ``g`` (one per KV group: ``index_n_heads == num_key_value_heads``),
+a query at position ``p`` and the post-RoPE index-K of every cached key ``j``::
 
-    token score  s[p, j] = sum_h w[p, h] * relu(q_idx[p, h] . k_idx[j]) / sqrt(index_head_dim),  j <= p
-    block score  S[p, b] = max over j in block b (j <= p) of s[p, j]
-    local        blocks p//B - num_local_blocks + 1 .. p//B        (always attended)
-    selected     local  U  top-``topk_blocks`` of the earlier blocks by S[p, .] (ties: earlier block)
-    attention    ordinary causal attention restricted to keys in selected blocks
+    token score  s[p, g, j] = q_idx[p, g] . k_idx[j]           raw fp32 dot product, j <= p
+    block score  S[p, g, b] = max over j in block b (j <= p) of s[p, g, j]
+    forced       blocks p//B - i, i < index_local_blocks (clamped at 0) score +inf
+    selected     the top ``index_topk_blocks`` blocks by score, the forced ones counted among
+                 them; blocks past p//B (score -inf) are never selected; equal scores go to the
+                 earlier block
+    attention    query head h of group g = h // (H / Hkv) attends the keys j <= p of the blocks
+                 group g selected, with the usual softmax
 
-Each query (every verify token of a speculative step included) selects its own blocks. While a
-sequence has at most ``topk_blocks + num_local_blocks`` blocks, everything is selected and MSA equals
-dense attention.
+Every query (each verify token of a speculative step too) selects its own blocks. While a
+sequence has at most ``index_topk_blocks`` blocks, everything is selected and MSA equals dense
+attention.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
-from tensorrt_llm._torch.attention_backend.reference import gather_paged, write_paged
+from tensorrt_llm._torch.attention_backend.reference import (
+    causal_attention,
+    gather_paged,
+    write_paged,
+)
 
 
 @dataclass(frozen=True)
 class MsaConfig:
-    """``sparse_attention_config`` of a MiniMax-M3 ``config.json``."""
+    """The indexer's selection rule (a MiniMax-M3 config's ``index_*`` keys)."""
 
-    index_n_heads: int
+    num_index_heads: int  # one per KV group (index_n_heads == num_key_value_heads)
     index_head_dim: int
-    topk_blocks: int
-    block_size: int = 128
-    num_local_blocks: int = 1
-    num_dense_layers: int = 1  # the first layers are dense; the rest use MSA
+    block_size: int  # index_block_size: keys per scored block
+    topk_blocks: int  # index_topk_blocks: blocks each query keeps, the forced ones included
+    local_blocks: int = 1  # index_local_blocks: blocks ending at the query's own, always kept
 
     def __post_init__(self) -> None:
-        for name in (
-            "index_n_heads",
-            "index_head_dim",
-            "topk_blocks",
-            "block_size",
-            "num_local_blocks",
-        ):
+        for name in ("num_index_heads", "index_head_dim", "block_size", "topk_blocks"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"sparse_attention_config.{name}={value!r} must be a positive int")
-        if not isinstance(self.num_dense_layers, int) or self.num_dense_layers < 0:
+                raise ValueError(f"MsaConfig.{name}={value!r} must be a positive int")
+        if not 0 <= self.local_blocks <= self.topk_blocks:
             raise ValueError(
-                f"sparse_attention_config.num_dense_layers={self.num_dense_layers!r} must be >= 0"
+                f"MsaConfig.local_blocks={self.local_blocks!r} must be in [0, topk_blocks="
+                f"{self.topk_blocks}]"
             )
 
 
 @dataclass(frozen=True)
 class MsaInputs:
-    """What MSA's light indexer computed for the step's tokens (``...`` is the token dims of ``q``).
+    """What the indexer computed for the step's tokens (``...`` is the token dims of ``q``).
 
-    index_q: ``[..., index_n_heads, index_head_dim]``; index_w: ``[..., index_n_heads]`` (per-head
-    weights, already divided by ``sqrt(index_n_heads)``); index_k: ``[..., 1, index_head_dim]`` (the
-    one shared index-K head, cached per token like K).
+    index_q: ``[..., G, index_head_dim]``, one index head per KV group this rank attends (normed,
+    RoPE applied); index_k: ``[..., 1, index_head_dim]``, the one index-K head (normed, RoPE
+    applied), cached per token like K.
     """
 
     index_q: torch.Tensor
-    index_w: torch.Tensor
     index_k: torch.Tensor
 
 
-def index_scores(
-    index_q: torch.Tensor, index_w: torch.Tensor, index_k: torch.Tensor
+def index_block_scores(
+    index_q: torch.Tensor, index_k: torch.Tensor, q_pos: torch.Tensor, block_size: int
 ) -> torch.Tensor:
-    """``index_q [n, Hi, Di]``, ``index_w [n, Hi]``, ``index_k [L, Di]`` -> token scores ``[n, L]``."""
-    dots = torch.einsum("nhd,ld->nhl", index_q.float(), index_k.float()) / math.sqrt(
-        index_q.shape[-1]
+    """``index_q [n, G, Di]``, ``index_k [L, Di]`` (key j at position j), query positions ``[n]``
+    -> fp32 block scores ``[n, G, cdiv(L, block_size)]``: per block the max over its keys at a
+    position ``<=`` the query's of the raw dot products; -inf where no key is visible."""
+    length = index_k.shape[0]
+    num_blocks = -(-length // block_size)
+    scores = torch.einsum("ngd,ld->ngl", index_q.float(), index_k.float())  # [n, G, L]
+    future = torch.arange(length, device=scores.device)[None, :] > q_pos[:, None].to(
+        scores.device
+    )  # [n, L]
+    scores = scores.masked_fill(future[:, None, :], float("-inf"))
+    pad = num_blocks * block_size - length
+    scores = torch.nn.functional.pad(scores, (0, pad), value=float("-inf"))
+    return scores.unflatten(-1, (num_blocks, block_size)).amax(dim=-1)
+
+
+def select_blocks(block_scores: torch.Tensor, q_pos: torch.Tensor, cfg: MsaConfig) -> torch.Tensor:
+    """Block scores ``[n, G, num_blocks]`` and query positions ``[n]`` -> the selected blocks, bool
+    ``[n, G, num_blocks]`` (the module docstring's rule)."""
+    num_blocks = block_scores.shape[-1]
+    blocks = torch.arange(num_blocks, device=block_scores.device)
+    q_block = (q_pos.to(block_scores.device) // cfg.block_size)[:, None]  # [n, 1]
+    # the forced blocks q_block - i, i < local_blocks, clamped at 0: [n, num_blocks]
+    forced = (blocks[None, :] <= q_block) & (
+        blocks[None, :] >= (q_block - cfg.local_blocks + 1).clamp(min=0)
     )
-    return torch.einsum("nhl,nh->nl", torch.relu(dots), index_w.float())
-
-
-def select_blocks(scores: torch.Tensor, q_pos: torch.Tensor, cfg: MsaConfig) -> torch.Tensor:
-    """Token scores ``[n, L]`` and query positions ``[n]`` -> selected blocks ``[n, num_blocks]`` (bool)."""
-    n, length = scores.shape
-    bs = cfg.block_size
-    num_blocks = -(-length // bs)
-    keys = torch.arange(num_blocks * bs, device=scores.device)
-    padded = torch.full((n, num_blocks * bs), float("-inf"), device=scores.device)
-    padded[:, :length] = scores
-    padded = padded.masked_fill(keys[None, :] > q_pos[:, None], float("-inf"))
-    block_scores = padded.view(n, num_blocks, bs).amax(dim=-1)  # [n, num_blocks]
-    blocks = torch.arange(num_blocks, device=scores.device)
-    q_block = (q_pos // bs)[:, None]
-    local = (blocks[None, :] <= q_block) & (blocks[None, :] > q_block - cfg.num_local_blocks)
-    earlier = blocks[None, :] <= q_block - cfg.num_local_blocks
-    candidates = block_scores.masked_fill(~earlier, float("-inf"))
+    scores = block_scores.masked_fill(forced[:, None, :], float("inf"))
     k = min(cfg.topk_blocks, num_blocks)
-    # a stable descending sort: equal scores go to the earlier block
-    top_scores, top_idx = torch.sort(candidates, dim=-1, descending=True, stable=True)
-    chosen = torch.zeros_like(local)
-    chosen.scatter_(1, top_idx[:, :k], top_scores[:, :k] > float("-inf"))
-    return chosen | local
+    top_scores, top_idx = torch.sort(scores, dim=-1, descending=True, stable=True)
+    chosen = torch.zeros_like(scores, dtype=torch.bool)
+    return chosen.scatter_(-1, top_idx[..., :k], top_scores[..., :k] > float("-inf"))
+
+
+def block_key_mask(selected: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """Selected blocks ``[n, G, num_blocks]`` -> the keys they cover, bool ``[n, G, length]``."""
+    return selected.repeat_interleave(block_size, dim=-1)[..., :length]
 
 
 def sparse_attention(
@@ -108,30 +117,11 @@ def sparse_attention(
     block_size: int,
     scale: float,
 ) -> torch.Tensor:
-    """Attention of ``q [n, H, D]`` over only the selected blocks of ``k, v [L, Hkv, D]``.
-
-    Gathers, per query, the keys of its selected blocks (``[n, S * block_size]`` indices, padded with
-    -1), so the work is proportional to the selected blocks, not to ``L``.
-    """
-    n, num_heads, _ = q.shape
-    length, num_kv_heads, _ = k.shape
-    num_sel = int(selected.sum(dim=1).max()) if n else 0
-    # block ids of each query's selection, padded with -1: [n, num_sel]
-    order = torch.argsort((~selected).to(torch.int8), dim=1, stable=True)[:, :num_sel]
-    block_ids = torch.where(torch.gather(selected, 1, order), order, -1)
-    token_ids = block_ids[:, :, None] * block_size + torch.arange(block_size, device=q.device)
-    token_ids = torch.where(block_ids[:, :, None] >= 0, token_ids, -1).reshape(
-        n, -1
-    )  # [n, num_sel * bs]
-    valid = (token_ids >= 0) & (token_ids < length) & (token_ids <= q_pos[:, None])
-    gather_ids = token_ids.clamp(0, max(length - 1, 0))
-    keys, values = k[gather_ids], v[gather_ids]  # [n, S*bs, Hkv, D]
-    if num_heads != num_kv_heads:
-        keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=2)
-        values = values.repeat_interleave(num_heads // num_kv_heads, dim=2)
-    scores = torch.einsum("nhd,nshd->nhs", q.float(), keys.float()) * scale
-    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-    return torch.einsum("nhs,nshd->nhd", torch.softmax(scores, dim=-1), values.float()).to(q.dtype)
+    """Attention of ``q [n, H, D]`` over ``k, v [L, Hkv, D]`` (key j at position j), each query
+    head seeing the keys at positions ``<=`` its own in the blocks its KV group selected
+    (``selected [n, Hkv, num_blocks]``). Returns ``[n, H, D]``."""
+    mask = block_key_mask(selected, k.shape[0], block_size)
+    return causal_attention(q, k, v, q_pos, key_mask=mask)
 
 
 def write_msa_step(
@@ -141,7 +131,7 @@ def write_msa_step(
     index_k: torch.Tensor,
     metadata: AttentionMetadata,
 ) -> None:
-    """Store the step's K, V ``[n, Hkv, D]`` and index-K ``[n, 1, Di]`` of an MSA layer at the
+    """Store the step's K, V ``[n, Hkv, D]`` and index-K ``[n, 1, Di]`` of a sparse layer at the
     step's positions, through the manager attached to ``metadata``."""
     manager = metadata.kv_cache_manager
     pool = manager.layer_pool_index(layer_idx)
@@ -163,8 +153,14 @@ def msa_paged_attention(
 ) -> torch.Tensor:
     """Write K, V and index-K of the step into the cache, then MSA per query.
 
-    q: ``[n, H, D]``; k, v: ``[n, Hkv, D]``; ``msa`` over the same ``n`` tokens (``index_k [n, 1, Di]``).
+    q: ``[n, H, D]``; k, v: ``[n, Hkv, D]``; ``msa`` over the same ``n`` tokens (``index_q [n,
+    Hkv, Di]``, ``index_k [n, 1, Di]``).
     """
+    if msa.index_q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"index_q has {msa.index_q.shape[-2]} index heads for {k.shape[-2]} KV heads: the "
+            "indexer selects per KV group (index_n_heads == num_key_value_heads)"
+        )
     write_msa_step(layer_idx, k, v, msa.index_k, metadata)
     manager = metadata.kv_cache_manager
     pool = manager.layer_pool_index(layer_idx)
@@ -177,7 +173,7 @@ def msa_paged_attention(
         k_all = gather_paged(k_pages, metadata, pool, 0, seq)
         v_all = gather_paged(v_pages, metadata, pool, 1, seq)
         ik_all = gather_paged(ik_pages, metadata, pool, 0, seq)[:, 0]  # [L, Di]
-        scores = index_scores(msa.index_q[span], msa.index_w[span], ik_all)  # [n_seq, L]
+        scores = index_block_scores(msa.index_q[span], ik_all, pos, cfg.block_size)
         selected = select_blocks(scores, pos, cfg)
         out[span] = sparse_attention(q[span], k_all, v_all, pos, selected, cfg.block_size, scale)
     return out

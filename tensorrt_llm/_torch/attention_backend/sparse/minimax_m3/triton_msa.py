@@ -29,15 +29,15 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
     MsaInputs,
     write_msa_step,
 )
-from tensorrt_llm._torch.attention_backend.triton.launch import (
-    launch_split_reduce,
-    split_partials,
-)
-from tensorrt_llm._torch.attention_backend.triton.msa_kernels import (
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.triton_msa_kernels import (
     INTERPRETED,
     _msa_block_scores_kernel,
     _msa_select_kernel,
     _msa_sparse_attention_kernel,
+)
+from tensorrt_llm._torch.attention_backend.triton.launch import (
+    launch_split_reduce,
+    split_partials,
 )
 from tensorrt_llm._torch.attention_backend.triton.ops import choose_num_splits, num_sms
 

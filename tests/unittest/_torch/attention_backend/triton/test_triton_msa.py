@@ -27,7 +27,7 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (  # noq
     msa_paged_attention,
     select_blocks,
 )
-from tensorrt_llm._torch.attention_backend.triton.msa import (  # noqa: E402
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.triton_msa import (  # noqa: E402
     MsaSelection,
     PagedBatch,
     attention_tile_tokens,
