@@ -1,15 +1,26 @@
-"""HF-style checkpoints: ``config.json`` + ``model.safetensors`` in one directory.
+"""HF-style checkpoints: ``config.json`` and safetensors weights (one file, or shards listed by
+``model.safetensors.index.json``) in one directory.
 
-Loading is by architecture (``registry.py``): nothing here knows a particular model.
+Loading is by architecture (``registry.py``) and by the model class's ``checkpoint_layout``
+(``PlainLayout`` unless the class names another): the layout maps each checkpoint tensor to
+**canonical names** and says where each canonical name goes on this rank (a ``Destination``). The
+loader here reads the files one tensor at a time into a model already allocated at its dtype and
+device, so no second copy of the model is ever held, and is strict: a missing, unexpected or
+mis-shaped tensor is an error that lists them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
 from tensorrt_llm._torch.distributed.mapping import Mapping
@@ -20,63 +31,134 @@ from tensorrt_llm._torch.models.modeling_speculative import (
     Eagle3Target,
 )
 from tensorrt_llm._torch.models.registry import ModelConfig, architecture_of, get_model_classes
+from tensorrt_llm._torch.models.weights import CheckpointLayout, Destination, PlainLayout
 from tensorrt_llm._torch.modules.linear import shard_weight
+from tensorrt_llm.logger import logger
 
 WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+
+
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    """The safetensors files of ``model_dir``: its shards (``model.safetensors.index.json``), or
+    ``model.safetensors``."""
+    model_dir = Path(model_dir)
+    index = model_dir / WEIGHTS_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"{index}: not a safetensors index with a weight_map ({exc})") from None
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        absent = [str(f.name) for f in files if not f.is_file()]
+        if absent:
+            raise ValueError(f"{index}: lists shards that are not there: {absent}")
+        return files
+    if (model_dir / WEIGHTS).is_file():
+        return [model_dir / WEIGHTS]
+    raise ValueError(f"model={str(model_dir)!r}: no {WEIGHTS} or {WEIGHTS_INDEX} there")
+
+
+def checkpoint_tensors(model_dir: str | Path) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+    """Every tensor of the checkpoint as ``(name, get)``: ``get()`` reads it (once; the read is
+    kept until the next tensor), so a caller holds at most one checkpoint tensor at a time."""
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                yield name, functools.cache(functools.partial(f.get_tensor, name))
+
+
+def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
+    """Load ``model_dir``'s weights into ``model`` through its ``checkpoint_layout``, strictly."""
+    layout: CheckpointLayout = getattr(type(model), "checkpoint_layout", PlainLayout)
+    destinations = layout.destinations(model)
+    seen: set[str] = set()
+    unexpected: list[str] = []
+    skipped: Counter[str] = Counter()
+    where = f"model={str(model_dir)!r}"
+    with torch.no_grad():
+        for name, get in checkpoint_tensors(model_dir):
+            family = layout.skipped_family(name)
+            if family is not None:
+                skipped[family] += 1
+                continue
+            for piece in layout.canonical_pieces(name, get):
+                dest = destinations.get(piece.name)
+                if dest is None:
+                    unexpected.append(name)
+                    break
+                tensor = dest.shard(piece.get())
+                if tensor.shape != dest.view.shape:
+                    raise ValueError(
+                        f"{where}: {name} has shape {tuple(get().shape)}; this model "
+                        f"expects {_full_shape_hint(piece.name, dest, tensor)}"
+                    )
+                dest.view.copy_(tensor)
+                seen.add(piece.name)
+    for family, count in sorted(skipped.items()):
+        logger.info("%s: skipped %d %s.* tensor(s) (not served yet)", where, count, family)
+    tied = _fill_tied_head(model, seen)
+    missing = sorted(n for n, d in destinations.items() if n not in seen and not d.optional)
+    missing = [n for n in missing if not (tied and n == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(
+            f"{where}: {len(missing)} missing tensor(s) {missing[:8]}, "
+            f"{len(unexpected)} unexpected tensor(s) {sorted(set(unexpected))[:8]}"
+        )
+
+
+def _full_shape_hint(name: str, dest: Destination, shard: torch.Tensor) -> str:
+    return f"{name} of shape {tuple(dest.view.shape)} on this rank (got {tuple(shard.shape)})"
+
+
+def _fill_tied_head(model: torch.nn.Module, seen: set[str]) -> bool:
+    """With ``tie_word_embeddings`` a checkpoint may leave out the LM head: a head split over the
+    ranks takes its shard of the embedding. Returns whether the head is tied."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "tie_word_embeddings", False) or "lm_head.weight" in seen:
+        return False
+    head, embed = model.lm_head.weight, model.model.embed_tokens.weight
+    if head is not embed:
+        with torch.no_grad():
+            head.copy_(shard_weight(model.lm_head, embed))
+    return True
 
 
 def save_pretrained(model: torch.nn.Module, config, model_dir: str | Path) -> None:
-    """Write ``config.json`` and the weights (a tied LM head is stored once, as the embedding)."""
+    """Write ``config.json`` and ``model.safetensors`` under the checkpoint names of the model's
+    layout (``hub_name`` when it has one: the published layout; else the ``state_dict`` names).
+    A tied LM head is stored once, as the embedding. One rank's whole model only."""
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    layout = getattr(type(model), "checkpoint_layout", PlainLayout)
+    rename = getattr(layout, "hub_name", lambda name, config: name)
+    state = {
+        rename(name, config): dest.view.detach().contiguous().cpu()
+        for name, dest in layout.destinations(model).items()
+    }
     if getattr(config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
-    save_file(state, str(model_dir / WEIGHTS))
-
-
-def load_state_dict_into(model: torch.nn.Module, model_dir: str | Path, tied: bool) -> None:
-    """Load weights strictly: a missing, unexpected or mis-shaped tensor is an error naming it.
-    A tensor-parallel layer takes its rank's shard of the checkpoint's tensor (``shard_weight``);
-    a tied LM head split over ranks takes its shard of the embedding."""
-    path = Path(model_dir) / WEIGHTS
-    if not path.is_file():
-        raise ValueError(f"model={str(model_dir)!r}: no {WEIGHTS} there")
-    state = load_file(str(path))
-    expected = model.state_dict()
-    modules = dict(model.named_modules())
-    if (
-        tied
-        and "lm_head.weight" not in state
-        and model.lm_head.weight is not model.model.embed_tokens.weight
-    ):
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-        tied = False
-    if tied:
-        expected = {k: v for k, v in expected.items() if k != "lm_head.weight"}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ValueError(
-            f"{path}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}"
-        )
-    for name, tensor in state.items():
-        owner, _, kind = name.rpartition(".")
-        if kind == "weight" and owner in modules:
-            tensor = state[name] = shard_weight(modules[owner], tensor)
-        if tensor.shape != expected[name].shape:
-            raise ValueError(
-                f"{path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}"
-            )
-    model.load_state_dict(state, strict=not tied)
+        state.pop(rename("lm_head.weight", config), None)
+    save_file(state, str(model_dir / WEIGHTS), metadata={"format": "pt"})
 
 
 def load_config(model_dir: str | Path) -> ModelConfig:
     """The config of the checkpoint in ``model_dir``, of the class its ``architectures[0]`` selects."""
     data = read_config_json(model_dir, "model")
     architecture = architecture_of(data, f"model={str(model_dir)!r}: config.json")
-    return get_model_classes(architecture).config_class.from_dict(data)
+    return get_model_classes(architecture).config_class.from_pretrained(model_dir)
+
+
+@contextlib.contextmanager
+def _allocate_on(device: str | torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """New parameters are made on ``device`` in ``dtype`` inside the block."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(saved)
 
 
 def load_model(
@@ -92,10 +174,11 @@ def load_model(
     tensor-parallel shard this rank holds (all of it by default)."""
     config = load_config(model_dir)
     model_class = get_model_classes(config.architectures[0]).model_class
-    model = model_class(config, get_attention_backend(attn_backend), mapping or Mapping())
-    load_state_dict_into(model, model_dir, config.tie_word_embeddings)
-    dtype = dtype or getattr(torch, config.torch_dtype)
-    return model.to(device=device, dtype=dtype).eval()
+    backend = get_attention_backend(attn_backend)
+    with _allocate_on(device, dtype or getattr(torch, config.torch_dtype)):
+        model = model_class(config, backend, mapping or Mapping())
+    load_checkpoint_into(model, model_dir)
+    return model.eval()
 
 
 def load_eagle3(
@@ -119,21 +202,26 @@ def load_eagle3(
             f"target_hidden_size={config.target_hidden_size}; the target has {target.config.vocab_size}, "
             f"{target.config.hidden_size}"
         )
-    model = Eagle3DraftModel(config, layer_idx, get_attention_backend(attn_backend), mapping)
-    load_state_dict_into(model, model_dir, tied=False)
     embed_tokens = target.model.embed_tokens
-    model = model.to(device=device, dtype=dtype or embed_tokens.weight.dtype).eval()
+    backend = get_attention_backend(attn_backend)
+    with _allocate_on(device, dtype or embed_tokens.weight.dtype):
+        model = Eagle3DraftModel(config, layer_idx, backend, mapping)
+    load_checkpoint_into(model, model_dir)
     model.embed_tokens = embed_tokens
-    return model
+    return model.eval()
 
 
 def _random_init(model: torch.nn.Module, seed: int, std: float) -> torch.nn.Module:
-    """Norm weights 1, every other parameter N(0, std), from one seeded generator."""
+    """Norms at scale 1 (``weight + weight_offset == 1``), every other parameter N(0, std), from one
+    seeded generator; buffers (the MoE's score-correction bias) stay 0."""
     generator = torch.Generator().manual_seed(seed)
+    modules = dict(model.named_modules())
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
+            owner = modules[name.rpartition(".")[0]]
+            offset = getattr(owner, "weight_offset", None)
+            if offset is not None:
+                param.fill_(1.0 - offset)
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
     return model.eval()

@@ -4,7 +4,8 @@ class and the KV cache manager class.
 A second architecture is one new modeling file and one line in ``MODEL_REGISTRY``. Its classes
 follow the M3 ones:
 
-- config class: a frozen dataclass with ``from_dict(data)`` / ``to_dict()`` for ``config.json``,
+- config class: a frozen dataclass with ``from_dict(data)`` / ``from_pretrained(model_dir)`` /
+  ``to_dict()`` for ``config.json``,
   the fields ``ModelConfig`` lists, and ``kv_cache_layers(mapping)`` (what each layer caches per
   token on one rank);
 - model class: ``model_class(config, attn_backend, mapping)``, an ``nn.Module`` (this rank's
@@ -16,6 +17,7 @@ follow the M3 ones:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from torch import nn
@@ -24,7 +26,12 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager impor
     MiniMaxM3KVCacheManagerV2,
 )
 from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config, MiniMaxM3ForCausalLM
+from tensorrt_llm._torch.models.configuration_minimaxm3 import (
+    TEXT_ARCHITECTURE,
+    VL_ARCHITECTURE,
+    MiniMaxM3Config,
+)
+from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3ForCausalLM
 from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 
@@ -54,12 +61,15 @@ class ModelConfig(Protocol):
     def max_position_embeddings(self) -> int: ...
 
     @property
-    def eos_token_id(self) -> int | None: ...
+    def eos_token_ids(self) -> tuple[int, ...]: ...
 
     def kv_cache_layers(self, mapping: Mapping | None = None) -> tuple[KvCacheLayer, ...]: ...
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig: ...
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> ModelConfig: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -73,10 +83,10 @@ class ModelClasses:
     kv_cache_manager_class: type[KVCacheManagerV2]
 
 
+_MINIMAX_M3 = ModelClasses(MiniMaxM3Config, MiniMaxM3ForCausalLM, MiniMaxM3KVCacheManagerV2)
 MODEL_REGISTRY: dict[str, ModelClasses] = {
-    "MiniMaxM3ForCausalLM": ModelClasses(
-        MiniMaxM3Config, MiniMaxM3ForCausalLM, MiniMaxM3KVCacheManagerV2
-    ),
+    VL_ARCHITECTURE: _MINIMAX_M3,  # the hub's VL checkpoints (text served)
+    TEXT_ARCHITECTURE: _MINIMAX_M3,  # transformers' text-only save
 }
 
 

@@ -31,7 +31,7 @@ if triton is not None:
 
     @triton.jit
     def _rms_norm_kernel(
-        x_ptr, w_ptr, out_ptr, num_rows, dim, stride_x, stride_out, eps,
+        x_ptr, w_ptr, out_ptr, num_rows, dim, stride_x, stride_out, eps, w_offset,
         ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -40,7 +40,7 @@ if triton is not None:
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
         x = x.to(tl.float32)
         x = x * tl.rsqrt(tl.sum(x * x, 1) / dim + eps)[:, None]
-        w = tl.load(w_ptr + cols, mask=cols < dim, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=cols < dim, other=0.0).to(tl.float32) + w_offset
         y = (x * w[None, :]).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], y, mask=mask)
 
@@ -76,8 +76,11 @@ if triton is not None:
         tl.store(dst + d, tl.load(src + d, mask=rest, other=0.0), mask=rest)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x [..., dim]`` scaled by the reciprocal RMS of its last dim (fp32), times ``weight``."""
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0
+) -> torch.Tensor:
+    """``x [..., dim]`` scaled by the reciprocal RMS of its last dim (fp32), times ``weight +
+    weight_offset``."""
     dim = x.shape[-1]
     x2 = x.reshape(-1, dim)
     if x2.stride(-1) != 1:
@@ -87,7 +90,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     rows = max(1, min(64, 4096 // block_d))
     if x2.shape[0]:
         _rms_norm_kernel[(triton.cdiv(x2.shape[0], rows),)](
-            x2, weight, out, x2.shape[0], dim, x2.stride(0), out.stride(0), eps,
+            x2, weight, out, x2.shape[0], dim, x2.stride(0), out.stride(0), eps, weight_offset,
             ROWS=rows, BLOCK_D=block_d, num_warps=4,
         )  # fmt: skip
     return out.view(x.shape)
@@ -95,10 +98,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 @functools.cache
 def inv_freq(device: torch.device, rotary_dim: int, theta: float) -> torch.Tensor:
-    """``theta ** (-i / half)``, ``i < half``, as ``apply_partial_rope`` computes it (fp32)."""
-    half = rotary_dim // 2
+    """``rope_inv_freq`` on ``device``, made once."""
+    from tensorrt_llm._torch.modules import rotary_embedding
+
     with torch.inference_mode():
-        return theta ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
+        return rotary_embedding.rope_inv_freq(rotary_dim, theta, device)
 
 
 def partial_rope(

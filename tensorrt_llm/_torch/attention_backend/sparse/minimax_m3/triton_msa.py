@@ -2,14 +2,18 @@
 
 ``triton_msa_paged_attention`` has the signature and semantics of the torch reference
 ``sparse/minimax_m3/msa.py::msa_paged_attention`` (the oracle), with no host sync and no loop over
-the batch. Its steps, each a launcher usable (and tested) on its own::
+the batch. The indexer selects per KV group (``G`` groups: index head ``g`` for KV head ``g``,
+whose query heads ``g * GROUP .. g * GROUP + GROUP - 1`` attend group ``g``'s blocks). Its steps,
+each a launcher usable (and tested) on its own::
 
     write K, V, index-K      torch index_put through the block table (``reference.write_paged``)
-    msa_block_scores         [num_tokens, num_key_blocks] fp32: indexer scores, max per key block
-    msa_select_blocks        MsaSelection: [num_tokens, num_key_blocks] bool (``select_blocks``),
-                             and per query tile the union of its tokens' blocks
-    msa_sparse_attention     [num_tokens, H, D]: each tile visits its union once, each row keeps
-                             only the blocks its own token selected
+    msa_block_scores         [num_tokens, G, num_key_blocks] fp32: raw index dot products, max
+                             per key block (``index_block_scores``)
+    msa_select_blocks        MsaSelection: [num_tokens, G, num_key_blocks] bool
+                             (``select_blocks``), and per query tile and group the union of its
+                             tokens' blocks
+    msa_sparse_attention     [num_tokens, H, D]: each (tile, KV head) visits its group's union
+                             once, each row keeps only the blocks its own token selected
 
 Grid sizes come from host metadata (``seq_lens``, ``kv_lens_cpu``); every per-token and per-sequence
 quantity the kernels read is a device tensor of the metadata.
@@ -17,7 +21,6 @@ quantity the kernels read is a device tensor of the metadata.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -100,49 +103,6 @@ def _check_pages(name: str, pages: torch.Tensor, batch: PagedBatch, heads: int, 
         )
 
 
-def msa_block_scores(
-    index_q: torch.Tensor,
-    index_w: torch.Tensor,
-    index_k_pages: torch.Tensor,
-    batch: PagedBatch,
-    block_size: int,
-) -> torch.Tensor:
-    """Indexer scores of every step token against every cached key of its sequence at a position
-    ``<=`` its own, max-pooled per key block of ``block_size``.
-
-    index_q ``[num_tokens, Hi, Di]``, index_w ``[num_tokens, Hi]``, index-K pages ``[num_pages,
-    tokens_per_block, 1, Di]`` -> fp32 ``[num_tokens, cdiv(max_kv_len, block_size)]``; -inf for a
-    block with no visible key.
-    """
-    num_tokens, num_index_heads, index_dim = index_q.shape
-    if tuple(index_w.shape) != (num_tokens, num_index_heads):
-        raise ValueError(
-            f"index_w of shape {tuple(index_w.shape)}: expected {tuple(index_q.shape[:2])}"
-        )
-    _check_pages("index-K", index_k_pages, batch, 1, index_dim)
-    num_key_blocks = triton.cdiv(batch.max_kv_len, block_size)
-    # [num_tokens, num_key_blocks]
-    out = torch.empty(num_tokens, num_key_blocks, dtype=torch.float32, device=index_q.device)
-    if num_tokens == 0 or num_key_blocks == 0:
-        return out
-    block_m = min(64, _pad(batch.max_q_len))
-    grid = (batch.num_seqs, triton.cdiv(batch.max_q_len, block_m), num_key_blocks)
-    ik = index_k_pages[:, :, 0]  # [num_pages, tokens_per_block, Di]
-    _msa_block_scores_kernel[grid](
-        index_q, *index_q.stride(),
-        index_w, *index_w.stride(),
-        ik, *ik.stride(),
-        batch.table_k, *batch.table_k.stride(),
-        batch.cu_seqlens_q, batch.position_ids,
-        out, *out.stride(),
-        math.sqrt(index_dim),
-        NUM_INDEX_HEADS=num_index_heads, INDEX_DIM=index_dim, INDEX_DIM_PAD=_pad(index_dim),
-        BLOCK_SIZE=block_size, TOKENS_PER_PAGE=batch.tokens_per_page,
-        BLOCK_M=block_m, BLOCK_N=min(128, _pad(block_size)), **_dot_options(index_q, ik),
-    )  # fmt: skip
-    return out
-
-
 def attention_tile_tokens(max_q_len: int, group: int) -> int:
     """Query tokens per tile: the tile's ``tokens x next_pow2(group)`` rows fill at most 64 (or one
     token's heads), and no more tokens than the longest sequence of the step has."""
@@ -150,14 +110,58 @@ def attention_tile_tokens(max_q_len: int, group: int) -> int:
     return min(triton.next_power_of_2(max(max_q_len, 1)), per_tile)
 
 
+def msa_block_scores(
+    index_q: torch.Tensor,
+    index_k_pages: torch.Tensor,
+    batch: PagedBatch,
+    block_size: int,
+) -> torch.Tensor:
+    """Indexer scores of every step token and KV group against every cached key of its sequence
+    at a position ``<=`` its own (the raw fp32 dot product ``index_q[t, g] . index_k[j]``),
+    max-pooled per key block of ``block_size``.
+
+    index_q ``[num_tokens, G, Di]`` (one index head per KV group), index-K pages ``[num_pages,
+    tokens_per_block, 1, Di]`` -> fp32 ``[num_tokens, G, cdiv(max_kv_len, block_size)]``; -inf
+    for a block with no visible key.
+    """
+    num_tokens, num_groups, index_dim = index_q.shape
+    _check_pages("index-K", index_k_pages, batch, 1, index_dim)
+    num_key_blocks = triton.cdiv(batch.max_kv_len, block_size)
+    out = torch.empty(
+        num_tokens, num_groups, num_key_blocks, dtype=torch.float32, device=index_q.device
+    )  # [num_tokens, G, num_key_blocks]
+    if num_tokens == 0 or num_groups == 0 or num_key_blocks == 0:
+        return out
+    # rows of (token, group) pairs, as msa_sparse_attention's rows are (token, query head) pairs
+    tile_tokens = attention_tile_tokens(batch.max_q_len, num_groups)
+    groups_pad = triton.next_power_of_2(num_groups)
+    grid = (batch.num_seqs, triton.cdiv(batch.max_q_len, tile_tokens), num_key_blocks)
+    ik = index_k_pages[:, :, 0]  # [num_pages, tokens_per_block, Di]
+    _msa_block_scores_kernel[grid](
+        index_q, *index_q.stride(),  # [num_tokens, G, Di]
+        ik, *ik.stride(),  # [num_pages, tokens_per_block, Di]
+        batch.table_k, *batch.table_k.stride(),  # [num_seqs, max_pages]
+        batch.cu_seqlens_q, batch.position_ids,
+        out, *out.stride(),  # [num_tokens, G, num_key_blocks]
+        NUM_GROUPS=num_groups, GROUPS_PAD=groups_pad,
+        INDEX_DIM=index_dim, INDEX_DIM_PAD=_pad(index_dim),
+        BLOCK_SIZE=block_size, TOKENS_PER_PAGE=batch.tokens_per_page, TILE_TOKENS=tile_tokens,
+        ROWS=max(16, tile_tokens * groups_pad), BLOCK_N=min(128, _pad(block_size)),
+        **_dot_options(index_q, ik),
+    )  # fmt: skip
+    return out
+
+
 @dataclass(frozen=True)
 class MsaSelection:
-    """The key blocks every step token attends, and per query tile the union of its tokens' blocks.
+    """The key blocks every step token attends per KV group, and per query tile and group the
+    union of its tokens' blocks.
 
-    mask: bool ``[num_tokens, num_key_blocks]``, the same as ``select_blocks`` per sequence;
-    tile_blocks: int32 ``[num_tile_ids, num_key_blocks]``, a tile's selected blocks ascending in its
-    first ``tile_counts[tile_id]`` entries (``tile_id``: ``msa_kernels.py``); ``tile_tokens``
-    tokens per tile.
+    mask: bool ``[num_tokens, G, num_key_blocks]``, the same as ``select_blocks`` per sequence;
+    tile_blocks: int32 ``[num_tile_ids, G, num_key_blocks]``, the blocks a tile's tokens selected
+    for group ``g`` ascending in the first ``tile_counts[tile_id, g]`` entries of
+    ``tile_blocks[tile_id, g]`` (``tile_id``: ``triton_msa_kernels.py``); ``tile_counts`` int32
+    ``[num_tile_ids, G]``; ``tile_tokens`` tokens per tile.
     """
 
     mask: torch.Tensor
@@ -169,33 +173,36 @@ class MsaSelection:
 def msa_select_blocks(
     block_scores: torch.Tensor, batch: PagedBatch, cfg: MsaConfig, tile_tokens: int
 ) -> MsaSelection:
-    """Per token: its ``cfg.num_local_blocks`` local key blocks, and the top ``cfg.topk_blocks``
-    earlier ones by score (equal scores go to the earlier block; only finite scores count).
+    """Per token and KV group (``select_blocks``): the ``cfg.local_blocks`` forced blocks ending at
+    the token's own, counted among the top ``cfg.topk_blocks`` blocks by score (equal scores go to
+    the earlier block; only finite scores count).
 
-    block_scores ``[num_tokens, num_key_blocks]`` (``msa_block_scores``); query tiles of
+    block_scores ``[num_tokens, G, num_key_blocks]`` (``msa_block_scores``); query tiles of
     ``tile_tokens`` (a power of two) tokens, as ``msa_sparse_attention`` will visit them.
     """
     if tile_tokens <= 0 or tile_tokens & (tile_tokens - 1):
         raise ValueError(f"tile_tokens={tile_tokens} must be a power of two")
-    num_tokens, num_key_blocks = block_scores.shape
+    num_tokens, num_groups, num_key_blocks = block_scores.shape
     device = block_scores.device
     num_tile_ids = batch.num_seqs + num_tokens // tile_tokens + 1
-    # every entry of a token's row is written; tile ids of no tile are never read
-    mask = torch.empty(num_tokens, num_key_blocks, dtype=torch.int8, device=device)
-    tile_blocks = torch.empty(num_tile_ids, num_key_blocks, dtype=torch.int32, device=device)
-    tile_counts = torch.empty(num_tile_ids, dtype=torch.int32, device=device)
+    # every entry of a token's rows is written; tile ids of no tile are never read
+    mask = torch.empty(num_tokens, num_groups, num_key_blocks, dtype=torch.int8, device=device)
+    tile_blocks = torch.empty(
+        num_tile_ids, num_groups, num_key_blocks, dtype=torch.int32, device=device
+    )
+    tile_counts = torch.empty(num_tile_ids, num_groups, dtype=torch.int32, device=device)
     selection = MsaSelection(mask.view(torch.bool), tile_blocks, tile_counts, tile_tokens)
-    if num_tokens == 0 or num_key_blocks == 0:
+    if num_tokens == 0 or num_groups == 0 or num_key_blocks == 0:
         return selection
     block_b = _pad(num_key_blocks)
-    grid = (batch.num_seqs, triton.cdiv(batch.max_q_len, tile_tokens))
+    grid = (batch.num_seqs, triton.cdiv(batch.max_q_len, tile_tokens), num_groups)
     _msa_select_kernel[grid](
-        block_scores, *block_scores.stride(),
-        mask, *mask.stride(),
-        tile_blocks, *tile_blocks.stride(),
-        tile_counts,
+        block_scores, *block_scores.stride(),  # [num_tokens, G, num_key_blocks]
+        mask, *mask.stride(),  # [num_tokens, G, num_key_blocks]
+        tile_blocks, *tile_blocks.stride(),  # [num_tile_ids, G, num_key_blocks]
+        tile_counts, *tile_counts.stride(),  # [num_tile_ids, G]
         batch.cu_seqlens_q, batch.position_ids, num_key_blocks,
-        BLOCK_SIZE=cfg.block_size, TOPK=cfg.topk_blocks, NUM_LOCAL=cfg.num_local_blocks,
+        BLOCK_SIZE=cfg.block_size, TOPK=cfg.topk_blocks, NUM_LOCAL=cfg.local_blocks,
         TILE_TOKENS=tile_tokens, SUB_TOKENS=max(2, min(tile_tokens, 4096 // block_b)),
         BLOCK_B=block_b,
     )  # fmt: skip
@@ -212,17 +219,23 @@ def msa_sparse_attention(
     scale: float,
     num_splits: int = 1,
 ) -> torch.Tensor:
-    """Attention of each token's query heads over only the keys (positions ``<=`` its own) of its
-    selected key blocks, read through the block table (GQA: heads ``g*G .. g*G+G-1`` share KV
-    head ``g``). ``num_splits > 1`` spreads each tile's blocks over that many programs and
+    """Attention of each token's query heads over only the keys (positions ``<=`` its own) of the
+    key blocks the token selected for their KV group, read through the block table (GQA: heads
+    ``g*GROUP .. g*GROUP+GROUP-1`` share KV head ``g`` and group ``g``'s selection).
+    ``num_splits > 1`` spreads each tile's blocks of the group over that many programs and
     combines their partial outputs (flash decoding: a small decode batch then fills the GPU).
 
-    q ``[num_tokens, H, D]``, K / V pages ``[num_pages, tokens_per_block, Hkv, D]`` ->
-    ``[num_tokens, H, D]`` in ``q``'s dtype.
+    q ``[num_tokens, H, D]``, K / V pages ``[num_pages, tokens_per_block, Hkv, D]``, a selection
+    of ``Hkv`` groups (``msa_select_blocks``) -> ``[num_tokens, H, D]`` in ``q``'s dtype.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_pages.shape[2]
     group = _check_group(num_heads, num_kv_heads)
+    if selection.mask.dim() != 3 or selection.mask.shape[:2] != (num_tokens, num_kv_heads):
+        raise ValueError(
+            f"selection mask of shape {tuple(selection.mask.shape)}: expected [num_tokens="
+            f"{num_tokens}, num_kv_heads={num_kv_heads}, num_key_blocks]"
+        )
     _check_pages("K", k_pages, batch, num_kv_heads, head_dim)
     _check_pages("V", v_pages, batch, num_kv_heads, head_dim)
     if k_pages.stride() != v_pages.stride():
@@ -240,15 +253,18 @@ def msa_sparse_attention(
     tile = selection.tile_tokens
     group_pad = triton.next_power_of_2(group)
     grid = (batch.num_seqs, triton.cdiv(batch.max_q_len, tile), num_kv_heads * num_splits)
+    sel = selection
     _msa_sparse_attention_kernel[grid](
-        q, *q.stride(),
-        out, *out.stride(),
-        k_pages, v_pages, *k_pages.stride(),
-        batch.table_k, batch.table_v, *batch.table_k.stride(),
-        selection.mask.view(torch.int8), *selection.mask.stride(),
-        selection.tile_blocks, *selection.tile_blocks.stride(), selection.tile_counts,
+        q, *q.stride(),  # [num_tokens, H, D]
+        out, *out.stride(),  # [num_tokens, H, D]
+        k_pages, v_pages, *k_pages.stride(),  # [num_pages, tokens_per_block, Hkv, D]
+        batch.table_k, batch.table_v, *batch.table_k.stride(),  # [num_seqs, max_pages]
+        sel.mask.view(torch.int8), *sel.mask.stride(),  # [num_tokens, Hkv, num_key_blocks]
+        sel.tile_blocks, *sel.tile_blocks.stride(),  # [num_tile_ids, Hkv, num_key_blocks]
+        sel.tile_counts, *sel.tile_counts.stride(),  # [num_tile_ids, Hkv]
         batch.cu_seqlens_q, batch.position_ids,
-        partial, *partial.stride(), lse, *lse.stride(),
+        partial, *partial.stride(),  # [num_splits, num_tokens, H, D]
+        lse, *lse.stride(),  # [num_splits, num_tokens, H]
         scale, num_splits,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, HEAD_DIM_PAD=_pad(head_dim),
         BLOCK_SIZE=block_size, TOKENS_PER_PAGE=batch.tokens_per_page, TILE_TOKENS=tile,
@@ -268,6 +284,14 @@ def _check_group(num_heads: int, num_kv_heads: int) -> int:
     return num_heads // num_kv_heads
 
 
+def _check_index_heads(index_q: torch.Tensor, num_kv_heads: int) -> None:
+    if index_q.dim() != 3 or index_q.shape[1] != num_kv_heads:
+        raise ValueError(
+            f"index_q of shape {tuple(index_q.shape)}: expected [num_tokens, {num_kv_heads}, "
+            "index_head_dim], one index head per KV head (the indexer selects per KV group)"
+        )
+
+
 def triton_msa_paged_attention(
     layer_idx: int,
     q: torch.Tensor,
@@ -282,8 +306,8 @@ def triton_msa_paged_attention(
     MSA per query token.
 
     q: ``[num_tokens, H, D]``; k, v: ``[num_tokens, Hkv, D]``; ``msa`` over the same tokens
-    (``index_q [num_tokens, Hi, Di]``, ``index_w [num_tokens, Hi]``,
-    ``index_k [num_tokens, 1, Di]``). Returns ``[num_tokens, H, D]`` in ``q``'s dtype.
+    (``index_q [num_tokens, Hkv, Di]``: one index head per KV group, ``index_k [num_tokens, 1,
+    Di]``). Returns ``[num_tokens, H, D]`` in ``q``'s dtype.
     """
     if q.dim() != 3 or q.shape[0] != metadata.num_tokens:
         raise ValueError(
@@ -291,6 +315,7 @@ def triton_msa_paged_attention(
             "head_dim]"
         )
     _check_group(q.shape[1], k.shape[1])
+    _check_index_heads(msa.index_q, k.shape[1])
     write_msa_step(layer_idx, k, v, msa.index_k, metadata)
     return triton_msa_attend(layer_idx, q, msa, metadata, cfg, scale)
 
@@ -304,19 +329,21 @@ def triton_msa_attend(
     scale: float,
 ) -> torch.Tensor:
     """MSA of the step's queries over the cache once the step's K, V and index-K are written
-    (``triton_msa_paged_attention`` without its writes). q ``[num_tokens, H, D]`` -> like q."""
+    (``triton_msa_paged_attention`` without its writes). q ``[num_tokens, H, D]``, ``index_q
+    [num_tokens, Hkv, Di]`` -> like q."""
     manager = metadata.kv_cache_manager
     pool = manager.layer_pool_index(layer_idx)
     k_pages, v_pages = manager.get_kv_pages(layer_idx)
     group = _check_group(q.shape[1], k_pages.shape[2])
+    _check_index_heads(msa.index_q, k_pages.shape[2])
     batch = PagedBatch.from_metadata(metadata, pool)
     block_scores = msa_block_scores(
-        msa.index_q, msa.index_w, manager.get_index_k_pages(layer_idx), batch, cfg.block_size
-    )  # [num_tokens, num_key_blocks]
+        msa.index_q, manager.get_index_k_pages(layer_idx), batch, cfg.block_size
+    )  # [num_tokens, Hkv, num_key_blocks]
     tile_tokens = attention_tile_tokens(batch.max_q_len, group)
     selection = msa_select_blocks(block_scores, batch, cfg, tile_tokens)
-    # a tile reads at most its tokens' selected blocks (one token's at decode)
-    visited = (cfg.topk_blocks + cfg.num_local_blocks) * cfg.block_size
+    # a (tile, KV head) reads at most its tokens' selected blocks (one token's at decode)
+    visited = cfg.topk_blocks * cfg.block_size
     num_programs = batch.num_seqs * triton.cdiv(batch.max_q_len, tile_tokens) * k_pages.shape[2]
     num_splits = choose_num_splits(num_programs, min(batch.max_kv_len, visited), num_sms(q.device))
     return msa_sparse_attention(

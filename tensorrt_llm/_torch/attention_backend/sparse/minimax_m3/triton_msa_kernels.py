@@ -1,4 +1,9 @@
-"""Triton kernels of MiniMax sparse attention (MSA); launchers and the public op are in ``msa.py``.
+"""Triton kernels of MiniMax sparse attention (MSA); launchers and the public op are in
+``triton_msa.py``, the rule in ``msa.py``.
+
+MSA selects key blocks per query token and per KV group: index head ``g`` picks the blocks that
+query heads ``g * GROUP .. g * GROUP + GROUP - 1`` (the heads sharing KV head ``g``) attend. Block
+scores, selections and the query tiles' unions of selected blocks all carry that group axis.
 
 Two units of keys, never mixed up:
 
@@ -27,36 +32,47 @@ from triton.runtime.jit import JITFunction
 
 @triton.jit
 def _msa_block_scores_kernel(
-    iq_ptr, stride_iqt, stride_iqh, stride_iqd,  # index_q [num_tokens, NUM_INDEX_HEADS, INDEX_DIM]
-    iw_ptr, stride_iwt, stride_iwh,  # index_w [num_tokens, NUM_INDEX_HEADS]
+    iq_ptr, stride_iqt, stride_iqg, stride_iqd,  # index_q [num_tokens, NUM_GROUPS, INDEX_DIM]
     ik_ptr, stride_ikp, stride_ikt, stride_ikd,  # index-K [num_pages, TOKENS_PER_PAGE, INDEX_DIM]
     table_ptr, stride_table_seq, stride_table_page,  # lane-0 block table [num_seqs, max_pages]
     cu_seqlens_q_ptr, pos_ptr,  # [num_seqs + 1], [num_tokens]
-    out_ptr, stride_ot, stride_ob,  # block scores [num_tokens, num_key_blocks], fp32
-    sqrt_index_dim,
-    NUM_INDEX_HEADS: tl.constexpr, INDEX_DIM: tl.constexpr, INDEX_DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TOKENS_PER_PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+    out_ptr, stride_ot, stride_og, stride_ob,  # [num_tokens, NUM_GROUPS, num_key_blocks] fp32
+    NUM_GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr,
+    INDEX_DIM: tl.constexpr, INDEX_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TOKENS_PER_PAGE: tl.constexpr, TILE_TOKENS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(num_seqs, cdiv(max_q_len, BLOCK_M), num_key_blocks)``: for ``BLOCK_M`` query tokens
-    ``t`` of sequence ``seq``, the max over the keys ``j <= pos[t]`` of key block ``kblock`` of
-    ``sum_h w[t, h] * relu(q[t, h] . k[j]) / sqrt(INDEX_DIM)``; -inf where no key is visible."""
+    """Grid ``(num_seqs, cdiv(max_q_len, TILE_TOKENS), num_key_blocks)``: rows ``r = m *
+    GROUPS_PAD + g`` are index head ``g`` of the tile's token ``t = m``; each gets the max over
+    the keys ``j <= pos[t]`` of key block ``kblock`` of the raw dot product ``q[t, g] . k[j]``
+    (-inf where no key is visible). The block's index-K is read once for every group."""
     seq = tl.program_id(0)
     tile = tl.program_id(1)
     kblock = tl.program_id(2)
     q_begin = tl.load(cu_seqlens_q_ptr + seq)
     q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
-    rows = q_begin + tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] token indices
-    row_ok = rows < q_end
-    rows = rows.to(tl.int64)
-    pos = tl.load(pos_ptr + rows, mask=row_ok, other=-1)  # [BLOCK_M]
+    offs_r = tl.arange(0, ROWS)
+    m = offs_r // GROUPS_PAD
+    g = offs_r % GROUPS_PAD
+    toks = q_begin + tile * TILE_TOKENS + m  # [ROWS] token indices
+    row_ok = (m < TILE_TOKENS) & (g < NUM_GROUPS) & (toks < q_end)
+    toks = toks.to(tl.int64)
+    pos = tl.load(pos_ptr + toks, mask=row_ok, other=-1)  # [ROWS]
     last_pos = tl.max(pos, axis=0)
     block_start = kblock * BLOCK_SIZE
-    best = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    best = tl.full([ROWS], float("-inf"), tl.float32)
     if block_start <= last_pos:
         offs_d = tl.arange(0, INDEX_DIM_PAD)
         d_ok = offs_d < INDEX_DIM
+        iq_rows = iq_ptr + toks * stride_iqt + g * stride_iqg  # [ROWS]
+        iq = tl.load(
+            iq_rows[:, None] + offs_d[None, :] * stride_iqd,
+            mask=row_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # [ROWS, INDEX_DIM_PAD]
+        if DOT_FP32:
+            iq = iq.to(tl.float32)
         for n0 in range(0, BLOCK_SIZE, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             keys = block_start + offs_n  # [BLOCK_N] key positions
@@ -74,41 +90,29 @@ def _msa_block_scores_kernel(
             )  # [INDEX_DIM_PAD, BLOCK_N]
             if DOT_FP32:
                 ik = ik.to(tl.float32)
-            score = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for h in range(NUM_INDEX_HEADS):
-                iq = tl.load(
-                    iq_ptr
-                    + rows[:, None] * stride_iqt
-                    + h * stride_iqh
-                    + offs_d[None, :] * stride_iqd,
-                    mask=row_ok[:, None] & d_ok[None, :],
-                    other=0.0,
-                )  # [BLOCK_M, INDEX_DIM_PAD]
-                if DOT_FP32:
-                    iq = iq.to(tl.float32)
-                w = tl.load(iw_ptr + rows * stride_iwt + h * stride_iwh, mask=row_ok, other=0.0)
-                dots = tl.dot(iq, ik, input_precision=DOT_PRECISION) / sqrt_index_dim
-                score += tl.maximum(dots, 0.0) * w.to(tl.float32)[:, None]  # [BLOCK_M, BLOCK_N]
+            score = tl.dot(iq, ik, input_precision=DOT_PRECISION)  # [ROWS, BLOCK_N]
             visible = key_ok[None, :] & (keys[None, :] <= pos[:, None])
             best = tl.maximum(best, tl.max(tl.where(visible, score, float("-inf")), axis=1))
-    tl.store(out_ptr + rows * stride_ot + kblock * stride_ob, best, mask=row_ok)
+    tl.store(out_ptr + toks * stride_ot + g * stride_og + kblock * stride_ob, best, mask=row_ok)
 
 
 @triton.jit
 def _msa_select_kernel(
-    score_ptr, stride_st, stride_sb,  # block scores [num_tokens, num_key_blocks], fp32
-    sel_ptr, stride_selt, stride_selb,  # selection [num_tokens, num_key_blocks], int8 (0/1)
-    union_ptr, stride_ut, stride_ub,  # [num_tile_ids, num_key_blocks] int32: a tile's blocks
-    count_ptr,  # [num_tile_ids] int32: how many blocks of union_ptr's row are used
+    score_ptr, stride_st, stride_sg, stride_sb,  # block scores [num_tokens, G, num_key_blocks]
+    sel_ptr, stride_selt, stride_selg, stride_selb,  # [num_tokens, G, num_key_blocks] int8 (0/1)
+    union_ptr, stride_ut, stride_ug, stride_ub,  # [num_tile_ids, G, num_key_blocks] int32
+    count_ptr, stride_ct, stride_cg,  # [num_tile_ids, G] int32: entries of union_ptr's row used
     cu_seqlens_q_ptr, pos_ptr, num_key_blocks,  # [num_seqs + 1], [num_tokens]
     BLOCK_SIZE: tl.constexpr, TOPK: tl.constexpr, NUM_LOCAL: tl.constexpr,
     TILE_TOKENS: tl.constexpr, SUB_TOKENS: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(num_seqs, cdiv(max_q_len, TILE_TOKENS))``. Per token of the query tile: its
-    ``NUM_LOCAL`` local key blocks and the top ``TOPK`` earlier ones by score (equal scores go to
-    the earlier block; only finite scores). Then the tile's union of selected blocks, ascending."""
+    """Grid ``(num_seqs, cdiv(max_q_len, TILE_TOKENS), G)``. Per token of the query tile, for KV
+    group ``group``: its forced blocks ``q_block - i`` (``i < NUM_LOCAL``, clamped at 0), then the
+    best of the other visible blocks by score up to ``TOPK`` blocks in all (equal scores go to the
+    earlier block; only finite scores). Then the tile's union of the group's blocks, ascending."""
     seq = tl.program_id(0)
     tile = tl.program_id(1)
+    group = tl.program_id(2)
     q_begin = tl.load(cu_seqlens_q_ptr + seq)
     q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
     tile_begin = q_begin + tile * TILE_TOKENS
@@ -122,30 +126,36 @@ def _msa_select_kernel(
             tok_ok = (offs_t < TILE_TOKENS) & (toks < q_end)
             toks = toks.to(tl.int64)
             q_block = (tl.load(pos_ptr + toks, mask=tok_ok, other=0) // BLOCK_SIZE)[:, None]
-            earlier = (blocks[None, :] <= q_block - NUM_LOCAL) & in_range & tok_ok[:, None]
+            visible = (blocks[None, :] <= q_block) & in_range & tok_ok[:, None]
+            # the forced blocks score +inf, so they are the first picks of the top-TOPK and the
+            # other picks are the best TOPK - NUM_LOCAL of the rest (fewer forced blocks only
+            # near the sequence's start, where no other block is visible)
+            forced = visible & (blocks[None, :] > q_block - NUM_LOCAL)  # [SUB_TOKENS, BLOCK_B]
+            score_rows = score_ptr + toks * stride_st + group * stride_sg  # [SUB_TOKENS]
             score = tl.load(
-                score_ptr + toks[:, None] * stride_st + blocks[None, :] * stride_sb,
-                mask=earlier,
+                score_rows[:, None] + blocks[None, :] * stride_sb,
+                mask=visible & ~forced,
                 other=float("-inf"),
             )  # [SUB_TOKENS, BLOCK_B]
-            chosen = (blocks[None, :] <= q_block) & (blocks[None, :] > q_block - NUM_LOCAL)
-            for _ in range(TOPK):
+            chosen = forced.to(tl.int32)
+            for _ in range(TOPK - NUM_LOCAL):
                 top = tl.max(score, axis=1)[:, None]  # [SUB_TOKENS, 1]
                 first = tl.min(tl.where(score == top, blocks[None, :], BLOCK_B), axis=1)
                 pick = blocks[None, :] == first[:, None]  # the earliest block of the best score
-                chosen = chosen | (pick & (top > float("-inf")))
+                chosen = tl.where(pick & (top > float("-inf")), 1, chosen)
                 score = tl.where(pick, float("-inf"), score)
-            chosen = chosen & tok_ok[:, None]
+            sel_rows = sel_ptr + toks * stride_selt + group * stride_selg  # [SUB_TOKENS]
             tl.store(
-                sel_ptr + toks[:, None] * stride_selt + blocks[None, :] * stride_selb,
+                sel_rows[:, None] + blocks[None, :] * stride_selb,
                 chosen.to(tl.int8),
                 mask=tok_ok[:, None] & in_range,
             )
-            union = tl.maximum(union, tl.max(chosen.to(tl.int32), axis=0))
+            union = tl.maximum(union, tl.max(chosen, axis=0))
         tile_id = seq + q_begin // TILE_TOKENS + tile
         slot = tl.cumsum(union, axis=0) - 1  # where each chosen block goes in the compact list
-        tl.store(union_ptr + tile_id * stride_ut + slot * stride_ub, blocks, mask=union > 0)
-        tl.store(count_ptr + tile_id, tl.sum(union, axis=0))
+        row = union_ptr + tile_id * stride_ut + group * stride_ug
+        tl.store(row + slot * stride_ub, blocks, mask=union > 0)
+        tl.store(count_ptr + tile_id * stride_ct + group * stride_cg, tl.sum(union, axis=0))
 
 
 @triton.jit
@@ -210,8 +220,10 @@ def _msa_sparse_attention_kernel(
     out_ptr, stride_ot, stride_oh, stride_od,  # [num_tokens, num_heads, HEAD_DIM]
     k_ptr, v_ptr, stride_kvp, stride_kvt, stride_kvh, stride_kvd,  # K, V pages, one layout
     table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,  # lanes 0 and 1 of the table
-    sel_ptr, stride_selt, stride_selb,  # selection [num_tokens, num_key_blocks], int8 (0/1)
-    union_ptr, stride_ut, stride_ub, count_ptr,  # the tiles' selected blocks (_msa_select_kernel)
+    sel_ptr, stride_selt, stride_selg, stride_selb,  # [num_tokens, Hkv, num_key_blocks] int8 0/1
+    # the tiles' selected blocks per group (_msa_select_kernel): [num_tile_ids, Hkv,
+    # num_key_blocks] int32, their counts [num_tile_ids, Hkv] int32
+    union_ptr, stride_ut, stride_ug, stride_ub, count_ptr, stride_ct, stride_cg,
     cu_seqlens_q_ptr, pos_ptr,  # [num_seqs + 1], [num_tokens]
     # SPLIT only: [num_splits, num_tokens, num_heads, HEAD_DIM] fp32, [num_splits, num_tokens,
     # num_heads] fp32 (log2 units), as split_reduce_kernel (attention_kernel.py) combines them
@@ -226,10 +238,10 @@ def _msa_sparse_attention_kernel(
 ):  # fmt: skip
     """Grid ``(num_seqs, cdiv(max_q_len, TILE_TOKENS), num_kv_heads * num_splits)``: rows ``r = m *
     GROUP_PAD + g`` are query head ``kv_head * GROUP + g`` of the tile's token ``m``. The tile
-    visits the union of its tokens' selected key blocks once (split ``s`` its ``s``-th share of
-    the union's entries); row ``r`` sees the keys ``j <= pos`` of the blocks its own token
-    selected (online softmax in fp32). With ``SPLIT`` each split writes its normalised partial
-    output and log-sum-exp instead of the output."""
+    visits the union of the key blocks its tokens selected for KV group ``kv_head`` once (split
+    ``s`` its ``s``-th share of the union's entries); row ``r`` sees the keys ``j <= pos`` of the
+    blocks its own token selected for that group (online softmax in fp32). With ``SPLIT`` each
+    split writes its normalised partial output and log-sum-exp instead of the output."""
     seq = tl.program_id(0)
     tile = tl.program_id(1)
     kv_head = tl.program_id(2) // num_splits
@@ -255,11 +267,13 @@ def _msa_sparse_attention_kernel(
         l_i = tl.zeros([ROWS], tl.float32)  # running sum of exp(score - m_i)
         acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
         tile_id = seq + q_begin // TILE_TOKENS + tile
-        count = tl.load(count_ptr + tile_id)
+        count = tl.load(count_ptr + tile_id * stride_ct + kv_head * stride_cg)
+        union_row = union_ptr + tile_id * stride_ut + kv_head * stride_ug
+        sel_rows = sel_ptr + toks * stride_selt + kv_head * stride_selg  # [ROWS]
         share = tl.cdiv(count, num_splits)
         for u in range(split * share, tl.minimum(count, split * share + share)):
-            kblock = tl.load(union_ptr + tile_id * stride_ut + u * stride_ub)
-            sel = tl.load(sel_ptr + toks * stride_selt + kblock * stride_selb, mask=row_ok, other=0)
+            kblock = tl.load(union_row + u * stride_ub)
+            sel = tl.load(sel_rows + kblock * stride_selb, mask=row_ok, other=0)
             for n0 in range(0, BLOCK_SIZE, BLOCK_N):
                 offs_n = n0 + tl.arange(0, BLOCK_N)
                 keys = kblock * BLOCK_SIZE + offs_n  # [BLOCK_N] key positions
@@ -269,7 +283,8 @@ def _msa_sparse_attention_kernel(
                     table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,
                     seq, kv_head, keys, key_ok, offs_d, d_ok, TOKENS_PER_PAGE,
                 )  # fmt: skip
-                # a row sees a key of a block its own token selected, at a position <= its own
+                # a row sees a key of a block its token selected for the group, at a position
+                # <= its own
                 visible = (sel != 0)[:, None] & key_ok[None, :] & (keys[None, :] <= pos[:, None])
                 m_i, l_i, acc = _online_softmax_step(
                     q, k, v, visible, m_i, l_i, acc, scale, DOT_FP32, DOT_PRECISION

@@ -1,0 +1,152 @@
+"""MiniMax-M3 checkpoints: the hub layout and transformers' own, onto ``modeling_minimaxm3.py``.
+
+Every checkpoint tensor is mapped to **canonical names**: this model's parameter names, except that
+the stacked experts are named one expert at a time as the hub names them
+(``...mlp.experts.{e}.w1/w3/w2.weight``: gate, up, down) and fused gate/up tensors are split::
+
+    hub (MiniMaxM3SparseForConditionalGeneration)       canonical (model.layers.N. ...)
+    language_model.model.layers.N.<x>                   <x>, with:
+      block_sparse_moe.gate.weight                        mlp.gate.weight
+      block_sparse_moe.e_score_correction_bias            mlp.e_score_correction_bias
+      block_sparse_moe.experts.{e}.w1/w3/w2.weight        mlp.experts.{e}.w1/w3/w2.weight
+      block_sparse_moe.shared_experts.*                   mlp.shared_experts.*
+      self_attn.index_{q,k}_{proj,norm}.weight            (the same)
+    language_model.model.{embed_tokens,norm}            model.{embed_tokens,norm}
+    language_model.lm_head.weight                       lm_head.weight
+
+    transformers (MiniMaxM3VLForCausalLM)               canonical
+    model.layers.N.mlp.experts.gate_up_proj [E, 2I, H]  mlp.experts.{e}.w1 (rows :I), w3 (I:)
+    model.layers.N.mlp.experts.down_proj [E, H, I]      mlp.experts.{e}.w2
+    model.layers.N.mlp.gate.e_score_correction_bias     mlp.e_score_correction_bias
+    ...mlp.gate_up_proj.weight, ...shared_experts.gate_up_proj.weight [2I, H]
+                                                        ...gate_proj (rows :I), ...up_proj (I:)
+    model.layers.N.self_attn.indexer.{q,k}_{proj,norm}  self_attn.index_{q,k}_{proj,norm}
+
+Tensors of parts not served yet (``vision_tower``, ``multi_modal_projector``, ``patch_merge_mlp``,
+``mtp``) are skipped, one log line per family. Each canonical name has one destination on this
+rank: a view of a parameter and the rank's shard of the full tensor (``shard_weight``). The loader
+itself (files, shards, strictness, the tied LM head) is ``checkpoint.py``'s.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+
+import torch
+
+from tensorrt_llm._torch.models.weights import Destination, Piece, plain_destination
+from tensorrt_llm._torch.modules.moe import StackedExperts
+
+SKIPPED_FAMILIES = re.compile(r"(?:^|\.)(vision_tower|multi_modal_projector|patch_merge_mlp|mtp)\.")
+_PREFIXES = (  # checkpoint prefix -> canonical prefix
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("model.language_model.", "model."),
+)
+_RENAMES = (  # within a layer, checkpoint infix -> canonical infix
+    (".block_sparse_moe.e_score_correction_bias", ".mlp.e_score_correction_bias"),
+    (".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias"),
+    (".block_sparse_moe.", ".mlp."),
+    (".self_attn.indexer.", ".self_attn.index_"),
+)
+_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_GATE_UP = re.compile(r"^(.*)\.gate_up_proj\.weight$")
+
+
+class MiniMaxM3CheckpointLayout:
+    """How MiniMax-M3 checkpoints name this model's tensors (the module docstring)."""
+
+    @staticmethod
+    def skipped_family(name: str) -> str | None:
+        match = SKIPPED_FAMILIES.search(name)
+        return match.group(1) if match else None
+
+    @staticmethod
+    def canonical_pieces(name: str, get: Callable[[], torch.Tensor]) -> list[Piece]:
+        """The canonical names a checkpoint tensor holds, each with a getter of its part."""
+        for prefix, canonical in _PREFIXES:
+            if name.startswith(prefix):
+                name = canonical + name[len(prefix) :]
+                break
+        for old, new in _RENAMES:
+            name = name.replace(old, new)
+        experts = _EXPERTS.match(name)
+        if experts:
+            base, kind = experts.groups()
+            return _split_experts(base, kind, get)
+        fused = _GATE_UP.match(name)
+        if fused:
+            base = fused.group(1)
+            return [
+                Piece(f"{base}.gate_proj.weight", lambda: get().chunk(2, dim=0)[0]),
+                Piece(f"{base}.up_proj.weight", lambda: get().chunk(2, dim=0)[1]),
+            ]
+        return [Piece(name, get)]
+
+    @staticmethod
+    def destinations(model: torch.nn.Module) -> dict[str, Destination]:
+        """Every canonical name this rank's ``model`` loads, with where it goes."""
+        modules = dict(model.named_modules())
+        out: dict[str, Destination] = {}
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            owner, _, leaf = name.rpartition(".")
+            module = modules[owner]
+            if isinstance(module, StackedExperts):
+                out.update(_expert_destinations(owner, leaf, module))
+            else:
+                out[name] = plain_destination(module, name, tensor)
+        return out
+
+    @staticmethod
+    def hub_name(canonical: str, config) -> str:
+        """The hub checkpoint's name of a canonical tensor (``MiniMaxM3SparseForConditionalGeneration``)."""
+        if canonical.startswith("lm_head."):
+            return "language_model." + canonical
+        match = re.match(r"^model\.layers\.(\d+)\.mlp\.(.*)$", canonical)
+        if match and int(match.group(1)) in config.moe_layer_ids:
+            canonical = f"model.layers.{match.group(1)}.block_sparse_moe.{match.group(2)}"
+        return "language_model." + canonical
+
+
+def _split_experts(base: str, kind: str, get: Callable[[], torch.Tensor]) -> list[Piece]:
+    """transformers' stacked experts: ``gate_up_proj [E, 2I, H]`` or ``down_proj [E, H, I]``."""
+    num_experts = get().shape[0]
+    if kind == "down_proj":
+        return [Piece(f"{base}.{e}.w2.weight", _part(get, e)) for e in range(num_experts)]
+    pieces = []
+    for e in range(num_experts):
+        pieces.append(Piece(f"{base}.{e}.w1.weight", _part(get, e, 0)))
+        pieces.append(Piece(f"{base}.{e}.w3.weight", _part(get, e, 1)))
+    return pieces
+
+
+def _part(get: Callable[[], torch.Tensor], expert: int, half: int | None = None):
+    def piece() -> torch.Tensor:
+        tensor = get()[expert]
+        return tensor if half is None else tensor.chunk(2, dim=0)[half]
+
+    return piece
+
+
+def _expert_destinations(
+    owner: str, leaf: str, experts: StackedExperts
+) -> Iterator[tuple[str, Destination]]:
+    """``w13 [E, 2I_local, H]`` takes each expert's gate (w1) and up (w3) row shards; ``w2 [E, H,
+    I_local]`` each expert's down (w2) column shard."""
+    inter = experts.local_intermediate
+    tp, rank = experts.tp_size, experts.tp_rank
+    data = getattr(experts, leaf).data
+    for e in range(experts.num_experts):
+        if leaf == "w13":
+            rows = _shard_fn(tp, rank, dim=0)
+            yield f"{owner}.{e}.w1.weight", Destination(data[e, :inter], rows)
+            yield f"{owner}.{e}.w3.weight", Destination(data[e, inter:], rows)
+        else:
+            yield f"{owner}.{e}.w2.weight", Destination(data[e], _shard_fn(tp, rank, dim=1))
+
+
+def _shard_fn(tp: int, rank: int, dim: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    if tp == 1:
+        return lambda full: full
+    return lambda full: full.chunk(tp, dim=dim)[rank]

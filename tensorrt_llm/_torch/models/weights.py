@@ -1,0 +1,79 @@
+"""How a model class names its checkpoint tensors: ``CheckpointLayout`` (the loader is
+``checkpoint.py``'s).
+
+A layout maps each checkpoint tensor to one or more **canonical names** (``Piece``: a name and a
+getter of its part) and says where each canonical name goes on this rank (``Destination``: a view of
+a parameter, and the function that cuts this rank's shard out of the full tensor).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from tensorrt_llm._torch.modules.linear import shard_weight
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A canonical tensor a checkpoint tensor holds (all of it or a part), read on demand."""
+
+    name: str
+    get: Callable[[], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a canonical tensor goes on this rank: ``shard(full)`` is copied into ``view``."""
+
+    view: torch.Tensor
+    shard: Callable[[torch.Tensor], torch.Tensor]
+    optional: bool = False
+
+
+class CheckpointLayout(Protocol):
+    @staticmethod
+    def skipped_family(name: str) -> str | None:
+        """The family a tensor of a part not served belongs to (skipped), else None."""
+
+    @staticmethod
+    def canonical_pieces(name: str, get: Callable[[], torch.Tensor]) -> list[Piece]: ...
+
+    @staticmethod
+    def destinations(model: torch.nn.Module) -> dict[str, Destination]: ...
+
+
+class PlainLayout:
+    """Checkpoint names are the model's ``state_dict`` names (the Eagle3 drafter, the tests)."""
+
+    @staticmethod
+    def skipped_family(name: str) -> str | None:
+        return None
+
+    @staticmethod
+    def canonical_pieces(name: str, get: Callable[[], torch.Tensor]) -> list[Piece]:
+        return [Piece(name, get)]
+
+    @staticmethod
+    def destinations(model: torch.nn.Module) -> dict[str, Destination]:
+        modules = dict(model.named_modules())
+        return {
+            name: plain_destination(modules[name.rpartition(".")[0]], name, tensor)
+            for name, tensor in model.state_dict(keep_vars=True).items()
+        }
+
+
+def plain_destination(module: torch.nn.Module, name: str, tensor: torch.Tensor) -> Destination:
+    """A parameter or buffer of ``module`` loaded whole, or, a weight of a tensor-parallel linear
+    layer, as this rank's shard (``shard_weight``)."""
+    if name.endswith(".weight"):
+        return Destination(tensor.data, functools.partial(shard_weight, module))
+    return Destination(tensor.data, _whole)
+
+
+def _whole(full: torch.Tensor) -> torch.Tensor:
+    return full

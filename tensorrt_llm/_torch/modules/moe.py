@@ -1,0 +1,119 @@
+"""MiniMax-M3's mixture of experts: sigmoid routing with a score-correction bias, SwiGLU-OAI experts,
+and a shared expert.
+
+Per token ``x`` (``E = num_local_experts``, ``k = num_experts_per_tok``)::
+
+    s       = sigmoid(gate(x))                       fp32 [E]
+    chosen  = top-k of s + e_score_correction_bias   (the bias steers the choice only)
+    w_e     = s_e / sum over chosen of s             e in chosen
+    out     = routed_scaling_factor * sum_e w_e * expert_e(x)  +  shared_experts(x)
+
+Each expert is a SwiGLU-OAI MLP of ``intermediate_size``; their weights are stacked, ``w13 [E,
+2 * I, H]`` (gate rows, then up rows) and ``w2 [E, H, I]``. Under tensor parallelism every rank
+holds every expert's share of ``I`` (and of the shared expert), and the partial sums are
+all-reduced; the router is replicated.
+
+The expert loop here is the reference (the next issue brings fused GPU kernels). On the CPU it
+visits the experts some token chose, in expert order, and gathers their tokens (transformers'
+order of summation); on CUDA it runs every expert on every token, weighted by a dense ``[T, E]``
+combine matrix: no host sync, so a CUDA graph can capture it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tensorrt_llm._torch.distributed.communicator import all_reduce
+from tensorrt_llm._torch.distributed.mapping import Mapping
+from tensorrt_llm._torch.modules.gated_mlp import GatedMLP, SwigluOai
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    num_experts: int  # num_local_experts
+    top_k: int  # num_experts_per_tok
+    intermediate_size: int  # each routed expert's
+    shared_intermediate_size: int
+    routed_scaling_factor: float
+
+
+def route(
+    logits: torch.Tensor, correction_bias: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits ``[T, E]`` -> the chosen experts' weights ``[T, k]`` (fp32, summing to 1) and
+    ids ``[T, k]``."""
+    scores = torch.sigmoid(logits.float())
+    _, ids = torch.topk(scores + correction_bias.float(), top_k, dim=-1, sorted=False)
+    weights = scores.gather(1, ids)
+    return weights / weights.sum(dim=-1, keepdim=True), ids
+
+
+class StackedExperts(nn.Module):
+    """``num_experts`` SwiGLU-OAI MLPs, this rank's share of each one's intermediate columns."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        mapping: Mapping,
+        glu: SwigluOai,
+    ) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.local_intermediate = mapping.shard(intermediate_size, "intermediate_size")
+        self.tp_size, self.tp_rank = mapping.attn_tp_size, mapping.attn_tp_rank
+        inter = self.local_intermediate
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size))  # [E, 2I, H]
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, inter))  # [E, H, I]
+        self.glu = glu
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``e`` on ``x [n, H]`` -> ``[n, H]`` (this rank's partial sum)."""
+        gate, up = F.linear(x, self.w13[e]).chunk(2, dim=-1)
+        return F.linear(self.glu(gate, up), self.w2[e])
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """``x [T, H]``, ``weights, ids [T, k]`` -> ``sum_e w_e * expert_e(x)``, fp32 ``[T, H]``,
+        summed over the ranks."""
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        if x.is_cuda:
+            combine = torch.zeros(x.shape[0], self.num_experts, device=x.device)
+            combine.scatter_(1, ids, weights)  # [T, E]
+            for e in range(self.num_experts):
+                out += combine[:, e, None] * self.expert(e, x)
+        else:
+            for e in torch.unique(ids).tolist():
+                token, slot = torch.where(ids == e)
+                part = self.expert(e, x[token]) * weights[token, slot, None]
+                out.index_add_(0, token, part.float())
+        return all_reduce(out) if self.tp_size > 1 else out
+
+
+class MiniMaxM3SparseMoeBlock(nn.Module):
+    """The MoE MLP of a MiniMax-M3 layer (names as the hub's ``block_sparse_moe``)."""
+
+    def __init__(
+        self, hidden_size: int, config: MoeConfig, mapping: Mapping, glu: SwigluOai
+    ) -> None:
+        super().__init__()
+        self.top_k = config.top_k
+        self.routed_scaling_factor = config.routed_scaling_factor
+        num_experts = config.num_experts
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False)  # replicated
+        self.register_buffer("e_score_correction_bias", torch.zeros(num_experts))
+        self.experts = StackedExperts(
+            num_experts, hidden_size, config.intermediate_size, mapping, glu
+        )
+        self.shared_experts = GatedMLP(hidden_size, config.shared_intermediate_size, mapping, glu)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., H]`` -> ``[..., H]``."""
+        flat = x.reshape(-1, x.shape[-1])
+        weights, ids = route(self.gate(flat), self.e_score_correction_bias, self.top_k)
+        routed = self.experts(flat, weights, ids) * self.routed_scaling_factor
+        return (routed + self.shared_experts(flat).float()).to(x.dtype).view(x.shape)
