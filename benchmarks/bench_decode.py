@@ -185,7 +185,7 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings) -> dict:
             prompt_token_ids=prompt,
             max_new_tokens=s.new_tokens,
             sampling_params=params,
-            end_id=llm.eos_token_id,
+            end_ids=llm.eos_token_ids,
         )
         for i, prompt in enumerate(prompts)
     ]

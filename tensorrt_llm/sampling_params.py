@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 MAX_LOGPROBS = 20
 
@@ -93,3 +95,40 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return not self.temperature or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """A checkpoint's ``generation_config.json`` sampling defaults: each applies to a request that
+    leaves the field unset (None). ``do_sample: false`` there keeps requests greedy by default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+    def apply(self, params: SamplingParams) -> SamplingParams:
+        unset = {
+            name: value
+            for name in ("temperature", "top_p", "top_k")
+            if getattr(params, name) is None and (value := getattr(self, name)) is not None
+        }
+        return replace(params, **unset) if unset else params
+
+
+def generation_defaults(model_dir: str | Path | None) -> GenerationDefaults:
+    """The sampling defaults of ``model_dir``'s ``generation_config.json`` (none without one)."""
+    path = Path(model_dir) / "generation_config.json" if model_dir else None
+    if path is None or not path.is_file():
+        return GenerationDefaults()
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("do_sample") is False:
+        return GenerationDefaults()
+    values = {k: data.get(k) for k in ("temperature", "top_p", "top_k")}
+    try:
+        SamplingParams(**{k: v for k, v in values.items() if v is not None})
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    return GenerationDefaults(**values)

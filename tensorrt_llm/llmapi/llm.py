@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from tensorrt_llm.bundled import bundled_target
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs, default_attn_backend
 from tensorrt_llm.llmapi.workers import Followers, build_rank, join_ranks, rank_device
 from tensorrt_llm.logger import logger
-from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm.sampling_params import SamplingParams, generation_defaults
 
 PromptInputs = str | list[int]
 
@@ -87,7 +88,8 @@ class LLM:
         self.model_config = engine.config
         self.model = engine.model
         self.tokenizer = engine.tokenizer
-        self.eos_token_id = engine.config.eos_token_id
+        self.eos_token_ids = engine.config.eos_token_ids
+        self.generation_defaults = generation_defaults(args.model)
         self.max_seq_len = engine.max_seq_len
         self._rank_executor = engine.executor  # this rank's
         self.executor: PyExecutor | AttentionDpExecutor = engine.executor
@@ -113,6 +115,8 @@ class LLM:
         self, prompt: PromptInputs, params: SamplingParams
     ) -> tuple[LlmRequest, str | None]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("skip_tokenizer_init=True: prompts must be lists of token ids")
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             text, token_ids = None, list(prompt)
@@ -129,12 +133,17 @@ class LLM:
             raise ValueError(
                 f"prompt of {len(token_ids)} tokens exceeds max_seq_len={self.max_seq_len} (leaving no room to generate)"
             )
+        params = self.generation_defaults.apply(params)
+        if self.tokenizer is None and (params.detokenize or params.stop):
+            params = dataclasses.replace(params, detokenize=False)
+            if params.stop:
+                raise ValueError("skip_tokenizer_init=True: stop strings need a tokenizer")
         request = LlmRequest(
             request_id=next(self._ids),
             prompt_token_ids=token_ids,
             max_new_tokens=min(params.max_tokens, self.max_seq_len - len(token_ids)),
             sampling_params=params,
-            end_id=params.end_id if params.end_id is not None else self.eos_token_id,
+            end_ids=(params.end_id,) if params.end_id is not None else self.eos_token_ids,
         )
         return request, text
 

@@ -128,6 +128,8 @@ class TorchLlmArgs(StrictBaseModel):
 
     model: str | None = None  # None: the bundled M3-tiny checkpoint
     tokenizer: str | None = None
+    # No tokenizer at all (upstream's key): prompts are token ids and outputs carry no text.
+    skip_tokenizer_init: bool = False
     backend: Literal["pytorch"] = "pytorch"
     kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
     max_batch_size: int = Field(default=8, gt=0)

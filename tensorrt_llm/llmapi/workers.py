@@ -43,7 +43,7 @@ class RankEngine:
     model: torch.nn.Module
     dtype: torch.dtype
     device: torch.device
-    tokenizer: TransformersTokenizer
+    tokenizer: TransformersTokenizer | None  # None with skip_tokenizer_init
     max_seq_len: int
     executor: PyExecutor
     transceiver: KvCacheTransceiver | None = None  # with cache_transceiver_config
@@ -80,12 +80,16 @@ def build_rank(args: TorchLlmArgs, mapping: Mapping) -> RankEngine:
     else:
         dtype = getattr(torch, config.torch_dtype) if device.type == "cuda" else torch.float32
     model = load_model(args.model, dtype, device, args.attn_backend, mapping)
-    tokenizer = TransformersTokenizer.from_pretrained(args.tokenizer or args.model)
+    tokenizer = (
+        None
+        if args.skip_tokenizer_init
+        else TransformersTokenizer.from_pretrained(args.tokenizer or args.model)
+    )
     max_seq_len = args.max_seq_len or config.max_position_embeddings
     executor_config = args.to_executor_config(
         max_seq_len, str(dtype).removeprefix("torch."), str(device), mapping
     )
-    executor = create_py_executor(model, executor_config, detokenize=tokenizer.decode)
+    executor = create_py_executor(model, executor_config, detokenize=tokenizer and tokenizer.decode)
     executor.lockstep = in_lockstep(mapping)
     transceiver = None
     if args.cache_transceiver_config is not None:

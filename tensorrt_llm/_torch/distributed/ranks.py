@@ -61,7 +61,7 @@ def request_to_json(request: LlmRequest) -> dict:
         "prompt_token_ids": list(request.prompt_token_ids),
         "max_new_tokens": request.max_new_tokens,
         "sampling_params": dataclasses.asdict(request.sampling_params),
-        "end_id": request.end_id,
+        "end_ids": list(request.end_ids),
         "cache_salt": request.cache_salt,
         "context_only": request.context_only,
     }
@@ -76,7 +76,7 @@ def request_from_json(data: dict) -> LlmRequest:
         prompt_token_ids=data["prompt_token_ids"],
         max_new_tokens=data["max_new_tokens"],
         sampling_params=SamplingParams(**params),
-        end_id=data["end_id"],
+        end_ids=tuple(data["end_ids"]),
         cache_salt=data["cache_salt"],
         context_only=data["context_only"],
     )

@@ -39,7 +39,7 @@ class LlmRequest:
     prompt_token_ids: list[int]
     max_new_tokens: int
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
-    end_id: int | None = None
+    end_ids: tuple[int, ...] = ()  # any of them ends the request (unless ignore_eos)
     output_token_ids: list[int] = field(default_factory=list)
     state: LlmRequestState = LlmRequestState.CONTEXT_INIT
     context_current_position: int = 0

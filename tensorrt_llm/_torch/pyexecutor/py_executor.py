@@ -372,7 +372,7 @@ class PyExecutor:
 
     def _check_stop(self, req: LlmRequest, token: int) -> None:
         params = req.sampling_params
-        if token == req.end_id and not params.ignore_eos or token in params.stop_token_ids:
+        if token in req.end_ids and not params.ignore_eos or token in params.stop_token_ids:
             req.finish(FinishReason.STOP, token)
         elif params.stop and self.detokenize is not None and self._hit_stop_string(req):
             return

@@ -60,17 +60,17 @@ def test_a_request_crosses_to_another_rank_intact_and_a_sampled_one_with_a_seed(
     params = SamplingParams(
         max_tokens=9, temperature=0.7, top_p=0.9, stop=["x"], logit_bias={3: 1.5}, logprobs=2
     )
-    request = LlmRequest(7, [1, 2, 3], 9, params, end_id=2, cache_salt="s")
+    request = LlmRequest(7, [1, 2, 3], 9, params, end_ids=(2,), cache_salt="s")
     command = submit_command(request, rank=1)
     assert command["rank"] == 1
     copy = request_from_json(command["request"])
     seed = command["request"]["sampling_params"]["seed"]
     assert isinstance(seed, int) and request.generator.initial_seed() == seed
     assert copy.sampling_params.logit_bias == {3: 1.5}
-    assert (copy.request_id, copy.prompt_token_ids, copy.end_id, copy.cache_salt) == (
+    assert (copy.request_id, copy.prompt_token_ids, copy.end_ids, copy.cache_salt) == (
         7,
         [1, 2, 3],
-        2,
+        (2,),
         "s",
     )
     # both ranks now draw the same tokens

@@ -19,7 +19,7 @@ def decoding(max_new_tokens: int, end_id: int = 2) -> LlmRequest:
         prompt_token_ids=[5, 6, 7],
         max_new_tokens=max_new_tokens,
         sampling_params=SamplingParams(max_tokens=max_new_tokens),
-        end_id=end_id,
+        end_ids=(end_id,),
     )
     req.state = LlmRequestState.GENERATION_IN_PROGRESS
     req.output_token_ids = [9]  # the first token, from the prefill

@@ -121,7 +121,7 @@ def sparse_attention(
     head seeing the keys at positions ``<=`` its own in the blocks its KV group selected
     (``selected [n, Hkv, num_blocks]``). Returns ``[n, H, D]``."""
     mask = block_key_mask(selected, k.shape[0], block_size)
-    return causal_attention(q, k, v, q_pos, key_mask=mask)
+    return causal_attention(q, k, v, q_pos, scale, key_mask=mask)
 
 
 def write_msa_step(
