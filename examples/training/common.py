@@ -10,7 +10,11 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from tensorrt_llm.evaluate.tasks import training_conversations
+from tensorrt_llm.evaluate.tasks import (
+    evaluation_questions,
+    held_out_record,
+    training_conversations,
+)
 from tensorrt_llm.tokenizer import (
     CHAT_ALPHABET,
     CHAT_SPECIAL_TOKENS,
@@ -71,22 +75,33 @@ def encode_conversation(tokenizer: Tokenizer, messages: list[dict]) -> tuple[lis
 
 
 class Batches:
-    """Seeded batches of whole conversations, grouped by length (padding to a multiple of 64)."""
+    """Seeded batches of whole conversations, grouped by length (padding to a multiple of 64).
+
+    The corpus is ``training_conversations(corpus_seed, ...)`` without the evaluation problems
+    (``evaluation_questions``); ``record`` says so in ``training.json``."""
 
     def __init__(
         self,
         tokenizer: Tokenizer,
-        seed: int,
+        corpus_seed: int,
         num_conversations: int,
         batch_tokens: int,
         long_min_chars: int,
     ):
-        convs = training_conversations(seed, num_conversations, long_min_chars)
+        convs, skipped = training_conversations(
+            corpus_seed, num_conversations, long_min_chars, exclude=evaluation_questions()
+        )
+        self.record = {
+            "corpus_seed": corpus_seed,
+            "conversations": num_conversations,
+            "long_min_chars": long_min_chars,
+            "held_out": {**held_out_record(), "conversations_skipped": skipped},
+        }
         self.examples = [encode_conversation(tokenizer, c) for c in convs]
         self.examples.sort(key=lambda e: len(e[0]))
         self.pad_id = tokenizer.token_to_id("<pad>")
         self.batch_tokens = batch_tokens
-        self.rng = random.Random(seed + 1)
+        self.rng = random.Random(corpus_seed + 1)
 
     def sample(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids [B, T]`` and ``loss_mask [B, T]`` (mask[t] = 1 when token t is trained)."""
@@ -123,19 +138,15 @@ def apply_preset(args, presets: dict[str, tuple[int, int, int]]) -> torch.device
     return device
 
 
-def write_training_record(
-    args, device: torch.device, script: str, corpus_seed: int, long_min_chars: int
-) -> None:
-    """``training.json`` beside the weights: what made them. The evaluation reads the corpus
-    (``corpus_seed``, ``conversations``, ``long_min_chars``) to keep its problems out of it."""
+def write_training_record(args, device: torch.device, script: str, batches: Batches) -> None:
+    """``training.json`` beside the weights: what made them, the corpus (``batches.record``: its
+    seed and the evaluation problems it holds out) included."""
     record = {
         "script": f"examples/training/{script}",
         "seed": args.seed,
-        "corpus_seed": corpus_seed,
-        "long_min_chars": long_min_chars,
+        **batches.record,
         "steps": args.steps,
         "batch_tokens": args.batch_tokens,
-        "conversations": args.conversations,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }
     (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from tensorrt_llm.evaluate.tasks import training_conversations
+from tensorrt_llm.evaluate.tasks import evaluation_questions, training_conversations
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import render  # noqa: E402
@@ -29,7 +29,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     with args.out.open("w") as f:
-        for conv in training_conversations(args.seed, args.count):
+        convs, _ = training_conversations(args.seed, args.count, exclude=evaluation_questions())
+        for conv in convs:
             record = (
                 {"text": render(conv, add_generation_prompt=False)}
                 if args.rendered

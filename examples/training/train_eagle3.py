@@ -119,9 +119,7 @@ def main() -> None:
     draft.eval()
     draft.embed_tokens = None  # shared with the target, not saved
     save_pretrained(draft.to(torch.bfloat16), config, args.out)
-    write_training_record(
-        args, device, "train_eagle3.py", corpus_seed=args.seed + 100, long_min_chars=700
-    )
+    write_training_record(args, device, "train_eagle3.py", batches)
     print(
         f"saved {args.out} after {args.steps} steps in {time.time() - start:.0f}s (final loss {loss.item():.4f})"
     )

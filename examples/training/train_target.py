@@ -1,10 +1,11 @@
-"""Train the bundled MiniMax-M3-shaped target on the task mix (gsm8k-tiny, multiturn-copy, long-prompt).
+"""Train the bundled MiniMax-M3 target on the task mix (gsm8k-tiny, multiturn-copy, long-prompt).
 
     python examples/training/train_target.py --out examples/models/m3-tiny/target [--device cuda]
 
-Dense first layer, MSA after (128-token blocks, top-2 + local), GQA, partial RoPE, QK norm. MSA layers
-train densely for the first ``--dense-fraction`` of the steps while the indexer learns from the
-attention's block mass, then sparsely. Deterministic for a seed on a given device.
+The published architecture (``target_config``), tiny. Sparse layers train densely for the first
+``--dense-fraction`` of the steps while the indexer learns from the attention's block mass, then
+sparsely; the MoE's score-correction bias is balanced without an auxiliary loss
+(``ExpertBalance``). Deterministic for a seed on a given device.
 """
 
 from __future__ import annotations
@@ -29,35 +30,84 @@ from common import (  # noqa: E402
 )
 
 from tensorrt_llm._torch.models.checkpoint import random_model, save_pretrained  # noqa: E402
-from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config  # noqa: E402
+from tensorrt_llm._torch.models.configuration_minimaxm3 import (  # noqa: E402
+    FULL,
+    SPARSE,
+    VL_ARCHITECTURE,
+    MiniMaxM3Config,
+)
+from tensorrt_llm._torch.modules.moe import MiniMaxM3SparseMoeBlock, route  # noqa: E402
 from tensorrt_llm._torch.training import use_training_backend  # noqa: E402
 
 
 def target_config(vocab_size: int, eos_id: int, args) -> MiniMaxM3Config:
+    """The published architecture, tiny: layers 1 and 3 sparse (the indexer), layer 0 a dense MLP
+    and layers 1-3 an MoE of 8 experts (top-2) and a shared expert; GQA 4:2, RoPE on half of
+    each head. Saved as the hub's VL checkpoints are (``text_config`` nested)."""
+    hidden = args.hidden
     return MiniMaxM3Config.from_dict(
         {
-            "vocab_size": vocab_size,
-            "hidden_size": args.hidden,
-            "intermediate_size": 3 * args.hidden,
-            "num_hidden_layers": args.layers,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": args.hidden // 4,
-            "rotary_dim": args.hidden // 8,
-            "rope_theta": 10000.0,
-            "max_position_embeddings": 2048,
-            "eos_token_id": eos_id,
-            "torch_dtype": "bfloat16",
-            "sparse_attention_config": {
+            "architectures": [VL_ARCHITECTURE],
+            "model_type": "minimax_m3_vl",
+            "dtype": "bfloat16",
+            "text_config": {
+                "vocab_size": vocab_size,
+                "hidden_size": hidden,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": hidden // 4,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.5,
+                },
+                "max_position_embeddings": 2048,
+                "layer_types": [FULL, SPARSE, FULL, SPARSE],
+                "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+                "dense_intermediate_size": 3 * hidden,
+                "intermediate_size": hidden // 2,
+                "shared_intermediate_size": hidden,
+                "num_local_experts": 8,
+                "num_experts_per_tok": 2,
+                "routed_scaling_factor": 2.0,
                 "index_n_heads": 2,
-                "index_head_dim": 16,
-                "topk_blocks": 2,
-                "block_size": 128,
-                "num_local_blocks": 1,
-                "num_dense_layers": 1,
+                "index_head_dim": hidden // 8,
+                "index_block_size": 128,
+                "index_topk_blocks": 3,
+                "index_local_blocks": 1,
+                "bos_token_id": None,
+                "eos_token_id": eos_id,
             },
         }
     )
+
+
+class ExpertBalance:
+    """Auxiliary-loss-free load balancing (as DeepSeek-V3 trains its ``e_score_correction_bias``):
+    after each step, every MoE layer's bias moves by ``rate`` towards its under-used experts. The
+    bias steers only the choice of experts, never their weights."""
+
+    def __init__(self, model: torch.nn.Module, rate: float) -> None:
+        self.rate = rate
+        self.counts: dict[torch.nn.Module, torch.Tensor] = {}
+        self.blocks = [m for m in model.modules() if isinstance(m, MiniMaxM3SparseMoeBlock)]
+        for block in self.blocks:
+            block.gate.register_forward_hook(self._count(block))
+
+    def _count(self, block: MiniMaxM3SparseMoeBlock):
+        def hook(module, inputs, logits) -> None:
+            with torch.no_grad():
+                _, ids = route(logits.detach(), block.e_score_correction_bias, block.top_k)
+                self.counts[block] = torch.bincount(ids.flatten(), minlength=logits.shape[-1])
+
+        return hook
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for block in self.blocks:
+            counts = self.counts.pop(block).float()
+            block.e_score_correction_bias += self.rate * torch.sign(counts.mean() - counts)
 
 
 def main() -> None:
@@ -72,6 +122,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--dense-fraction", type=float, default=0.6)
     parser.add_argument("--indexer-loss-weight", type=float, default=0.1)
+    parser.add_argument("--bias-rate", type=float, default=1e-3)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
     device = apply_preset(args, {"cpu": (320, 8192, 20000), "gpu": (5000, 12288, 80000)})
@@ -84,6 +135,7 @@ def main() -> None:
     batches = Batches(
         tokenizer, args.seed, args.conversations, args.batch_tokens, long_min_chars=700
     )
+    balance = ExpertBalance(model, args.bias_rate)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01
     )
@@ -114,6 +166,7 @@ def main() -> None:
             total.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
+            balance.step()
             if step % 25 == 0:
                 bar.set_postfix(
                     loss=f"{loss.item():.3f}",
@@ -122,9 +175,7 @@ def main() -> None:
                 )
     model.eval()
     save_pretrained(model.to(torch.bfloat16), config, args.out)
-    write_training_record(
-        args, device, "train_target.py", corpus_seed=args.seed, long_min_chars=700
-    )
+    write_training_record(args, device, "train_target.py", batches)
     save_tokenizer(tokenizer, args.out)
     print(
         f"saved {args.out} after {args.steps} steps in {time.time() - start:.0f}s (final loss {loss.item():.4f})"

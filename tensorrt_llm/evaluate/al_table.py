@@ -16,7 +16,6 @@ from tensorrt_llm.evaluate.runner import (
     run_gsm8k_http,
     run_multiturn_copy,
     run_multiturn_copy_http,
-    training_questions,
 )
 
 MODES = (("target only", None), ("Eagle3 separate", "separate"), ("Eagle3 unified", "unified"))
@@ -24,7 +23,6 @@ MODES = (("target only", None), ("Eagle3 separate", "separate"), ("Eagle3 unifie
 
 def build_al_table(
     make_llm: Callable[[str | None], object],
-    training_dirs: list[str],
     num_gsm8k: int,
     num_conversations: int,
     out_dir: Path,
@@ -36,14 +34,13 @@ def build_al_table(
     (tokens per block, draft length, device) are recorded with the results. With
     ``deployment_options(mode)`` (the servers' LLM options) every mode also runs disaggregated:
     a router, a context and a generation server started on loopback, driven over HTTP."""
-    exclude = training_questions(*training_dirs)  # no problem of the target's or drafter's corpus
     results = {}
     outputs = {}
     for label, mode in MODES:
         progress(f"== {label}")
         llm = make_llm(mode)
-        gsm8k = run_gsm8k(llm, num_gsm8k, exclude, progress)
-        turns = run_multiturn_copy(llm, num_conversations, exclude, progress)
+        gsm8k = run_gsm8k(llm, num_gsm8k, progress)
+        turns = run_multiturn_copy(llm, num_conversations, progress)
         results[label] = _row(gsm8k, turns)
         outputs[label] = [gsm8k["texts"]] + [t.texts for t in turns]
         llm.shutdown()
@@ -55,9 +52,9 @@ def build_al_table(
         with disaggregated_deployment(
             deployment_options(mode), device=(settings or {}).get("device", "cpu")
         ) as urls:
-            gsm8k = run_gsm8k_http(urls["router"], num_gsm8k, exclude, progress)
+            gsm8k = run_gsm8k_http(urls["router"], num_gsm8k, progress)
             turns = run_multiturn_copy_http(
-                urls["router"], num_conversations, exclude, urls["ctx"], progress
+                urls["router"], num_conversations, urls["ctx"], progress
             )
         key = f"{label}, disaggregated"
         results[key] = _row(gsm8k, turns)

@@ -6,23 +6,13 @@ drafts + 1), averaged over a turn's requests; 1.0 without speculation.
 
 from __future__ import annotations
 
-import json
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from tensorrt_llm.evaluate.tasks import (
-    gsm8k_tiny,
-    long_prompt,
-    multiturn_copy,
-    parse_answer,
-    training_conversations,
-)
+from tensorrt_llm.evaluate.tasks import evaluation_problems, parse_answer
 from tensorrt_llm.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=128)
-EVAL_SEED = 20_000  # the corpora use seeds 0 and 101; eval problems also skip any training question
 
 
 @dataclass
@@ -39,38 +29,8 @@ def _mean_al(outputs) -> float:
     return sum(values) / len(values)
 
 
-def training_questions(*model_dirs: str | Path) -> set[str]:
-    """The user turns of every corpus the checkpoints in ``model_dirs`` (the target, its drafter)
-    were trained on, from each one's ``training.json`` (``corpus_seed``: the seed of the corpus,
-    which the drafter's script offsets from its own ``seed``)."""
-    questions: set[str] = set()
-    for model_dir in model_dirs:
-        path = Path(model_dir) / "training.json"
-        if not path.is_file():
-            continue
-        record = json.loads(path.read_text())
-        convs = training_conversations(
-            record.get("corpus_seed", record["seed"]),
-            record["conversations"],
-            record.get("long_min_chars", 700),
-        )
-        questions |= {c[0]["content"] for c in convs}
-    return questions
-
-
-def held_out(generator: Callable, count: int, seed: int, exclude: set[str]) -> list:
-    rng = random.Random(seed)
-    items = []
-    while len(items) < count:
-        item = generator(rng)
-        messages = item[0] if isinstance(item, tuple) else item
-        if messages[0]["content"] not in exclude:
-            items.append(item)
-    return items
-
-
-def run_gsm8k(llm, count: int, exclude: set[str], progress: Callable[[str], None] = print) -> dict:
-    problems = held_out(gsm8k_tiny, count, EVAL_SEED, exclude)
+def run_gsm8k(llm, count: int, progress: Callable[[str], None] = print) -> dict:
+    problems = evaluation_problems("gsm8k-tiny", count)
     prompts = [llm.tokenizer.apply_chat_template(messages[:1]) for messages, _ in problems]
     outputs = llm.generate(prompts, GREEDY)
     correct = [
@@ -88,10 +48,8 @@ def run_gsm8k(llm, count: int, exclude: set[str], progress: Callable[[str], None
     return result
 
 
-def run_long_prompt(
-    llm, count: int, exclude: set[str], progress: Callable[[str], None] = print
-) -> dict:
-    items = held_out(long_prompt, count, EVAL_SEED + 1, exclude)
+def run_long_prompt(llm, count: int, progress: Callable[[str], None] = print) -> dict:
+    items = evaluation_problems("long-prompt", count)
     prompts = [llm.tokenizer.apply_chat_template(messages[:1]) for messages, _ in items]
     outputs = llm.generate(prompts, GREEDY)
     correct = [
@@ -113,11 +71,11 @@ def run_long_prompt(
 
 
 def run_multiturn_copy(
-    llm, count: int, exclude: set[str], progress: Callable[[str], None] = print
+    llm, count: int, progress: Callable[[str], None] = print
 ) -> list[TurnResult]:
     """Four turns per conversation; each turn's prompt is the whole history with the model's own
     earlier replies, so turns 2-4 find turn 1..n-1 in the prefix cache."""
-    convs = held_out(multiturn_copy, count, EVAL_SEED + 2, exclude)
+    convs = evaluation_problems("multiturn-copy", count)
     histories: list[list[dict]] = [[] for _ in convs]
     turns = []
     for t in range(4):
@@ -145,13 +103,11 @@ def run_multiturn_copy(
     return turns
 
 
-def run_gsm8k_http(
-    url: str, count: int, exclude: set[str], progress: Callable[[str], None] = print
-) -> dict:
+def run_gsm8k_http(url: str, count: int, progress: Callable[[str], None] = print) -> dict:
     """gsm8k-tiny through an OpenAI-compatible endpoint (a disaggregated router, say)."""
     from tensorrt_llm.evaluate.deployment import chat_many
 
-    problems = held_out(gsm8k_tiny, count, EVAL_SEED, exclude)
+    problems = evaluation_problems("gsm8k-tiny", count)
     replies = chat_many(url, [messages[:1] for messages, _ in problems], GREEDY.max_tokens)
     correct = [
         parse_answer(r["text"]) == answer for r, (_, answer) in zip(replies, problems, strict=True)
@@ -167,12 +123,12 @@ def run_gsm8k_http(
 
 
 def run_multiturn_copy_http(
-    url: str, count: int, exclude: set[str], reuse_url: str, progress: Callable[[str], None] = print
+    url: str, count: int, reuse_url: str, progress: Callable[[str], None] = print
 ) -> list[TurnResult]:
     """multiturn-copy through an endpoint; ``reuse_url``'s /metrics counts prefix-cache hits."""
     from tensorrt_llm.evaluate.deployment import chat_many, metric
 
-    convs = held_out(multiturn_copy, count, EVAL_SEED + 2, exclude)
+    convs = evaluation_problems("multiturn-copy", count)
     histories: list[list[dict]] = [[] for _ in convs]
     turns = []
     for t in range(4):

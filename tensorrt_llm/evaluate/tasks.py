@@ -163,16 +163,75 @@ def long_prompt(rng: random.Random, min_chars: int = 700) -> tuple[list[Message]
     return [{"role": "user", "content": question}, {"role": "assistant", "content": reply}], code
 
 
-def training_conversations(seed: int, count: int, long_min_chars: int = 700) -> list[list[Message]]:
-    """The training mix: 50% gsm8k-tiny, 30% multiturn-copy, 20% long-prompt (seeded)."""
+# The evaluation problems: the first ``count`` items of each task's stream (its generator under a
+# fixed seed). Training corpora skip the first MAX_EVAL_PROBLEMS of every stream, so no evaluation
+# of up to that many problems per task sees a training conversation.
+EVAL_SEED = 20_000
+EVAL_STREAMS = {
+    "gsm8k-tiny": (gsm8k_tiny, EVAL_SEED),
+    "long-prompt": (long_prompt, EVAL_SEED + 1),
+    "multiturn-copy": (multiturn_copy, EVAL_SEED + 2),
+}
+MAX_EVAL_PROBLEMS = 1000
+
+
+def evaluation_problems(task: str, count: int) -> list:
+    """The first ``count`` problems of ``task``'s evaluation stream (as its generator returns
+    them: a conversation, or a conversation and its answer)."""
+    if not 0 < count <= MAX_EVAL_PROBLEMS:
+        raise ValueError(
+            f"{task}: {count} problems asked; the corpora are held out from the first "
+            f"{MAX_EVAL_PROBLEMS} only"
+        )
+    generator, seed = EVAL_STREAMS[task]
     rng = random.Random(seed)
-    out = []
-    for _ in range(count):
+    return [generator(rng) for _ in range(count)]
+
+
+def first_user_turn(item) -> str:
+    messages = item[0] if isinstance(item, tuple) else item
+    return messages[0]["content"]
+
+
+def evaluation_questions() -> set[str]:
+    """The first user turn of every problem the corpora are held out from."""
+    return {
+        first_user_turn(item)
+        for task in EVAL_STREAMS
+        for item in evaluation_problems(task, MAX_EVAL_PROBLEMS)
+    }
+
+
+def held_out_record() -> dict:
+    """What a corpus built with ``exclude=evaluation_questions()`` excludes (``training.json``)."""
+    return {
+        "tasks": {task: {"seed": seed} for task, (_, seed) in EVAL_STREAMS.items()},
+        "first_problems_per_task": MAX_EVAL_PROBLEMS,
+    }
+
+
+def training_conversations(
+    seed: int,
+    count: int,
+    long_min_chars: int = 700,
+    exclude: frozenset[str] | set[str] = frozenset(),
+) -> tuple[list[list[Message]], int]:
+    """The training mix, 50% gsm8k-tiny, 30% multiturn-copy, 20% long-prompt (seeded), without any
+    conversation whose first user turn is in ``exclude``. Returns the ``count`` conversations
+    kept and how many were drawn and skipped."""
+    rng = random.Random(seed)
+    out: list[list[Message]] = []
+    skipped = 0
+    while len(out) < count:
         r = rng.random()
         if r < 0.5:
-            out.append(gsm8k_tiny(rng)[0])
+            conv = gsm8k_tiny(rng)[0]
         elif r < 0.8:
-            out.append(multiturn_copy(rng))
+            conv = multiturn_copy(rng)
         else:
-            out.append(long_prompt(rng, long_min_chars)[0])
-    return out
+            conv = long_prompt(rng, long_min_chars)[0]
+        if conv[0]["content"] in exclude:
+            skipped += 1
+        else:
+            out.append(conv)
+    return out, skipped

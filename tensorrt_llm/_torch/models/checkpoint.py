@@ -48,7 +48,9 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"{index}: not a safetensors index with a weight_map ({exc})") from None
+            raise ValueError(
+                f"{index}: not a safetensors index with a weight_map ({exc})"
+            ) from None
         files = [model_dir / name for name in sorted(set(weight_map.values()))]
         absent = [str(f.name) for f in files if not f.is_file()]
         if absent:

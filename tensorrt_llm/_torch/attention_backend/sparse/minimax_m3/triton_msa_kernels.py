@@ -46,23 +46,25 @@ def _msa_block_scores_kernel(
     """Grid ``(num_seqs, cdiv(max_q_len, TILE_TOKENS), num_key_blocks)``: rows ``r = m *
     GROUPS_PAD + g`` are index head ``g`` of the tile's token ``t = m``; each gets the max over
     the keys ``j <= pos[t]`` of key block ``kblock`` of the raw dot product ``q[t, g] . k[j]``
-    (-inf where no key is visible). The block's index-K is read once for every group."""
+    (-inf where no key is visible). The block's index-K is read once for every group. A program
+    whose tile sees no key of its block returns at once: the output is -inf there already."""
     seq = tl.program_id(0)
     tile = tl.program_id(1)
     kblock = tl.program_id(2)
     q_begin = tl.load(cu_seqlens_q_ptr + seq)
     q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
-    offs_r = tl.arange(0, ROWS)
-    m = offs_r // GROUPS_PAD
-    g = offs_r % GROUPS_PAD
-    toks = q_begin + tile * TILE_TOKENS + m  # [ROWS] token indices
-    row_ok = (m < TILE_TOKENS) & (g < NUM_GROUPS) & (toks < q_end)
-    toks = toks.to(tl.int64)
-    pos = tl.load(pos_ptr + toks, mask=row_ok, other=-1)  # [ROWS]
-    last_pos = tl.max(pos, axis=0)
+    tile_begin = q_begin + tile * TILE_TOKENS
     block_start = kblock * BLOCK_SIZE
-    best = tl.full([ROWS], float("-inf"), tl.float32)
-    if block_start <= last_pos:
+    # positions rise by one along a sequence's step tokens: the tile's last token sees the most
+    last_pos = tl.load(pos_ptr + tl.minimum(tile_begin + TILE_TOKENS, q_end) - 1)
+    if (tile_begin < q_end) & (block_start <= last_pos):
+        offs_r = tl.arange(0, ROWS)
+        m = offs_r // GROUPS_PAD
+        g = offs_r % GROUPS_PAD
+        toks = tile_begin + m  # [ROWS] token indices
+        row_ok = (m < TILE_TOKENS) & (g < NUM_GROUPS) & (toks < q_end)
+        toks = toks.to(tl.int64)
+        pos = tl.load(pos_ptr + toks, mask=row_ok, other=-1)  # [ROWS]
         offs_d = tl.arange(0, INDEX_DIM_PAD)
         d_ok = offs_d < INDEX_DIM
         iq_rows = iq_ptr + toks * stride_iqt + g * stride_iqg  # [ROWS]
@@ -73,6 +75,7 @@ def _msa_block_scores_kernel(
         )  # [ROWS, INDEX_DIM_PAD]
         if DOT_FP32:
             iq = iq.to(tl.float32)
+        best = tl.full([ROWS], float("-inf"), tl.float32)
         for n0 in range(0, BLOCK_SIZE, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             keys = block_start + offs_n  # [BLOCK_N] key positions
@@ -93,7 +96,8 @@ def _msa_block_scores_kernel(
             score = tl.dot(iq, ik, input_precision=DOT_PRECISION)  # [ROWS, BLOCK_N]
             visible = key_ok[None, :] & (keys[None, :] <= pos[:, None])
             best = tl.maximum(best, tl.max(tl.where(visible, score, float("-inf")), axis=1))
-    tl.store(out_ptr + toks * stride_ot + g * stride_og + kblock * stride_ob, best, mask=row_ok)
+        out_off = toks * stride_ot + g * stride_og + kblock * stride_ob
+        tl.store(out_ptr + out_off, best, mask=row_ok)
 
 
 @triton.jit
