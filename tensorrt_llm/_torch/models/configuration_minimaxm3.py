@@ -338,14 +338,14 @@ def _rope_kwargs(text: dict[str, Any], where: str) -> dict[str, Any]:
     for legacy in ("rope_theta", "partial_rotary_factor"):
         if legacy in text and legacy not in params:
             params[legacy] = text[legacy]
-    scaling = text.get("rope_scaling")
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default" or (scaling and scaling.get("rope_type", "default") != "default"):
-        shown = "rope_parameters.rope_type" if rope_type != "default" else "rope_scaling"
+    if rope_type != "default":
         raise ValueError(
-            f"{where}: {shown}={rope_type if rope_type != 'default' else scaling!r}; only the "
-            "default RoPE is served"
+            f"{where}: rope_parameters.rope_type={rope_type!r}; only the default RoPE is served"
         )
+    scaling = text.get("rope_scaling")
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        raise ValueError(f"{where}: rope_scaling={scaling!r}; only the default RoPE is served")
     out = {}
     if "rope_theta" in params:
         out["rope_theta"] = float(params["rope_theta"])

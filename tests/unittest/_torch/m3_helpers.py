@@ -1,27 +1,36 @@
 """Tiny MiniMax-M3 configs and managers shared by the _torch tests."""
 
-from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config
+from tensorrt_llm._torch.models.configuration_minimaxm3 import MiniMaxM3Config
 from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
 from tensorrt_llm._torch.pyexecutor.config import KvCacheOptions, PyExecutorConfig
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
 
+# The published architecture, tiny: a flat (transformers text) config.json. Layers 1 and 2 are
+# sparse (8-token index blocks, top-3 with the local one), layer 1 an MoE of 4 experts (top-2).
 TINY = dict(
+    architectures=["MiniMaxM3VLForCausalLM"],
+    model_type="minimax_m3_vl_text",
     vocab_size=64,
     hidden_size=32,
-    intermediate_size=64,
     num_hidden_layers=3,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=8,
-    rotary_dim=4,
-    sparse_attention_config=dict(
-        index_n_heads=2,
-        index_head_dim=8,
-        topk_blocks=2,
-        block_size=8,
-        num_local_blocks=1,
-        num_dense_layers=1,
-    ),
+    intermediate_size=16,
+    dense_intermediate_size=64,
+    shared_intermediate_size=16,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    layer_types=["full_attention", "minimax_m3_sparse", "minimax_m3_sparse"],
+    mlp_layer_types=["dense", "sparse", "dense"],
+    index_n_heads=2,
+    index_head_dim=8,
+    index_block_size=8,
+    index_topk_blocks=3,
+    index_local_blocks=1,
+    max_position_embeddings=4096,
+    dtype="float32",
 )
 
 

@@ -1,11 +1,12 @@
-"""The model on the paged cache equals the plain full-sequence forward (the training backend)."""
+"""The model on the paged cache equals the plain full-sequence forward (the training backend), with
+sparse layers whose selection really drops blocks (42 tokens: 6 index blocks, 3 kept)."""
 
 import random
 from collections import deque
 
 import pytest
 import torch
-from m3_helpers import m3_manager, tiny_config
+from m3_helpers import m3_manager
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.training import use_training_backend
@@ -66,25 +67,3 @@ def test_a_batch_of_mixed_sequences_equals_each_alone(tiny_model):
             alone = [model(torch.tensor([p]))[0] for p in prompts]
         for got, hidden in zip(batched, alone):
             torch.testing.assert_close(got, model.compute_logits(hidden)[0], rtol=1e-4, atol=1e-4)
-
-
-def test_config_errors_name_the_key():
-    with pytest.raises(ValueError, match="missing key"):
-        type(tiny_config()).from_dict({"vocab_size": 3})
-    with pytest.raises(ValueError, match="num_key_value_heads=3"):
-        tiny_config(num_key_value_heads=3)
-    with pytest.raises(ValueError, match="rotary_dim=12"):
-        tiny_config(rotary_dim=12)
-    with pytest.raises(ValueError, match="topk_blocks=0"):
-        tiny_config(
-            sparse_attention_config={"index_n_heads": 1, "index_head_dim": 4, "topk_blocks": 0}
-        )
-    with pytest.raises(ValueError, match="unknown key"):
-        tiny_config(
-            sparse_attention_config={
-                "index_n_heads": 1,
-                "index_head_dim": 4,
-                "topk_blocks": 1,
-                "topk": 2,
-            }
-        )

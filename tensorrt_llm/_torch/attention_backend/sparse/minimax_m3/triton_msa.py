@@ -128,7 +128,12 @@ def msa_block_scores(
     _check_pages("index-K", index_k_pages, batch, 1, index_dim)
     num_key_blocks = triton.cdiv(batch.max_kv_len, block_size)
     # [num_tokens, G, num_key_blocks]; the kernel writes only the blocks a query tile can see
-    out = torch.full((num_tokens, num_groups, num_key_blocks), float("-inf"), device=index_q.device)
+    out = torch.full(
+        (num_tokens, num_groups, num_key_blocks),
+        float("-inf"),
+        dtype=torch.float32,
+        device=index_q.device,
+    )
     if num_tokens == 0 or num_groups == 0 or num_key_blocks == 0:
         return out
     # rows of (token, group) pairs, as msa_sparse_attention's rows are (token, query head) pairs

@@ -56,8 +56,9 @@ def _msa_block_scores_kernel(
     tile_begin = q_begin + tile * TILE_TOKENS
     block_start = kblock * BLOCK_SIZE
     # positions rise by one along a sequence's step tokens: the tile's last token sees the most
-    last_pos = tl.load(pos_ptr + tl.minimum(tile_begin + TILE_TOKENS, q_end) - 1)
-    if (tile_begin < q_end) & (block_start <= last_pos):
+    last_tok = tl.minimum(tile_begin + TILE_TOKENS, q_end) - 1
+    last_pos = tl.load(pos_ptr + last_tok, mask=tile_begin < q_end, other=-1)
+    if block_start <= last_pos:
         offs_r = tl.arange(0, ROWS)
         m = offs_r // GROUPS_PAD
         g = offs_r % GROUPS_PAD
