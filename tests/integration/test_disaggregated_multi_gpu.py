@@ -13,9 +13,9 @@ Skipped with fewer GPUs than a case needs."""
 import pytest
 import torch
 
-from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET, bundled_eagle3
+from tensorrt_llm.bundled import bundled_eagle3
 from tensorrt_llm.evaluate.deployment import disaggregated_deployment, metric, running
-from tensorrt_llm.evaluate.runner import run_gsm8k_http, training_questions
+from tensorrt_llm.evaluate.runner import run_gsm8k_http
 
 pytest.importorskip("nixl")
 pytestmark = [
@@ -40,13 +40,12 @@ OPTIONS = {
 
 
 def test_context_on_gpu0_generation_on_gpu1_keeps_the_al(tmp_path):
-    exclude = training_questions(BUNDLED_TARGET, BUNDLED_DRAFT)
     with running(tmp_path) as servers:
         servers.server("agg", OPTIONS, "cuda", gpus="0")
         servers.wait_healthy()
-        aggregated = run_gsm8k_http(servers.urls["agg"], 40, exclude)
+        aggregated = run_gsm8k_http(servers.urls["agg"], 40)
     with disaggregated_deployment(OPTIONS, "cuda", tmp_path, ("0", "1")) as urls:
-        disaggregated = run_gsm8k_http(urls["router"], 40, exclude)
+        disaggregated = run_gsm8k_http(urls["router"], 40)
         assert metric(urls["gen"], "trtllm_context_tokens_computed_total") == 0
         assert metric(urls["gen"], "trtllm_transferred_tokens_total") > 0
     assert disaggregated["texts"] == aggregated["texts"]
@@ -66,15 +65,14 @@ def test_context_on_gpu0_generation_on_gpu1_keeps_the_al(tmp_path):
     ],
 )
 def test_tp2_context_to_attention_dp_generation_through_the_router(gpus, tmp_path):
-    exclude = training_questions(BUNDLED_TARGET, BUNDLED_DRAFT)
     (tmp_path / "agg").mkdir()
     with running(tmp_path / "agg") as servers:
         servers.server("agg", OPTIONS, "cuda", gpus="0")
         servers.wait_healthy()
-        aggregated = run_gsm8k_http(servers.urls["agg"], 40, exclude)
+        aggregated = run_gsm8k_http(servers.urls["agg"], 40)
     layouts = (CONTEXT_TP2, GENERATION_ADP2)
     with disaggregated_deployment(OPTIONS, "cuda", tmp_path, gpus, layouts) as urls:
-        disaggregated = run_gsm8k_http(urls["router"], 40, exclude)
+        disaggregated = run_gsm8k_http(urls["router"], 40)
         computed = metric(urls["gen"], "trtllm_context_tokens_computed_total")
         transferred = metric(urls["gen"], "trtllm_transferred_tokens_total")
     print(

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tensorrt_llm import LLM
-from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
-from tensorrt_llm.evaluate.runner import run_gsm8k, training_questions
+from tensorrt_llm.bundled import BUNDLED_DRAFT
+from tensorrt_llm.evaluate.runner import run_gsm8k
 from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
 
 pytestmark = [
@@ -38,7 +38,7 @@ def gsm8k(draft_kv_cache: str | None, **parallel) -> dict:
         **parallel,
     )
     try:
-        result = run_gsm8k(llm, GSM8K_SAMPLES, training_questions(BUNDLED_TARGET, BUNDLED_DRAFT))
+        result = run_gsm8k(llm, GSM8K_SAMPLES)
         if parallel.get("tensor_parallel_size", 1) > 1 and not parallel.get("enable_attention_dp"):
             assert llm.executor.cuda_graph_runner.num_replays > 0  # all-reduces inside graphs
         return result

@@ -11,8 +11,8 @@ from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
 from tensorrt_llm._torch.distributed.ranks import RanksLostError
 from tensorrt_llm._torch.speculative.utils import VIEW_MODE
-from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
-from tensorrt_llm.evaluate.runner import run_multiturn_copy, training_questions
+from tensorrt_llm.bundled import BUNDLED_DRAFT
+from tensorrt_llm.evaluate.runner import run_multiturn_copy
 from tensorrt_llm.evaluate.tasks import gsm8k_tiny
 from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
 
@@ -158,11 +158,10 @@ def test_a_rank_that_dies_ends_the_requests_with_an_error_not_a_hang(parallel):
 def test_adp2_keeps_each_conversation_on_one_rank_so_reused_turns_keep_their_al():
     """The AL table's multi-turn rows under attention DP: turns 2-4 land where turn 1 ran, reuse
     its KV (the drafter's included) and decode as one rank does."""
-    exclude = training_questions(BUNDLED_TARGET, BUNDLED_DRAFT)
     results = {}
     for name, parallel in (("one", {}), ("adp2", {"enable_attention_dp": True})):
         with make_llm(tensor_parallel_size=2 if parallel else 1, **parallel) as llm:
-            results[name] = run_multiturn_copy(llm, 4, exclude, progress=lambda _: None)
+            results[name] = run_multiturn_copy(llm, 4, progress=lambda _: None)
     one, adp2 = results["one"], results["adp2"]
     assert [t.token_ids for t in adp2] == [t.token_ids for t in one]
     assert [t.reused_tokens for t in adp2] == [t.reused_tokens for t in one]

@@ -19,7 +19,8 @@ from tensorrt_llm._torch.models.checkpoint import (
     random_model,
     save_pretrained,
 )
-from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config, MiniMaxM3ForCausalLM
+from tensorrt_llm._torch.models.configuration_minimaxm3 import MiniMaxM3Config
+from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3ForCausalLM
 from tensorrt_llm._torch.models.registry import MODEL_REGISTRY, ModelClasses, get_model_classes
 from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 
@@ -36,10 +37,14 @@ class ThrowawayKVCacheManager(MiniMaxM3KVCacheManagerV2):
     pass
 
 
-def test_m3_is_registered_with_its_config_model_and_kv_cache_manager():
-    assert get_model_classes("MiniMaxM3ForCausalLM") == ModelClasses(
-        MiniMaxM3Config, MiniMaxM3ForCausalLM, MiniMaxM3KVCacheManagerV2
-    )
+def test_the_published_architectures_are_one_m3_with_its_config_model_and_kv_cache_manager():
+    m3 = ModelClasses(MiniMaxM3Config, MiniMaxM3ForCausalLM, MiniMaxM3KVCacheManagerV2)
+    assert get_model_classes("MiniMaxM3SparseForConditionalGeneration") == m3  # the hub's VL
+    assert get_model_classes("MiniMaxM3VLForCausalLM") == m3  # transformers' text-only save
+    assert sorted(MODEL_REGISTRY) == [
+        "MiniMaxM3SparseForConditionalGeneration",
+        "MiniMaxM3VLForCausalLM",
+    ]
 
 
 def test_the_bundled_checkpoint_loads_strictly_by_its_architecture():
@@ -83,7 +88,10 @@ def write_config(model_dir, **changes):
 
 def test_an_unknown_architecture_is_an_error_naming_it_and_the_known_ones(tmp_path):
     model_dir = write_config(tmp_path / "m", architectures=["NotAModelForCausalLM"])
-    known = r"'NotAModelForCausalLM' is not a known architecture; known: \['MiniMaxM3ForCausalLM'\]"
+    known = (
+        r"'NotAModelForCausalLM' is not a known architecture; known: "
+        r"\['MiniMaxM3SparseForConditionalGeneration', 'MiniMaxM3VLForCausalLM'\]"
+    )
     with pytest.raises(ValueError, match=known):
         load_model(model_dir)
     with pytest.raises(ValueError, match=known):

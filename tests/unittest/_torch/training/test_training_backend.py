@@ -54,8 +54,8 @@ def test_the_indexer_loss_is_summed_over_msa_layers_only_when_asked(tiny_model):
 
 def test_dense_warm_up_differs_from_sparse_msa_beyond_top_k_blocks(tiny_model):
     cfg, model = tiny_model
-    msa = cfg.sparse_attention_config
-    length = (msa.topk_blocks + msa.num_local_blocks + 2) * msa.block_size
+    msa = cfg.msa
+    length = (msa.topk_blocks + 2) * msa.block_size
     ids = torch.randint(0, cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(1))
     with torch.no_grad(), use_training_backend(model, msa_sparse=False) as backend:
         dense, _ = model(ids)

@@ -18,13 +18,16 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (  # noq
     MsaConfig,
     MsaInputs,
 )
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa_backend import (  # noqa: E402
+    msa_backend_for,
+)
 from tensorrt_llm._torch.attention_backend.triton.backend import (  # noqa: E402
     TritonAttentionBackend,
 )
 from tensorrt_llm._torch.attention_backend.vanilla import VanillaAttentionBackend  # noqa: E402
 
 STEPS = [(0, 45), (130, 4), (255, 4)]  # a prompt chunk, then 1 + 3 token decodes
-MSA = MsaConfig(index_n_heads=2, index_head_dim=8, topk_blocks=1, block_size=16)
+MSA = MsaConfig(TARGET_KV_HEADS, index_head_dim=8, block_size=16, topk_blocks=2, local_blocks=1)
 SCALE = HEAD_DIM**-0.5
 
 
@@ -36,11 +39,10 @@ def tensors(n: int, *heads: int) -> list[torch.Tensor]:
 def outputs(backend, manager, md) -> dict[str, torch.Tensor]:
     n = md.num_tokens
     q, k, v = tensors(n, 2 * TARGET_KV_HEADS, TARGET_KV_HEADS, TARGET_KV_HEADS)
-    iq, ik = tensors(n, 2, 1)
-    iw = torch.ones(n, 2, device=DEVICE)
+    iq, ik = tensors(n, TARGET_KV_HEADS, 1)  # one index head per KV group
     out = {"dense": backend.attention(0, q, k, v, md, SCALE)}
-    msa = MsaInputs(index_q=iq, index_w=iw, index_k=ik)
-    out["msa"] = backend.msa_attention(1, q, k, v, msa, md, MSA, SCALE)
+    msa = MsaInputs(index_q=iq, index_k=ik)
+    out["msa"] = msa_backend_for(backend).attend(1, q, k, v, msa, md, MSA, SCALE)
     dq, dk, dv = tensors(n, 2 * DRAFT_KV_HEADS, DRAFT_KV_HEADS, DRAFT_KV_HEADS)
     with md.swap_kv_cache_manager(manager.draft_subpage_view):
         out["draft"] = backend.attention(DRAFT, dq, dk, dv, md, SCALE)

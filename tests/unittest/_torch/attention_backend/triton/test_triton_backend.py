@@ -16,6 +16,11 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (  # noq
     MsaConfig,
     MsaInputs,
 )
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa_backend import (  # noqa: E402
+    TritonMsaBackend,
+    VanillaMsaBackend,
+    msa_backend_for,
+)
 from tensorrt_llm._torch.attention_backend.triton import ops  # noqa: E402
 from tensorrt_llm._torch.attention_backend.triton.backend import (  # noqa: E402
     TritonAttentionBackend,
@@ -25,7 +30,8 @@ from tensorrt_llm._torch.attention_backend.vanilla import VanillaAttentionBacken
 
 NUM_HEADS = 2 * TARGET_KV_HEADS  # GQA 2
 SCALE = HEAD_DIM**-0.5
-MSA = MsaConfig(index_n_heads=2, index_head_dim=8, topk_blocks=1, block_size=16)
+# one index head per KV group; 16-token key blocks, 2 of them per query (its own forced)
+MSA = MsaConfig(TARGET_KV_HEADS, index_head_dim=8, block_size=16, topk_blocks=2, local_blocks=1)
 # (cached, new) per sequence: a prefill step (two prompts, one chunk of a longer one), then a mixed
 # step (the long prompt's next chunk, then 1 + 3 token decodes of the other two)
 STEP_1 = [(0, 45), (0, 3), (0, 40)]
@@ -42,6 +48,14 @@ def test_without_triton_the_backend_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
     with pytest.raises(ValueError, match="attn_backend='TRITON' needs the triton package"):
         get_attention_backend("TRITON")
+
+
+def test_each_backend_has_its_msa_backend():
+    vanilla, triton_backend = VanillaAttentionBackend(), TritonAttentionBackend()
+    assert isinstance(msa_backend_for(vanilla), VanillaMsaBackend)
+    assert isinstance(msa_backend_for(triton_backend), TritonMsaBackend)
+    assert msa_backend_for(triton_backend) is msa_backend_for(triton_backend)  # made once
+    assert msa_backend_for(triton_backend).attn_backend is triton_backend
 
 
 def test_attention_needs_metadata():
@@ -80,7 +94,7 @@ def step(manager, steps, num_contexts):
 def inputs(num_tokens, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     shapes = [(NUM_HEADS, HEAD_DIM), (TARGET_KV_HEADS, HEAD_DIM), (TARGET_KV_HEADS, HEAD_DIM)]
-    shapes += [(MSA.index_n_heads, MSA.index_head_dim), (MSA.index_n_heads,), (1, 8)]
+    shapes += [(TARGET_KV_HEADS, MSA.index_head_dim), (1, MSA.index_head_dim)]  # index q, k
     return [torch.randn(num_tokens, *s, generator=g).to(dtype).to(DEVICE) for s in shapes]
 
 
@@ -89,7 +103,8 @@ def inputs(num_tokens, dtype, seed):
     [(0, 32, "float32"), (0, 64, "bfloat16"), (1, 16, "float32"), (1, 128, "bfloat16")],
 )
 def test_two_steps_equal_vanilla(layer, tokens_per_block, dtype):
-    """Layer 0 is dense, layer 1 MSA (16-token MSA blocks, top-1: a real selection at 70 tokens)."""
+    """Layer 0 is dense, layer 1 MSA through ``msa_backend_for(backend)`` (16-token key blocks,
+    top-2 per KV group: a real selection past 32 tokens, so MSA is not dense attention)."""
     tol = 2e-5 if dtype == "float32" else 2e-2
     managers = [m3_manager(tokens_per_block, dtype) for _ in range(2)]
     for seed, (steps, num_contexts) in enumerate(zip((STEP_1, STEP_2), NUM_CONTEXTS)):
@@ -98,11 +113,14 @@ def test_two_steps_equal_vanilla(layer, tokens_per_block, dtype):
             managers, (VanillaAttentionBackend(), TritonAttentionBackend())
         ):
             md = step(manager, steps, num_contexts)
-            q, k, v, iq, iw, ik = inputs(md.num_tokens, getattr(torch, dtype), seed)
+            q, k, v, iq, ik = inputs(md.num_tokens, getattr(torch, dtype), seed)
             if layer == 0:
                 outs.append(backend.attention(layer, q, k, v, md, SCALE))
             else:
-                msa = MsaInputs(index_q=iq, index_w=iw, index_k=ik)
-                outs.append(backend.msa_attention(layer, q, k, v, msa, md, MSA, SCALE))
+                msa = MsaInputs(index_q=iq, index_k=ik)
+                outs.append(msa_backend_for(backend).attend(layer, q, k, v, msa, md, MSA, SCALE))
+                # dense attention over the same cache (its writes store the same K and V again)
+                dense = backend.attention(layer, q, k, v, md, SCALE)
+                assert not torch.allclose(outs[-1].float(), dense.float(), rtol=0.1, atol=0.1)
         assert torch.equal(managers[0].pools[0], managers[1].pools[0])  # the same bytes written
         torch.testing.assert_close(outs[1].float(), outs[0].float(), rtol=tol, atol=tol)

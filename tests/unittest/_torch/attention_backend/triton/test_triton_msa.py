@@ -386,8 +386,9 @@ def test_a_bf16_cache_matches_the_reference():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bf16_on_the_gpu_matches_the_reference():
-    msa = msa_config(2, 128, topk=6, local=2, index_dim=64)
-    case = Case(8, 2, msa, tokens_per_block=128, head_dim=128, dtype=torch.bfloat16)
+    # M3's geometry (GQA 16, 128-dim heads and index heads, 128-token key blocks), fewer KV heads
+    msa = msa_config(2, 128, topk=6, local=2, index_dim=128)
+    case = Case(32, 2, msa, tokens_per_block=128, head_dim=128, dtype=torch.bfloat16)
     specs = [(0, 1500), (300, 700), (0, 1)] + [(p, 4) for p in (1, 127, 128, 1000, 2500)]
     step = make_step(case, specs, num_contexts=3, seed=1)
     check_outputs(step, tol=2e-2)
