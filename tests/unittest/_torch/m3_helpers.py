@@ -35,7 +35,12 @@ TINY = dict(
 
 
 def tiny_config(**overrides) -> MiniMaxM3Config:
-    return MiniMaxM3Config.from_dict({**TINY, **overrides})
+    """``TINY`` with ``overrides``; another ``num_hidden_layers`` repeats the per-layer lists."""
+    layers = overrides.get("num_hidden_layers", TINY["num_hidden_layers"])
+    base = dict(TINY)
+    for key in ("layer_types", "mlp_layer_types"):
+        base[key] = [TINY[key][i % len(TINY[key])] for i in range(layers)]
+    return MiniMaxM3Config.from_dict({**base, **overrides})
 
 
 def executor_config(

@@ -10,6 +10,11 @@ import torch
 import tensorrt_llm._torch.attention_backend.utils as attention_utils
 import tensorrt_llm._torch.models as models_pkg
 from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa_backend import (
+    MSA_BACKENDS,
+    MsaBackend,
+    msa_backend_for,
+)
 from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
 from tensorrt_llm._torch.attention_backend.vanilla import VanillaAttentionBackend
 
@@ -42,32 +47,51 @@ def test_vanilla_without_metadata_points_to_the_training_backend(tiny_model):
         model(torch.zeros(1, 5, dtype=torch.long))
 
 
-def test_a_model_calls_the_backend_it_holds(tiny_model):
+def test_a_model_calls_the_backend_it_holds_and_its_family_msa(tiny_model, monkeypatch):
+    """Dense layers call the model's attn_backend; sparse layers the MSA backend registered for
+    that backend's name (``sparse/minimax_m3/msa_backend.py``), made once per backend."""
     cfg, model = tiny_model
+    calls = []
 
     class Recording(AttentionBackend):
         name = "RECORDING"
 
-        def __init__(self):
-            self.calls = []
-
         def attention(self, layer_idx, q, k, v, metadata, scale):
-            self.calls.append(("dense", layer_idx))
+            calls.append(("dense", layer_idx))
             return torch.zeros_like(q)
 
-        def msa_attention(self, layer_idx, q, k, v, msa, metadata, cfg, scale):
-            self.calls.append(("msa", layer_idx, tuple(msa.index_k.shape)))
+    class RecordingMsa(MsaBackend):
+        def attend(self, layer_idx, q, k, v, msa, metadata, cfg, scale):
+            assert self.attn_backend is model.attn_backend
+            calls.append(("msa", layer_idx, tuple(msa.index_q.shape), tuple(msa.index_k.shape)))
             return torch.zeros_like(q)
 
+    monkeypatch.setitem(MSA_BACKENDS, "RECORDING", RecordingMsa)
     model.attn_backend = Recording()
     with torch.no_grad():
         model(torch.zeros(1, 5, dtype=torch.long))
-    di = cfg.sparse_attention_config.index_head_dim
-    assert model.attn_backend.calls == [
+        model(torch.zeros(1, 5, dtype=torch.long))
+    di, groups = cfg.index_head_dim, cfg.num_key_value_heads
+    assert calls == 2 * [
         ("dense", 0),
-        ("msa", 1, (1, 5, 1, di)),
-        ("msa", 2, (1, 5, 1, di)),
+        ("msa", 1, (1, 5, groups, di), (1, 5, 1, di)),
+        ("msa", 2, (1, 5, groups, di), (1, 5, 1, di)),
     ]
+    assert msa_backend_for(model.attn_backend) is msa_backend_for(model.attn_backend)
+
+
+def test_a_backend_without_an_msa_is_refused_by_name(tiny_model):
+    _, model = tiny_model
+
+    class DenseOnly(AttentionBackend):
+        name = "DENSE_ONLY"
+
+        def attention(self, layer_idx, q, k, v, metadata, scale):
+            return torch.zeros_like(q)
+
+    model.attn_backend = DenseOnly()
+    with pytest.raises(ValueError, match="attn_backend='DENSE_ONLY' has no MiniMax-M3 sparse"):
+        model(torch.zeros(1, 5, dtype=torch.long))
 
 
 ATTENTION_OPS = {

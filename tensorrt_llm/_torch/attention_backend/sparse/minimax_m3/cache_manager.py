@@ -1,6 +1,7 @@
 """MiniMaxM3KVCacheManagerV2: the KV cache of a MiniMax-M3 model, with the Eagle3 drafter inside it.
 
-Every slot holds each target layer's K and V, the indexer's index-K on sparse (MSA) layers only, and,
+Every slot holds each target layer's K and V, the indexer's index-K on the sparse layers only
+(wherever ``layer_types`` puts them), and,
 with one-model Eagle3 in unified mode, the draft layer's K and V. The draft buffers differ in size
 from every M3 buffer, so they are sub-pages of the same slot; the block life cycle (prefix reuse,
 eviction, disaggregated transfer) therefore covers them with no extra code. The drafter's attention
@@ -74,11 +75,7 @@ class MiniMaxM3KVCacheManagerV2(KVCacheManagerV2):
         self._draft_subpage_view: MiniMaxM3DraftSubpageView | None = None
         super().__init__(config)
         if self.local_draft_layer_ids:
-            sparse = (
-                f"{self.sparse_layer_ids[0]}..{self.sparse_layer_ids[-1]}"
-                if self.sparse_layer_ids
-                else "none"
-            )
+            sparse = list(self.sparse_layer_ids) if self.sparse_layer_ids else "none"
             logger.info(
                 "[unified-kv] draft layers %s share the target KV cache manager (sparse layers %s); "
                 "slot_bytes=%d, draft kernel pages of %d tokens",
