@@ -1,6 +1,11 @@
-"""``trtllm-kv-layout LAYOUT.yaml``: print the slot layout of a KV cache described in YAML.
+"""``trtllm-kv-layout``: print the slot layout of a KV cache, of a checkpoint or described in YAML.
 
-The YAML file describes the engine's layers directly::
+``trtllm-kv-layout --model DIR [--speculative-model DIR]`` reads a checkpoint's ``config.json`` (a
+published MiniMax-M3's: index-K on exactly the layers ``layer_types`` makes sparse) and, with an
+Eagle3 drafter, appends its layer as the unified cache holds it (sub-pages of the same slots).
+Only the configs are read, nothing is allocated, so the full model's layout prints anywhere.
+
+``trtllm-kv-layout LAYOUT.yaml`` takes the engine's layers directly::
 
     tokens_per_block: 128          # optional, default 128
     num_slots: 64                  # or max_tokens: 8192
@@ -25,6 +30,13 @@ from pathlib import Path
 
 import yaml
 
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.draft_subpage_view import (
+    resolve_subpage_tokens,
+)
+from tensorrt_llm._torch.models.checkpoint import load_config
+from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config
+from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer
+from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import engine_layer
 from tensorrt_llm.runtime.kv_cache_manager_v2 import (
     DEFAULT_LIFE_CYCLE,
     AttentionLayerConfig,
@@ -103,6 +115,33 @@ def config_from_yaml(data: dict) -> KVCacheManagerConfig:
     )
 
 
+def config_from_checkpoint(
+    model: Path,
+    speculative_model: Path | None,
+    tokens_per_block: int = 128,
+    num_slots: int = 64,
+    dtype: str | None = None,
+) -> KVCacheManagerConfig:
+    """The engine config the creation site builds for ``model`` on one rank (KV in the config's
+    dtype unless ``dtype``), with ``speculative_model``'s draft layer in the unified cache."""
+    config = load_config(model)
+    dtype = dtype or config.torch_dtype
+    layers = config.kv_cache_layers()
+    options = {}
+    if speculative_model is not None:
+        draft = Eagle3Config.from_pretrained(speculative_model)
+        layers += (KvCacheLayer(draft.num_key_value_heads, draft.head_dim, is_draft=True),)
+        options["kernel_page_tokens"] = resolve_subpage_tokens(tokens_per_block)
+    return KVCacheManagerConfig(
+        tokens_per_block=tokens_per_block,
+        layers=tuple(
+            engine_layer(i, layer, dtype, layer.is_draft) for i, layer in enumerate(layers)
+        ),
+        num_slots=num_slots,
+        **options,
+    )
+
+
 def simulate(manager: KVCacheManager) -> str:
     """Two requests sharing a prefix: the second reuses the first's committed blocks."""
     tpb = manager.tokens_per_block
@@ -141,16 +180,39 @@ def simulate(manager: KVCacheManager) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trtllm-kv-layout", description=__doc__.splitlines()[0])
-    parser.add_argument("layout", type=Path, help="YAML file describing the cache's layers")
+    parser.add_argument(
+        "layout", type=Path, nargs="?", help="YAML file describing the cache's layers"
+    )
+    parser.add_argument("--model", type=Path, help="a checkpoint directory (its config.json)")
+    parser.add_argument(
+        "--speculative-model", type=Path, help="an Eagle3 drafter for --model (unified cache)"
+    )
+    parser.add_argument("--tokens-per-block", type=int, default=128)
+    parser.add_argument("--num-slots", type=int, default=64)
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
     parser.add_argument(
         "--simulate", action="store_true", help="also run two requests through the cache"
     )
     args = parser.parse_args(argv)
+    if (args.layout is None) == (args.model is None):
+        parser.error("give a LAYOUT.yaml or --model DIR (one of them)")
+    if args.speculative_model is not None and args.model is None:
+        parser.error("--speculative-model needs --model")
+    source = args.layout or args.model
     try:
-        data = yaml.safe_load(args.layout.read_text())
-        manager = KVCacheManager(config_from_yaml(data or {}))
+        if args.model is not None:
+            config = config_from_checkpoint(
+                args.model,
+                args.speculative_model,
+                args.tokens_per_block,
+                args.num_slots,
+                args.dtype,
+            )
+        else:
+            config = config_from_yaml(yaml.safe_load(args.layout.read_text()) or {})
+        manager = KVCacheManager(config)
     except (OSError, ValueError, TypeError, yaml.YAMLError) as exc:
-        print(f"trtllm-kv-layout: {args.layout}: {exc}", file=sys.stderr)
+        print(f"trtllm-kv-layout: {source}: {exc}", file=sys.stderr)
         return 2
     print(manager.describe())
     if args.simulate:

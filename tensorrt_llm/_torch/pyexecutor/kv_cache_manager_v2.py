@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tensorrt_llm._torch.pyexecutor.config import KVCacheManagerV2Config
+from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer, KVCacheManagerV2Config
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.resource_manager import BaseResourceManager
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
@@ -45,6 +45,22 @@ from tensorrt_llm.runtime.kv_cache_manager_v2 import (
 )
 from tensorrt_llm.runtime.kv_cache_manager_v2.host_block_table import HostBlockTable
 from tensorrt_llm.runtime.kv_cache_manager_v2.pool import allocate_pools, buffer_view, kv_view
+
+
+def engine_layer(
+    layer_id: int, layer: KvCacheLayer, dtype: str, is_draft: bool
+) -> AttentionLayerConfig:
+    """The storage engine's description of one layer: K and V, and on a sparse layer one index-K
+    head; a draft layer's KV depends on the next token (the drafter boundary rule)."""
+    index_key = (1, layer.index_head_dim, dtype) if layer.index_head_dim else None
+    return AttentionLayerConfig.kv(
+        layer_id,
+        layer.num_kv_heads,
+        layer.head_dim,
+        dtype,
+        index_key=index_key,
+        depends_on_next_token=is_draft,
+    )
 
 
 class KVCacheManagerV2(BaseResourceManager):
@@ -96,15 +112,7 @@ class KVCacheManagerV2(BaseResourceManager):
 
     def _layer_config(self, layer_id: int) -> AttentionLayerConfig:
         layer = self.config.layers[layer_id]
-        index_key = (1, layer.index_head_dim, self.dtype) if layer.index_head_dim else None
-        return AttentionLayerConfig.kv(
-            layer_id,
-            layer.num_kv_heads,
-            layer.head_dim,
-            self.dtype,
-            index_key=index_key,
-            depends_on_next_token=self.is_draft_layer(layer_id),
-        )
+        return engine_layer(layer_id, layer, self.dtype, self.is_draft_layer(layer_id))
 
     def _storage_options(self) -> dict:
         return {}

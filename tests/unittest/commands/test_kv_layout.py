@@ -1,41 +1,79 @@
 """trtllm-kv-layout: prints the slot map of a YAML layout, and rejects bad files clearly."""
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 from tensorrt_llm.commands.kv_layout import config_from_yaml, main
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "configs" / "kv_layout_m3_tiny.yaml"
 
 
-def test_example_layout_prints_every_buffer(capsys):
-    assert main([str(EXAMPLE), "--simulate"]) == 0
-    out = capsys.readouterr().out
-    assert "slot_bytes=425984" in out
-    rows = [
+def layout_rows(out: str) -> list[list[str]]:
+    return [
         line.split()
         for line in out.splitlines()
         if line.strip()[:1].isdigit() and len(line.split()) == 7
     ]
-    assert [(r[0], r[1]) for r in rows] == [
-        ("0", "key"),
-        ("0", "value"),
-        ("1", "key"),
-        ("1", "value"),
-        ("1", "index_key"),
-        ("2", "key"),
-        ("2", "value"),
-        ("2", "index_key"),
-        ("3", "key"),
-        ("3", "value"),
-        ("3", "index_key"),
-        ("4", "key"),
-        ("4", "value"),
-    ]
-    assert [r[-1] for r in rows if r[1] == "index_key" or r[0] == "4"] == ["sub-page"] * 5
+
+
+BUNDLED_ROWS = [
+    ("0", "key"),
+    ("0", "value"),
+    ("1", "key"),
+    ("1", "value"),
+    ("1", "index_key"),
+    ("2", "key"),
+    ("2", "value"),
+    ("3", "key"),
+    ("3", "value"),
+    ("3", "index_key"),
+    ("4", "key"),
+    ("4", "value"),
+]
+
+
+def test_example_layout_prints_every_buffer(capsys):
+    assert main([str(EXAMPLE), "--simulate"]) == 0
+    out = capsys.readouterr().out
+    assert "slot_bytes=819200" in out
+    rows = layout_rows(out)
+    assert [(r[0], r[1]) for r in rows] == BUNDLED_ROWS
+    assert [r[-1] for r in rows if r[1] == "index_key" or r[0] == "4"] == ["sub-page"] * 4
     assert "request B: 128 tokens reused" in out
+
+
+def test_a_checkpoint_prints_the_layout_the_example_describes(capsys):
+    assert main([str(EXAMPLE)]) == 0
+    from_yaml = capsys.readouterr().out
+    args = ["--model", str(BUNDLED_TARGET), "--speculative-model", str(BUNDLED_DRAFT)]
+    assert main([*args, "--dtype", "float32"]) == 0
+    assert capsys.readouterr().out == from_yaml
+
+
+def test_the_published_models_layout_has_index_k_on_its_sparse_layers_only(tmp_path, capsys):
+    """The full MiniMax-M3 (transformers' defaults: 60 layers, 4 KV heads of 128) with sparse
+    layers wherever layer_types puts them; only the configs are read."""
+    sparse = {3, 4, 10, 59}
+    layer_types = ["minimax_m3_sparse" if i in sparse else "full_attention" for i in range(60)]
+    text = {"layer_types": layer_types}
+    config = {"architectures": ["MiniMaxM3SparseForConditionalGeneration"], "text_config": text}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["--model", str(tmp_path), "--dtype", "bfloat16"]) == 0
+    rows = layout_rows(capsys.readouterr().out)
+    assert {int(r[0]) for r in rows if r[1] == "index_key"} == sparse
+    assert {r[4] for r in rows if r[1] == "key"} == {"4x128"}
+    assert {r[4] for r in rows if r[1] == "index_key"} == {"1x128"}
+
+
+def test_a_model_or_a_layout_not_both(capsys):
+    with pytest.raises(SystemExit):
+        main([str(EXAMPLE), "--model", str(BUNDLED_TARGET)])
+    with pytest.raises(SystemExit):
+        main(["--speculative-model", str(BUNDLED_DRAFT), str(EXAMPLE)])
 
 
 @pytest.mark.parametrize(

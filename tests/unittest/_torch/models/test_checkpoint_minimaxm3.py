@@ -108,7 +108,9 @@ def test_parts_not_served_yet_are_skipped_with_one_line_per_family(hub_checkpoin
     rewrite(model_dir, {**state, **extra})
     caplog.set_level(logging.INFO, logger="tensorrt_llm")
     assert_same_weights(model, load_model(model_dir, torch.float32))
-    lines = sorted(r.getMessage().split(": ", 1)[1] for r in caplog.records if "skipped" in r.getMessage())
+    lines = sorted(
+        r.getMessage().split(": ", 1)[1] for r in caplog.records if "skipped" in r.getMessage()
+    )
     assert lines == [
         "skipped 1 multi_modal_projector.* tensor(s) (not served yet)",
         "skipped 1 patch_merge_mlp.* tensor(s) (not served yet)",
@@ -122,7 +124,9 @@ def test_a_missing_tensor_is_an_error_listing_it(hub_checkpoint):
     state = tensors(model_dir)
     del state[f"{HUB_MOE}.experts.2.w3.weight"], state["language_model.model.norm.weight"]
     rewrite(model_dir, state)
-    message = r"2 missing tensor\(s\) \['model.layers.1.mlp.experts.2.w3.weight', 'model.norm.weight'\]"
+    message = (
+        r"2 missing tensor\(s\) \['model.layers.1.mlp.experts.2.w3.weight', 'model.norm.weight'\]"
+    )
     with pytest.raises(ValueError, match=message):
         load_model(model_dir, torch.float32)
 
@@ -133,7 +137,9 @@ def test_an_unexpected_tensor_is_an_error_listing_it(hub_checkpoint):
     state["language_model.model.layers.0.self_attn.index_q_proj.weight"] = torch.zeros(16, 32)
     state[f"{HUB_MOE}.experts.9.w1.weight"] = torch.zeros(16, 32)
     rewrite(model_dir, state)
-    with pytest.raises(ValueError, match=r"2 unexpected tensor\(s\) \['language_model.model.layers.0"):
+    with pytest.raises(
+        ValueError, match=r"2 unexpected tensor\(s\) \['language_model.model.layers.0"
+    ):
         load_model(model_dir, torch.float32)
 
 

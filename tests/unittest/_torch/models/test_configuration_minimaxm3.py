@@ -68,9 +68,16 @@ def test_the_hubs_legacy_names_map_as_transformers_maps_them():
 
 def test_missing_keys_take_transformers_defaults():
     config = MiniMaxM3Config.from_dict({"architectures": [VL_ARCHITECTURE], "text_config": {}})
-    assert (config.hidden_size, config.num_hidden_layers, config.num_local_experts) == (6144, 60, 128)
+    assert (config.hidden_size, config.num_hidden_layers, config.num_local_experts) == (
+        6144,
+        60,
+        128,
+    )
     assert config.rope_theta == 5e6 and config.rotary_dim == 128  # no partial_rotary_factor
-    assert config.layer_types == ("full_attention",) * 60 and config.mlp_layer_types == ("sparse",) * 60
+    assert (
+        config.layer_types == ("full_attention",) * 60
+        and config.mlp_layer_types == ("sparse",) * 60
+    )
     assert config.eos_token_ids == (200020,) and config.torch_dtype == "float32"
 
 
@@ -80,9 +87,7 @@ def test_sparse_layers_can_be_anywhere():
     assert [layer.index_head_dim for layer in config.kv_cache_layers()] == [8, 0, 8]
 
 
-@pytest.mark.parametrize(
-    ("value", "ids"), [(5, (5,)), ([5, 7], (5, 7)), (None, ())]
-)
+@pytest.mark.parametrize(("value", "ids"), [(5, (5,)), ([5, 7], (5, 7)), (None, ())])
 def test_eos_token_id_is_an_int_or_a_list(value, ids):
     assert tiny_config(eos_token_id=value).eos_token_ids == ids
 

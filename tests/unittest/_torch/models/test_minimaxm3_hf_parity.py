@@ -66,7 +66,11 @@ def text_config(spec: dict) -> dict:
         num_local_experts=8,
         num_experts_per_tok=2,
         index_n_heads=spec["num_key_value_heads"],
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": factor},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": factor,
+        },
         max_position_embeddings=512,
         bos_token_id=0,
         eos_token_id=1,
