@@ -1,26 +1,57 @@
-"""Evaluation problems appear in no corpus a bundled checkpoint saw (issue 11, item 16): the
-exclusion reads every checkpoint's ``training.json``, the drafter's corpus (seed 101) included."""
+"""The evaluation problems are in neither bundled corpus: each checkpoint's ``training.json``
+records its corpus (seed, size) and what it holds out, truthfully, and rebuilding the corpus from
+that record finds none of the problems the AL table and the tests evaluate."""
 
 import json
 
+import pytest
+
 from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
-from tensorrt_llm.evaluate.runner import EVAL_SEED, held_out, training_questions
-from tensorrt_llm.evaluate.tasks import gsm8k_tiny, multiturn_copy
+from tensorrt_llm.evaluate.tasks import (
+    EVAL_STREAMS,
+    MAX_EVAL_PROBLEMS,
+    evaluation_problems,
+    evaluation_questions,
+    first_user_turn,
+    held_out_record,
+    training_conversations,
+)
 
 
-def test_the_drafters_record_names_the_corpus_it_trained_on():
-    record = json.loads((BUNDLED_DRAFT / "training.json").read_text())
-    assert record["corpus_seed"] == record["seed"] + 100 == 101  # train_eagle3.py's offset
+def record(model_dir):
+    return json.loads((model_dir / "training.json").read_text())
 
 
-def test_no_evaluation_problem_is_in_the_target_or_drafter_corpus():
-    target, drafter = training_questions(BUNDLED_TARGET), training_questions(BUNDLED_DRAFT)
-    exclude = training_questions(BUNDLED_TARGET, BUNDLED_DRAFT)
-    assert exclude == target | drafter and drafter - target  # the drafter's corpus adds questions
-    for generator, seed, count in (
-        (gsm8k_tiny, EVAL_SEED, 200),
-        (multiturn_copy, EVAL_SEED + 2, 32),
-    ):
-        problems = held_out(generator, count, seed, exclude)
-        firsts = [(p[0] if isinstance(p, tuple) else p)[0]["content"] for p in problems]
-        assert not set(firsts) & (target | drafter)
+def test_each_record_names_the_seed_its_script_used():
+    target, drafter = record(BUNDLED_TARGET), record(BUNDLED_DRAFT)
+    assert target["script"].endswith("train_target.py") and target["corpus_seed"] == target["seed"]
+    assert drafter["script"].endswith("train_eagle3.py")
+    assert drafter["corpus_seed"] == drafter["seed"] + 100  # train_eagle3.py's corpus offset
+
+
+@pytest.mark.parametrize("model_dir", [BUNDLED_TARGET, BUNDLED_DRAFT], ids=["target", "drafter"])
+def test_the_corpus_rebuilt_from_its_record_holds_no_evaluation_problem(model_dir):
+    rec = record(model_dir)
+    held = rec["held_out"]
+    assert {k: v for k, v in held.items() if k != "conversations_skipped"} == held_out_record()
+    convs, skipped = training_conversations(
+        rec["corpus_seed"], rec["conversations"], rec["long_min_chars"], evaluation_questions()
+    )
+    assert skipped == held["conversations_skipped"] > 0  # the record is the corpus trained on
+    firsts = {c[0]["content"] for c in convs}
+    for task in EVAL_STREAMS:
+        problems = evaluation_problems(task, MAX_EVAL_PROBLEMS)
+        assert not {first_user_turn(p) for p in problems} & firsts, task
+
+
+def test_without_the_exclusion_the_corpora_would_hold_evaluation_problems():
+    """The check above can fail: the unfiltered drafter corpus meets the evaluation streams."""
+    rec = record(BUNDLED_DRAFT)
+    convs, _ = training_conversations(rec["corpus_seed"], rec["conversations"])
+    questions = {first_user_turn(p) for p in evaluation_problems("gsm8k-tiny", 200)}
+    assert questions & {c[0]["content"] for c in convs}
+
+
+def test_evaluations_beyond_the_held_out_problems_are_refused():
+    with pytest.raises(ValueError, match="held out from the first 1000 only"):
+        evaluation_problems("gsm8k-tiny", MAX_EVAL_PROBLEMS + 1)
