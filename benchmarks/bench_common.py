@@ -1,14 +1,22 @@
 """What the benchmarks share: the models they measure and the machine they name. Imported by the
 scripts beside it; not a benchmark itself.
 
-Models: an M3-shaped random model (with its Eagle3 drafter) and the bundled M3-tiny checkpoint.
+Models: a random model of the published MiniMax-M3 architecture (with its Eagle3 drafter) and the
+bundled M3-tiny checkpoint.
 
-The M3-shaped model (``scale="full"``): vocab 32768, hidden 2048, intermediate 5632, 8 layers
-(2 dense, then 6 MSA), 16 attention heads, 4 KV heads, head_dim 128, rotary_dim 64, MSA indexer
-4 heads x 128, top-16 blocks of 128, 1 local block; bf16. Its drafter has the same attention
-geometry (16 heads, 4 KV heads, head_dim 128), hidden 2048, intermediate 5632, a 32768-token draft
-vocabulary, and captures target layers 1, 4, 7. ``scale="tiny"`` keeps the layer structure (8
-layers, 2 dense, captures 1, 4, 7) with small widths, for a CPU smoke test.
+The benchmark target (``scale="full"``) has the published model's widths: vocab 200064, hidden
+6144, 64 attention heads over 4 KV heads of 128, RoPE on 64 channels (theta 5e6), the indexer's 4
+heads of 128 over key blocks of 128 (top-16, 1 local), experts and the shared expert of 3072, dense
+MLPs of 12288, routed scaling 2.0; bf16. It has 8 layers arranged as the published model arranges
+its first ones: layers 0-2 full attention with a dense MLP, layers 3-7 sparse attention (the
+indexer) with the MoE (the published model's sparse layers are 3..59). Its MoE has 16 experts,
+top-4, not the published 128, so that a model of 8 layers fits a benchmark's disk and memory (an
+expert is the published size; only their number is cut). ``mlp="dense"`` makes every MLP dense
+(12288), the variant to compare with dense references (the MoE's GPU kernels are not written yet).
+The drafter has the target's attention geometry (64 heads, 4 KV heads, head_dim 128), hidden 6144,
+intermediate 12288, the full draft vocabulary, and captures target layers 1, 4, 7.
+``scale="tiny"`` keeps the structure (8 layers, the same arrangement, captures 1, 4, 7) with small
+widths, for a CPU smoke test.
 """
 
 from __future__ import annotations
@@ -19,45 +27,77 @@ from pathlib import Path
 
 import torch
 
-from tensorrt_llm._torch.models.modeling_minimaxm3 import MiniMaxM3Config
+from tensorrt_llm._torch.models.configuration_minimaxm3 import MiniMaxM3Config
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config
 from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 
 LAYERS_TO_CAPTURE = (1, 4, 7)
+NUM_LAYERS, NUM_FULL_LAYERS = 8, 3
 
 _WIDTHS = {
-    # vocab, hidden, intermediate, heads, kv heads, head_dim, rotary_dim, index heads, index dim, top-k
-    "full": (32768, 2048, 5632, 16, 4, 128, 64, 4, 128, 16),
-    "tiny": (512, 64, 128, 4, 2, 16, 8, 2, 16, 2),
+    "full": dict(
+        vocab_size=200064,
+        hidden_size=6144,
+        num_attention_heads=64,
+        num_key_value_heads=4,
+        head_dim=128,
+        intermediate_size=3072,
+        shared_intermediate_size=3072,
+        dense_intermediate_size=12288,
+        num_local_experts=16,
+        num_experts_per_tok=4,
+        index_n_heads=4,
+        index_head_dim=128,
+        index_topk_blocks=16,
+    ),
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=32,
+        shared_intermediate_size=32,
+        dense_intermediate_size=128,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        index_n_heads=2,
+        index_head_dim=16,
+        index_topk_blocks=2,
+    ),
 }
+MLPS = ("moe", "dense")
 
 
 def bench_target_config(
-    scale: str = "full", max_position_embeddings: int = 2048
+    scale: str = "full", max_position_embeddings: int = 2048, mlp: str = "moe"
 ) -> MiniMaxM3Config:
-    """The M3-shaped target (see the module docstring)."""
-    vocab, hidden, inter, heads, kv_heads, head_dim, rotary, idx_heads, idx_dim, top_k = _WIDTHS[
-        scale
-    ]
+    """The benchmark target (see the module docstring); ``mlp="dense"``: every MLP dense."""
+    if mlp not in MLPS:
+        raise ValueError(f"mlp={mlp!r}: expected one of {MLPS}")
+    sparse = range(NUM_FULL_LAYERS, NUM_LAYERS)
+    layer_types = ["minimax_m3_sparse" if i in sparse else "full_attention" for i in range(8)]
+    moe = "sparse" if mlp == "moe" else "dense"
+    mlp_layer_types = [moe if i in sparse else "dense" for i in range(NUM_LAYERS)]
     return MiniMaxM3Config.from_dict(
         {
-            "vocab_size": vocab,
-            "hidden_size": hidden,
-            "intermediate_size": inter,
-            "num_hidden_layers": 8,
-            "num_attention_heads": heads,
-            "num_key_value_heads": kv_heads,
-            "head_dim": head_dim,
-            "rotary_dim": rotary,
-            "max_position_embeddings": max_position_embeddings,
-            "torch_dtype": "bfloat16",
-            "sparse_attention_config": {
-                "index_n_heads": idx_heads,
-                "index_head_dim": idx_dim,
-                "topk_blocks": top_k,
-                "block_size": 128,
-                "num_local_blocks": 1,
-                "num_dense_layers": 2,
+            "architectures": ["MiniMaxM3SparseForConditionalGeneration"],
+            "dtype": "bfloat16",
+            "text_config": {
+                **_WIDTHS[scale],
+                "num_hidden_layers": NUM_LAYERS,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 5e6,
+                    "partial_rotary_factor": 0.5,
+                },
+                "layer_types": layer_types,
+                "mlp_layer_types": mlp_layer_types,
+                "index_block_size": 128,
+                "index_local_blocks": 1,
+                "max_position_embeddings": max_position_embeddings,
+                "bos_token_id": None,
+                "eos_token_id": None,
             },
         }
     )
@@ -68,7 +108,7 @@ def bench_eagle3_config(target: MiniMaxM3Config) -> Eagle3Config:
     return Eagle3Config.from_dict(
         {
             "hidden_size": target.hidden_size,
-            "intermediate_size": target.intermediate_size,
+            "intermediate_size": target.dense_intermediate_size,
             "num_attention_heads": target.num_attention_heads,
             "num_key_value_heads": target.num_key_value_heads,
             "head_dim": target.head_dim,

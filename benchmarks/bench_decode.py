@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import bench_eagle3_config, bench_target_config, machine_name
+from bench_common import MLPS, bench_eagle3_config, bench_target_config, machine_name
 
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_model, save_pretrained
@@ -72,6 +72,7 @@ class Settings:
     max_seconds: float
     seed: int
     tp_size: int = 1  # tensor-parallel ranks (bench_multi_gpu.py)
+    mlp: str = "moe"  # "dense": the all-dense variant of the benchmark model
 
 
 @dataclasses.dataclass
@@ -121,7 +122,7 @@ def copy_bandwidth(device: str, num_bytes: int, repeats: int = 10) -> float:
 def write_checkpoints(root: Path, s: Settings) -> tuple[Path, Path]:
     """The seeded random target (with a character tokenizer) and drafter, saved in bf16."""
     max_positions = max(2048, s.prompt_len + s.new_tokens)
-    target_config = bench_target_config(s.scale, max_positions)
+    target_config = bench_target_config(s.scale, max_positions, s.mlp)
     target = random_model(target_config, seed=s.seed).to(torch.bfloat16)
     save_pretrained(target, target_config, root / "target")
     del target
@@ -277,7 +278,7 @@ def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
 
 def print_report(cells: list[Cell], s: Settings, machine: str, bandwidth: float) -> None:
     print(
-        f"decode step cost, M3-shaped random model ({s.scale}), {s.dtype}, attn_backend="
+        f"decode step cost, random published-M3 model ({s.scale}, {s.mlp} MLPs), {s.dtype}, attn_backend="
         f"{s.attn_backend}, cuda graphs {'on' if s.cuda_graphs else 'off'}, prompt {s.prompt_len} + {s.new_tokens} new tokens, "
         f"max_draft_len={s.max_draft_len}, max_num_tokens={s.max_num_tokens}"
     )
@@ -348,6 +349,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         "CUDA with TRITON)",
     )
     parser.add_argument("--scale", default="full", choices=sorted(SCALE_DEFAULTS))
+    parser.add_argument(
+        "--mlp", default="moe", choices=MLPS, help="dense: every MLP dense (bench_common.py)"
+    )
     parser.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
     parser.add_argument("--prompt-len", type=int, help="default 1024 (tiny: 160)")
@@ -383,6 +387,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         max_num_tokens=args.max_num_tokens,
         max_seconds=args.max_seconds,
         seed=args.seed,
+        mlp=args.mlp,
     )
     return settings, args
 

@@ -38,10 +38,11 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import machine_name
+from bench_common import MLPS, machine_name
 from bench_decode import SCALE_DEFAULTS, Cell, Settings, random_prompts, run_cell, write_checkpoints
 
 from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm._torch.models.checkpoint import load_config
 from tensorrt_llm.llmapi import KvCacheConfig
 from tensorrt_llm.llmapi.llm_args import default_attn_backend
 from tensorrt_llm.logger import logger
@@ -53,6 +54,9 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
     parser.add_argument("--scale", default="full", choices=sorted(SCALE_DEFAULTS))
+    parser.add_argument(
+        "--mlp", default="moe", choices=MLPS, help="dense: every MLP dense (bench_common.py)"
+    )
     parser.add_argument("--tp", default="1,2", help="comma-separated tensor-parallel sizes")
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--modes", default="target,unified", help="of target, unified, separate")
@@ -80,6 +84,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
         max_num_tokens=8192,
         max_seconds=args.max_seconds,
         seed=0,
+        mlp=args.mlp,
     )
     return settings, args
 
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
     agreements: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_multi_gpu_") as tmp:
         target_dir, draft_dir = write_checkpoints(Path(tmp), s)
-        vocab = json.loads((target_dir / "config.json").read_text())["vocab_size"]
+        vocab = load_config(target_dir).vocab_size
         prompts = random_prompts(args.agreement_prompts, s.prompt_len, vocab, s.seed + 11)
         decodes: dict[int, Decodes] = {}
         for tp in sorted(args.tp):
@@ -179,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def report(cells, agreements, s: Settings, args) -> dict:
     print(
-        f"TP1 vs TP2, M3-shaped random model ({s.scale}), {s.dtype}, {s.attn_backend}, "
+        f"TP1 vs TP2, random published-M3 model ({s.scale}, {s.mlp} MLPs), {s.dtype}, {s.attn_backend}, "
         f"cuda graphs {'on' if s.cuda_graphs else 'off'}, prompt {s.prompt_len} + "
         f"{s.new_tokens} new tokens; machine: {machine_name(s.device)} x "
         f"{torch.cuda.device_count() if s.device == 'cuda' else 1}"

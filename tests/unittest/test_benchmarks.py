@@ -30,11 +30,12 @@ def test_bundled_unified_slot_is_the_target_and_draft_buffers_plus_reported_padd
     # one unified slot holds exactly the buffers of the separate target slot and draft slot
     assert unified.used_bytes == (sum(separate.used_bytes),)
     assert unified.slot_bytes[0] == unified.used_bytes[0] + unified.padding_bytes
-    # m3-tiny, bf16, 128-token blocks: 4 layers of 2x64 K and V, index-K 1x16 on layers 1-3; the
-    # drafter's K and V of 4x64; slots padded to whole 32-token kernel pages of the draft buffers
+    # m3-tiny, bf16, 128-token blocks: 4 layers of 2x64 K and V, index-K 1x32 on the sparse layers
+    # 1 and 3; the drafter's K and V of 4x64; whole 32-token kernel pages of the draft buffers,
+    # with no padding needed
     assert separate.slot_bytes == (278528, 131072)
     assert unified.slot_bytes == (409600,)
-    assert unified.padding_bytes == separate.padding_bytes == 4096
+    assert unified.padding_bytes == separate.padding_bytes == 0
     assert cap["target only"].slot_bytes == (278528,)
 
 
@@ -57,10 +58,22 @@ def test_bench_model_draft_kv_costs_one_more_target_layer_per_block():
     target = bench_target_config()
     cap = capacities(target, bench_eagle3_config(target))
     kv_per_layer = 2 * 128 * 4 * 128 * 2  # K and V: 128 tokens x 4 heads x 128 dims x bf16
-    index_k = 128 * 128 * 2
-    assert cap["target only"].slot_bytes == (8 * kv_per_layer + 6 * index_k,)
-    assert cap["eagle3 unified"].slot_bytes == (9 * kv_per_layer + 6 * index_k,)
-    assert cap["eagle3 separate"].slot_bytes == (8 * kv_per_layer + 6 * index_k, kv_per_layer)
+    index_k = 128 * 128 * 2  # on the 5 sparse layers only
+    assert cap["target only"].slot_bytes == (8 * kv_per_layer + 5 * index_k,)
+    assert cap["eagle3 unified"].slot_bytes == (9 * kv_per_layer + 5 * index_k,)
+    assert cap["eagle3 separate"].slot_bytes == (8 * kv_per_layer + 5 * index_k, kv_per_layer)
+
+
+@pytest.mark.parametrize("scale", ["full", "tiny"])
+def test_the_bench_model_is_the_published_architecture_with_a_dense_variant(scale):
+    moe, dense = bench_target_config(scale), bench_target_config(scale, mlp="dense")
+    assert moe.sparse_layer_ids == dense.sparse_layer_ids == (3, 4, 5, 6, 7)
+    assert moe.moe_layer_ids == (3, 4, 5, 6, 7) and dense.moe_layer_ids == ()
+    assert moe.index_n_heads == moe.num_key_value_heads
+    if scale == "full":  # the published widths
+        widths = (moe.hidden_size, moe.num_attention_heads, moe.head_dim, moe.rotary_dim)
+        assert widths == (6144, 64, 128, 64) and moe.vocab_size == 200064
+        assert (moe.intermediate_size, moe.dense_intermediate_size) == (3072, 12288)
 
 
 def run_benchmark(script: str, args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
