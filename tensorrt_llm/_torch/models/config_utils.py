@@ -7,6 +7,8 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
+from tensorrt_llm.logger import logger
+
 
 def read_config_json(model_dir: str | Path, argument: str) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
@@ -36,3 +38,50 @@ def check_positive_ints(config: object, where: str) -> None:
             not isinstance(value, int) or isinstance(value, bool) or value <= 0
         ):
             raise ValueError(f"{where}: {f.name}={value!r} must be a positive int")
+
+
+def read_generation_config(model_dir: str | Path) -> dict[str, Any]:
+    """``generation_config.json`` of ``model_dir`` ({} when there is none)."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected an object")
+    return data
+
+
+def token_ids(value: Any, where: str) -> tuple[int, ...]:
+    """An end id given as an int or a list of ints (None: none)."""
+    if value is None:
+        return ()
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ValueError(f"{where}={value!r} must be a token id or a list of token ids")
+    return tuple(values)
+
+
+def warn_unknown(keys: set[str], where: str) -> None:
+    if keys:
+        logger.warning("%s: ignoring unknown key(s) %s", where, sorted(keys))
+
+
+def check_model_type(data: dict[str, Any], *allowed: str) -> None:
+    model_type = data.get("model_type", allowed[0])
+    if model_type not in allowed:
+        raise ValueError(f"config.json: model_type={model_type!r}; expected one of {allowed}")
+
+
+def check_per_layer(
+    where: str, key: str, values: tuple[str, ...], num_layers: int, allowed: tuple[str, ...]
+) -> None:
+    if len(values) != num_layers:
+        raise ValueError(
+            f"{where}: {key} has {len(values)} entries for num_hidden_layers={num_layers}"
+        )
+    bad = sorted({v for v in values if v not in allowed})
+    if bad:
+        raise ValueError(f"{where}: {key} has {bad}; expected entries in {list(allowed)}")

@@ -17,17 +17,22 @@ model's). An unknown key gets one warning line; a value we cannot serve is an er
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfig
 from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.models.config_utils import read_config_json
+from tensorrt_llm._torch.models.config_utils import (
+    check_model_type,
+    check_per_layer,
+    read_config_json,
+    read_generation_config,
+    token_ids,
+    warn_unknown,
+)
 from tensorrt_llm._torch.modules.moe import MoeConfig
 from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer
-from tensorrt_llm.logger import logger
 
 VL_ARCHITECTURE = "MiniMaxM3SparseForConditionalGeneration"
 TEXT_ARCHITECTURE = "MiniMaxM3VLForCausalLM"
@@ -113,8 +118,8 @@ class MiniMaxM3Config:
             object.__setattr__(self, "layer_types", (FULL,) * n)
         if not self.mlp_layer_types:
             object.__setattr__(self, "mlp_layer_types", (MOE_MLP,) * n)
-        _check_per_layer(where, "layer_types", self.layer_types, n, (FULL, SPARSE))
-        _check_per_layer(where, "mlp_layer_types", self.mlp_layer_types, n, (DENSE_MLP, MOE_MLP))
+        check_per_layer(where, "layer_types", self.layer_types, n, (FULL, SPARSE))
+        check_per_layer(where, "mlp_layer_types", self.mlp_layer_types, n, (DENSE_MLP, MOE_MLP))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"{where}: num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -216,14 +221,14 @@ class MiniMaxM3Config:
         architectures = tuple(data.get("architectures") or (VL_ARCHITECTURE,))
         text = data.get("text_config")
         if text is not None:
-            _warn_unknown(set(data) - IGNORED_VL_KEYS, "config.json")
+            warn_unknown(set(data) - IGNORED_VL_KEYS, "config.json")
             if not isinstance(text, dict):
                 raise ValueError(f"config.json: text_config={text!r} must be an object")
-            _check_model_type(data, VL_MODEL_TYPE)
+            check_model_type(data, VL_MODEL_TYPE)
             outer = data
         else:
             text, outer = data, {}
-            _check_model_type(data, TEXT_MODEL_TYPE, VL_MODEL_TYPE)
+            check_model_type(data, TEXT_MODEL_TYPE, VL_MODEL_TYPE)
         if "quantization_config" in text or "quantization_config" in outer:
             quant = text.get("quantization_config") or outer.get("quantization_config")
             raise ValueError(
@@ -239,7 +244,7 @@ class MiniMaxM3Config:
                 if key == "bos_token_id":
                     kwargs[key] = value
                 else:
-                    kwargs["eos_token_ids"] = _token_ids(value, f"config.json: {key}")
+                    kwargs["eos_token_ids"] = token_ids(value, f"config.json: {key}")
         if "tie_word_embeddings" in outer or "tie_word_embeddings" in text:
             kwargs["tie_word_embeddings"] = bool(
                 text.get("tie_word_embeddings") or outer.get("tie_word_embeddings")
@@ -253,7 +258,7 @@ class MiniMaxM3Config:
         config = cls.from_dict(read_config_json(model_dir, "model"))
         generation = read_generation_config(model_dir)
         if "eos_token_id" in generation:
-            ids = _token_ids(generation["eos_token_id"], "generation_config.json: eos_token_id")
+            ids = token_ids(generation["eos_token_id"], "generation_config.json: eos_token_id")
             object.__setattr__(config, "eos_token_ids", ids)
         return config
 
@@ -292,20 +297,6 @@ class MiniMaxM3Config:
         }
 
 
-def read_generation_config(model_dir: str | Path) -> dict[str, Any]:
-    """``generation_config.json`` of ``model_dir`` ({} when there is none)."""
-    path = Path(model_dir) / "generation_config.json"
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected an object")
-    return data
-
-
 def _text_kwargs(text: dict[str, Any], where: str) -> dict[str, Any]:
     names = {f.name for f in fields(MiniMaxM3Config)}
     direct = names - {"architectures", "torch_dtype", "eos_token_ids", "bos_token_id"}
@@ -327,7 +318,7 @@ def _text_kwargs(text: dict[str, Any], where: str) -> dict[str, Any]:
             if not isinstance(kwargs[key], list | tuple):
                 raise ValueError(f"{where}: {key}={kwargs[key]!r} must be a list")
             kwargs[key] = tuple(kwargs[key])
-    _warn_unknown(set(text) - names - IGNORED_TEXT_KEYS, where)
+    warn_unknown(set(text) - names - IGNORED_TEXT_KEYS, where)
     return kwargs
 
 
@@ -367,7 +358,7 @@ def _legacy_kwargs(text: dict[str, Any], where: str) -> dict[str, Any]:
     if text.get("layer_types") is None and "sparse_attention_freq" in sparse:
         out["layer_types"] = tuple(SPARSE if f else FULL for f in sparse["sparse_attention_freq"])
     unknown = set(sparse) - set(LEGACY_INDEX_KEYS.values()) - {"sparse_attention_freq"}
-    _warn_unknown({f"sparse_attention_config.{k}" for k in unknown}, where)
+    warn_unknown({f"sparse_attention_config.{k}" for k in unknown}, where)
     freq = text.get("moe_layer_freq")
     if text.get("mlp_layer_types") is None and freq is not None:
         if not isinstance(freq, list):
@@ -384,34 +375,6 @@ def _dtype(text: dict[str, Any], outer: dict[str, Any]) -> str:
     return "float32"  # transformers' default when a config names none
 
 
-def _token_ids(value: Any, where: str) -> tuple[int, ...]:
-    """An end id given as an int or a list of ints (None: none)."""
-    if value is None:
-        return ()
-    values = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        raise ValueError(f"{where}={value!r} must be a token id or a list of token ids")
-    return tuple(values)
-
-
-def _check_model_type(data: dict[str, Any], *allowed: str) -> None:
-    model_type = data.get("model_type", allowed[0])
-    if model_type not in allowed:
-        raise ValueError(f"config.json: model_type={model_type!r}; expected one of {allowed}")
-
-
-def _check_per_layer(
-    where: str, key: str, values: tuple[str, ...], num_layers: int, allowed: tuple[str, ...]
-) -> None:
-    if len(values) != num_layers:
-        raise ValueError(
-            f"{where}: {key} has {len(values)} entries for num_hidden_layers={num_layers}"
-        )
-    bad = sorted({v for v in values if v not in allowed})
-    if bad:
-        raise ValueError(f"{where}: {key} has {bad}; expected entries in {list(allowed)}")
-
-
 def _check_positive(config: MiniMaxM3Config, where: str) -> None:
     for f in fields(config):
         value = getattr(config, f.name)
@@ -423,8 +386,3 @@ def _check_positive(config: MiniMaxM3Config, where: str) -> None:
     local = config.index_local_blocks
     if not isinstance(local, int) or isinstance(local, bool) or local < 0:
         raise ValueError(f"{where}: index_local_blocks={local!r} must be an int >= 0")
-
-
-def _warn_unknown(keys: set[str], where: str) -> None:
-    if keys:
-        logger.warning("%s: ignoring unknown key(s) %s", where, sorted(keys))

@@ -99,10 +99,15 @@ def rms_norm(
 @functools.cache
 def inv_freq(device: torch.device, rotary_dim: int, theta: float) -> torch.Tensor:
     """``rope_inv_freq`` on ``device``, made once."""
-    from tensorrt_llm._torch.modules import rotary_embedding
-
     with torch.inference_mode():
-        return rotary_embedding.rope_inv_freq(rotary_dim, theta, device)
+        return rope_inv_freq(rotary_dim, theta, device)
+
+
+def rope_inv_freq(rotary_dim: int, theta: float, device: torch.device | str) -> torch.Tensor:
+    """RoPE's ``1 / theta ** (2i / rotary_dim)``, ``i < rotary_dim / 2``, in fp32, computed as
+    transformers computes it (the same bits): the torch form's and the kernel's frequencies."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=device).float()
+    return 1.0 / (theta ** (exponents / rotary_dim))
 
 
 def partial_rope(

@@ -15,17 +15,10 @@ def apply_partial_rope(
     if x.dim() == 3 and fused.use_fused(x, positions):  # the paged path's [num_tokens, H, D]
         return fused.partial_rope(x, positions, rotary_dim, theta)
     half = rotary_dim // 2
-    inv_freq = rope_inv_freq(rotary_dim, theta, x.device)  # [half]
+    inv_freq = fused.rope_inv_freq(rotary_dim, theta, x.device)  # [half]
     angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, half]
     cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]  # [..., T, 1, half]
     rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
     x1, x2 = rot[..., :half], rot[..., half:]
     rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
     return torch.cat([rotated, rest], dim=-1)
-
-
-def rope_inv_freq(rotary_dim: int, theta: float, device: torch.device | str) -> torch.Tensor:
-    """``1 / theta ** (2i / rotary_dim)``, ``i < rotary_dim / 2``, in fp32, computed as
-    transformers computes it (the same bits)."""
-    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=device).float()
-    return 1.0 / (theta ** (exponents / rotary_dim))

@@ -16,7 +16,10 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
     block_key_mask,
     select_blocks,
 )
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa_backend import MsaBackend
+from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa_backend import (
+    MSA_BACKENDS,
+    MsaBackend,
+)
 from tensorrt_llm._torch.training.backend import TrainingAttentionBackend, check_no_cache
 
 
@@ -37,6 +40,9 @@ class TrainingMsaBackend(MsaBackend):
         else:
             backend.indexer_losses[layer_idx] = loss
         return out
+
+
+MSA_BACKENDS[TrainingAttentionBackend.name] = TrainingMsaBackend
 
 
 def token_index_scores(msa: MsaInputs) -> torch.Tensor:

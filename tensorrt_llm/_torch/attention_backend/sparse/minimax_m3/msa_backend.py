@@ -79,17 +79,11 @@ class TritonMsaBackend(MsaBackend):
         return triton_msa_attend(layer_idx, q, msa, metadata, cfg, scale)
 
 
-def _training_msa(attn_backend: AttentionBackend) -> MsaBackend:
-    from tensorrt_llm._torch.training.msa_dense import TrainingMsaBackend
-
-    return TrainingMsaBackend(attn_backend)
-
-
-# attn_backend name -> the MSA backend that goes with it
+# attn_backend name -> the MSA backend that goes with it; the training package adds "TRAINING"
+# (``tensorrt_llm._torch.training.msa_dense``), so inference never imports training code.
 MSA_BACKENDS: dict[str, Callable[[AttentionBackend], MsaBackend]] = {
     "VANILLA": VanillaMsaBackend,
     "TRITON": TritonMsaBackend,
-    "TRAINING": _training_msa,
 }
 
 _made: weakref.WeakKeyDictionary[AttentionBackend, MsaBackend] = weakref.WeakKeyDictionary()

@@ -226,8 +226,7 @@ def _msa_sparse_attention_kernel(
     k_ptr, v_ptr, stride_kvp, stride_kvt, stride_kvh, stride_kvd,  # K, V pages, one layout
     table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,  # lanes 0 and 1 of the table
     sel_ptr, stride_selt, stride_selg, stride_selb,  # [num_tokens, Hkv, num_key_blocks] int8 0/1
-    # the tiles' selected blocks per group (_msa_select_kernel): [num_tile_ids, Hkv,
-    # num_key_blocks] int32, their counts [num_tile_ids, Hkv] int32
+    # the tiles' blocks per group [num_tile_ids, Hkv, num_key_blocks], counts [num_tile_ids, Hkv]
     union_ptr, stride_ut, stride_ug, stride_ub, count_ptr, stride_ct, stride_cg,
     cu_seqlens_q_ptr, pos_ptr,  # [num_seqs + 1], [num_tokens]
     # SPLIT only: [num_splits, num_tokens, num_heads, HEAD_DIM] fp32, [num_splits, num_tokens,
@@ -247,17 +246,14 @@ def _msa_sparse_attention_kernel(
     ``s`` its ``s``-th share of the union's entries); row ``r`` sees the keys ``j <= pos`` of the
     blocks its own token selected for that group (online softmax in fp32). With ``SPLIT`` each
     split writes its normalised partial output and log-sum-exp instead of the output."""
-    seq = tl.program_id(0)
-    tile = tl.program_id(1)
-    kv_head = tl.program_id(2) // num_splits
-    split = tl.program_id(2) % num_splits
+    seq, tile = tl.program_id(0), tl.program_id(1)
+    kv_head, split = tl.program_id(2) // num_splits, tl.program_id(2) % num_splits
     q_begin = tl.load(cu_seqlens_q_ptr + seq)
     q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
     tile_begin = q_begin + tile * TILE_TOKENS
     if tile_begin < q_end:
         offs_r = tl.arange(0, ROWS)
-        m = offs_r // GROUP_PAD
-        g = offs_r % GROUP_PAD
+        m, g = offs_r // GROUP_PAD, offs_r % GROUP_PAD
         toks = (tile_begin + m).to(tl.int64)  # [ROWS]
         row_ok = (m < TILE_TOKENS) & (g < GROUP) & (toks < q_end)
         heads = kv_head * GROUP + g
@@ -288,8 +284,7 @@ def _msa_sparse_attention_kernel(
                     table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,
                     seq, kv_head, keys, key_ok, offs_d, d_ok, TOKENS_PER_PAGE,
                 )  # fmt: skip
-                # a row sees a key of a block its token selected for the group, at a position
-                # <= its own
+                # keys of the blocks the row's token selected for the group, at positions <= its
                 visible = (sel != 0)[:, None] & key_ok[None, :] & (keys[None, :] <= pos[:, None])
                 m_i, l_i, acc = _online_softmax_step(
                     q, k, v, visible, m_i, l_i, acc, scale, DOT_FP32, DOT_PRECISION
