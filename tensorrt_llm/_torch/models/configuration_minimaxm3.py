@@ -220,8 +220,9 @@ class MiniMaxM3Config:
         """A parsed ``config.json`` of either form (the module docstring)."""
         architectures = tuple(data.get("architectures") or (VL_ARCHITECTURE,))
         text = data.get("text_config")
+        unknown: set[str] = set()  # warned about in one line
         if text is not None:
-            warn_unknown(set(data) - IGNORED_VL_KEYS, "config.json")
+            unknown |= set(data) - IGNORED_VL_KEYS
             if not isinstance(text, dict):
                 raise ValueError(f"config.json: text_config={text!r} must be an object")
             check_model_type(data, VL_MODEL_TYPE)
@@ -235,7 +236,10 @@ class MiniMaxM3Config:
                 f"config.json: quantization_config={quant!r} is not served yet; serve the "
                 "bf16 checkpoint"
             )
-        kwargs = _text_kwargs(text, "config.json" if text is data else "config.json: text_config")
+        where = "config.json" if text is data else "config.json: text_config"
+        kwargs = _text_kwargs(text, where, unknown)
+        prefix = "" if text is data else "text_config."
+        warn_unknown({k if k in data else prefix + k for k in unknown}, "config.json")
         kwargs["torch_dtype"] = _dtype(text, outer)
         kwargs["architectures"] = architectures
         for key in ("bos_token_id", "eos_token_id"):
@@ -297,7 +301,8 @@ class MiniMaxM3Config:
         }
 
 
-def _text_kwargs(text: dict[str, Any], where: str) -> dict[str, Any]:
+def _text_kwargs(text: dict[str, Any], where: str, unknown: set[str]) -> dict[str, Any]:
+    """The dataclass's kwargs from a text config; the keys it does not know go to ``unknown``."""
     names = {f.name for f in fields(MiniMaxM3Config)}
     direct = names - {"architectures", "torch_dtype", "eos_token_ids", "bos_token_id"}
     kwargs = {k: text[k] for k in direct if k in text and text[k] is not None}
@@ -312,13 +317,13 @@ def _text_kwargs(text: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}: hidden_act={act!r}; MiniMax-M3's MLPs are SwiGLU-OAI ('swigluoai')"
         )
     kwargs.update(_rope_kwargs(text, where))
-    kwargs.update(_legacy_kwargs(text, where))
+    kwargs.update(_legacy_kwargs(text, where, unknown))
     for key in ("layer_types", "mlp_layer_types"):
         if key in kwargs:
             if not isinstance(kwargs[key], list | tuple):
                 raise ValueError(f"{where}: {key}={kwargs[key]!r} must be a list")
             kwargs[key] = tuple(kwargs[key])
-    warn_unknown(set(text) - names - IGNORED_TEXT_KEYS, where)
+    unknown |= set(text) - names - IGNORED_TEXT_KEYS
     return kwargs
 
 
@@ -345,9 +350,10 @@ def _rope_kwargs(text: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _legacy_kwargs(text: dict[str, Any], where: str) -> dict[str, Any]:
-    """The hub's ``sparse_attention_config`` and ``moe_layer_freq``, as transformers maps them
-    (a flat key, when present, wins)."""
+def _legacy_kwargs(text: dict[str, Any], where: str, unknown: set[str]) -> dict[str, Any]:
+    """The hub's ``sparse_attention_config`` and ``moe_layer_freq``, as transformers maps them: a
+    legacy index key wins over its flat name, flat ``layer_types`` / ``mlp_layer_types`` win over
+    the legacy frequency lists."""
     out: dict[str, Any] = {}
     sparse = text.get("sparse_attention_config") or {}
     if not isinstance(sparse, dict):
@@ -357,8 +363,8 @@ def _legacy_kwargs(text: dict[str, Any], where: str) -> dict[str, Any]:
             out[flat] = sparse[legacy]
     if text.get("layer_types") is None and "sparse_attention_freq" in sparse:
         out["layer_types"] = tuple(SPARSE if f else FULL for f in sparse["sparse_attention_freq"])
-    unknown = set(sparse) - set(LEGACY_INDEX_KEYS.values()) - {"sparse_attention_freq"}
-    warn_unknown({f"sparse_attention_config.{k}" for k in unknown}, where)
+    extra = set(sparse) - set(LEGACY_INDEX_KEYS.values()) - {"sparse_attention_freq"}
+    unknown |= {f"sparse_attention_config.{k}" for k in extra}
     freq = text.get("moe_layer_freq")
     if text.get("mlp_layer_types") is None and freq is not None:
         if not isinstance(freq, list):

@@ -111,9 +111,13 @@ def test_unknown_keys_get_one_warning_line_naming_them(caplog):
     lines = [r.getMessage() for r in caplog.records if "unknown key" in r.getMessage()]
     assert lines == ["config.json: ignoring unknown key(s) ['another', 'fancy_new_knob']"]
     caplog.clear()
-    MiniMaxM3Config.from_dict(nested(TEXT, vision_config={}, new_top_level=1))
+    text = {**TEXT, "sparse_attention_config": {"sparse_new": 1}, "knob": 3}
+    MiniMaxM3Config.from_dict(nested(text, vision_config={}, new_top_level=1))
     lines = [r.getMessage() for r in caplog.records if "unknown key" in r.getMessage()]
-    assert lines == ["config.json: ignoring unknown key(s) ['new_top_level']"]
+    assert lines == [
+        "config.json: ignoring unknown key(s) ['new_top_level', "
+        "'text_config.knob', 'text_config.sparse_attention_config.sparse_new']"
+    ]
 
 
 @pytest.mark.parametrize(
