@@ -156,3 +156,66 @@ def test_a_prompt_longer_than_max_seq_len_is_rejected_and_nothing_leaks(tiny_che
     assert not llm.executor.has_work
     assert llm.generate("ok", GREEDY).outputs[0].finish_reason == "length"
     assert llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
+
+
+def copy_checkpoint(src, dst, config_changes=None, generation_config=None):
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    if config_changes:
+        data = json.loads((dst / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps({**data, **config_changes}))
+    if generation_config is not None:
+        (dst / "generation_config.json").write_text(json.dumps(generation_config))
+    return dst
+
+
+def test_any_of_the_end_ids_ends_a_request(tiny_checkpoint, tmp_path):
+    """``eos_token_id`` as a list (config.json or generation_config.json): any of them stops."""
+    free = make_llm(tiny_checkpoint).generate(
+        PROMPTS[2], SamplingParams(max_tokens=20, ignore_eos=True)
+    )
+    ids = free.outputs[0].token_ids
+    first, second = ids[3], ids[6]
+    firsts = min(ids.index(first), ids.index(second))
+    for changes, generation in (
+        ({"eos_token_id": [9999, second, first]}, None),
+        (None, {"eos_token_id": [first, second]}),
+    ):
+        ckpt = copy_checkpoint(
+            tiny_checkpoint, tmp_path / f"c{len(list(tmp_path.iterdir()))}", changes, generation
+        )
+        llm = make_llm(ckpt)
+        assert set(llm.eos_token_ids) >= {first, second}
+        out = llm.generate(PROMPTS[2], SamplingParams(max_tokens=20))
+        assert out.outputs[0].token_ids == ids[: firsts + 1]
+        assert out.outputs[0].finish_reason == "stop"
+
+
+def test_generation_config_gives_the_sampling_defaults(tiny_checkpoint, tmp_path):
+    sampled = {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 5}
+    llm = make_llm(copy_checkpoint(tiny_checkpoint, tmp_path / "s", generation_config=sampled))
+    request, _ = llm._make_request("ab", SamplingParams(max_tokens=4, top_k=3))
+    params = request.sampling_params
+    assert (params.temperature, params.top_p, params.top_k) == (0.7, 0.9, 3)  # the request wins
+    greedy = {"do_sample": False, "temperature": 0.7}
+    llm = make_llm(copy_checkpoint(tiny_checkpoint, tmp_path / "g", generation_config=greedy))
+    request, _ = llm._make_request("ab", SamplingParams(max_tokens=4))
+    assert request.sampling_params.temperature is None  # do_sample false: greedy by default
+    bad = {"temperature": -1}
+    with pytest.raises(ValueError, match=r"generation_config.json: SamplingParams.temperature=-1"):
+        make_llm(copy_checkpoint(tiny_checkpoint, tmp_path / "b", generation_config=bad))
+
+
+def test_without_a_tokenizer_prompts_are_token_ids(tiny_checkpoint):
+    llm = make_llm(tiny_checkpoint, skip_tokenizer_init=True)
+    assert llm.tokenizer is None
+    out = llm.generate([3, 4, 5], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(out.outputs[0].token_ids) == 4 and out.outputs[0].text == ""
+    with pytest.raises(
+        ValueError, match="skip_tokenizer_init=True: prompts must be lists of token"
+    ):
+        llm.generate("ab")
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        llm.generate([3, 4], SamplingParams(stop="x"))
