@@ -109,7 +109,7 @@ def measure(
 def models() -> dict[str, tuple[MiniMaxM3Config, Eagle3Config]]:
     target = bench_target_config()
     return {
-        "M3-shaped (bench)": (target, bench_eagle3_config(target)),
+        "published (bench)": (target, bench_eagle3_config(target)),
         "m3-tiny": bundled_configs(),
     }
 
