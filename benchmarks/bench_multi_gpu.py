@@ -115,12 +115,18 @@ def decode(
         tensor_parallel_size=s.tp_size,
     )
     try:
-        params = SamplingParams(max_tokens=AGREEMENT_TOKENS, ignore_eos=True, detokenize=False)
+        params = SamplingParams(
+            max_tokens=AGREEMENT_TOKENS, ignore_eos=True, temperature=0, detokenize=False
+        )
         tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         reference = reference or tokens
         forced = [p + ref[:k] for p, ref in zip(prompts, reference) for k in range(len(ref))]
         one = SamplingParams(
-            max_tokens=1, ignore_eos=True, detokenize=False, return_generation_logits=True
+            max_tokens=1,
+            ignore_eos=True,
+            temperature=0,
+            detokenize=False,
+            return_generation_logits=True,
         )
         outputs = [o.outputs[0] for o in llm.generate(forced, one)]
     finally:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 MAX_LOGPROBS = 20
 
@@ -99,12 +97,26 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationDefaults:
-    """A checkpoint's ``generation_config.json`` sampling defaults: each applies to a request that
-    leaves the field unset (None). ``do_sample: false`` there keeps requests greedy by default."""
+    """A checkpoint's ``generation_config.json`` sampling defaults, as transformers' ``generate``
+    reads them: with ``do_sample: true`` a request that leaves ``temperature``, ``top_p`` or
+    ``top_k`` unset (None) takes the file's value, else transformers' default (1.0, 1.0, 50);
+    without it requests stay greedy by default."""
 
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+
+    @classmethod
+    def from_generation_config(cls, data: dict, where: str) -> GenerationDefaults:
+        if data.get("do_sample") is not True:
+            return cls()
+        values = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}
+        values.update({k: data[k] for k in values if data.get(k) is not None})
+        try:
+            SamplingParams(**values)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        return cls(**values)
 
     def apply(self, params: SamplingParams) -> SamplingParams:
         unset = {
@@ -113,22 +125,3 @@ class GenerationDefaults:
             if getattr(params, name) is None and (value := getattr(self, name)) is not None
         }
         return replace(params, **unset) if unset else params
-
-
-def generation_defaults(model_dir: str | Path | None) -> GenerationDefaults:
-    """The sampling defaults of ``model_dir``'s ``generation_config.json`` (none without one)."""
-    path = Path(model_dir) / "generation_config.json" if model_dir else None
-    if path is None or not path.is_file():
-        return GenerationDefaults()
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("do_sample") is False:
-        return GenerationDefaults()
-    values = {k: data.get(k) for k in ("temperature", "top_p", "top_k")}
-    try:
-        SamplingParams(**{k: v for k, v in values.items() if v is not None})
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    return GenerationDefaults(**values)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from tensorrt_llm.evaluate.tasks import evaluation_problems, parse_answer
 from tensorrt_llm.sampling_params import SamplingParams
 
-GREEDY = SamplingParams(max_tokens=128)
+GREEDY = SamplingParams(max_tokens=128, temperature=0)
 
 
 @dataclass

@@ -17,13 +17,14 @@ from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
 from tensorrt_llm._torch.distributed.communicator import init_distributed, shutdown_distributed
 from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
 from tensorrt_llm._torch.distributed.ranks import TensorParallelLeader, stop_followers
+from tensorrt_llm._torch.models.config_utils import read_generation_config
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.bundled import bundled_target
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs, default_attn_backend
 from tensorrt_llm.llmapi.workers import Followers, build_rank, join_ranks, rank_device
 from tensorrt_llm.logger import logger
-from tensorrt_llm.sampling_params import SamplingParams, generation_defaults
+from tensorrt_llm.sampling_params import GenerationDefaults, SamplingParams
 
 PromptInputs = str | list[int]
 
@@ -89,7 +90,9 @@ class LLM:
         self.model = engine.model
         self.tokenizer = engine.tokenizer
         self.eos_token_ids = engine.config.eos_token_ids
-        self.generation_defaults = generation_defaults(args.model)
+        self.generation_defaults = GenerationDefaults.from_generation_config(
+            read_generation_config(args.model), f"{args.model}/generation_config.json"
+        )
         self.max_seq_len = engine.max_seq_len
         self._rank_executor = engine.executor  # this rank's
         self.executor: PyExecutor | AttentionDpExecutor = engine.executor
@@ -134,10 +137,10 @@ class LLM:
                 f"prompt of {len(token_ids)} tokens exceeds max_seq_len={self.max_seq_len} (leaving no room to generate)"
             )
         params = self.generation_defaults.apply(params)
-        if self.tokenizer is None and (params.detokenize or params.stop):
-            params = dataclasses.replace(params, detokenize=False)
+        if self.tokenizer is None:
             if params.stop:
                 raise ValueError("skip_tokenizer_init=True: stop strings need a tokenizer")
+            params = dataclasses.replace(params, detokenize=False)
         request = LlmRequest(
             request_id=next(self._ids),
             prompt_token_ids=token_ids,

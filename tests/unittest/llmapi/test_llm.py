@@ -194,16 +194,19 @@ def test_any_of_the_end_ids_ends_a_request(tiny_checkpoint, tmp_path):
 
 
 def test_generation_config_gives_the_sampling_defaults(tiny_checkpoint, tmp_path):
-    sampled = {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 5}
+    """As transformers' generate: with do_sample the file's values (else 1.0, 1.0, 50) fill what a
+    request leaves unset; without it requests stay greedy."""
+    sampled = {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
     llm = make_llm(copy_checkpoint(tiny_checkpoint, tmp_path / "s", generation_config=sampled))
-    request, _ = llm._make_request("ab", SamplingParams(max_tokens=4, top_k=3))
+    request, _ = llm._make_request("ab", SamplingParams(max_tokens=4, top_p=0.5))
     params = request.sampling_params
-    assert (params.temperature, params.top_p, params.top_k) == (0.7, 0.9, 3)  # the request wins
-    greedy = {"do_sample": False, "temperature": 0.7}
-    llm = make_llm(copy_checkpoint(tiny_checkpoint, tmp_path / "g", generation_config=greedy))
-    request, _ = llm._make_request("ab", SamplingParams(max_tokens=4))
-    assert request.sampling_params.temperature is None  # do_sample false: greedy by default
-    bad = {"temperature": -1}
+    assert (params.temperature, params.top_p, params.top_k) == (0.7, 0.5, 50)  # the request wins
+    for name, greedy in (("g", {"do_sample": False, "temperature": 0.7}), ("n", {"top_k": 3})):
+        llm = make_llm(copy_checkpoint(tiny_checkpoint, tmp_path / name, generation_config=greedy))
+        request, _ = llm._make_request("ab", SamplingParams(max_tokens=4))
+        assert request.sampling_params.temperature is None  # greedy by default
+        assert request.sampling_params.top_k is None
+    bad = {"do_sample": True, "temperature": -1}
     with pytest.raises(ValueError, match=r"generation_config.json: SamplingParams.temperature=-1"):
         make_llm(copy_checkpoint(tiny_checkpoint, tmp_path / "b", generation_config=bad))
 
