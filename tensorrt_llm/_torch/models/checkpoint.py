@@ -31,7 +31,7 @@ from tensorrt_llm._torch.models.modeling_speculative import (
     Eagle3Target,
 )
 from tensorrt_llm._torch.models.registry import ModelConfig, architecture_of, get_model_classes
-from tensorrt_llm._torch.models.weights import CheckpointLayout, Destination, PlainLayout
+from tensorrt_llm._torch.models.weights import CheckpointLayout, Destination
 from tensorrt_llm._torch.modules.linear import shard_weight
 from tensorrt_llm.logger import logger
 
@@ -72,7 +72,8 @@ def checkpoint_tensors(model_dir: str | Path) -> Iterator[tuple[str, Callable[[]
 
 def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
     """Load ``model_dir``'s weights into ``model`` through its ``checkpoint_layout``, strictly."""
-    layout: CheckpointLayout = getattr(type(model), "checkpoint_layout", PlainLayout)
+    layout: CheckpointLayout = type(model).checkpoint_layout
+    tied = _untie_for_loading(model)
     destinations = layout.destinations(model)
     seen: set[str] = set()
     unexpected: list[str] = []
@@ -97,11 +98,13 @@ def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
                     )
                 dest.view.copy_(tensor)
                 seen.add(piece.name)
+                del tensor  # nothing of this checkpoint tensor outlives its pieces
     for family, count in sorted(skipped.items()):
         logger.info("%s: skipped %d %s.* tensor(s) (not served yet)", where, count, family)
-    tied = _fill_tied_head(model, seen)
-    missing = sorted(n for n, d in destinations.items() if n not in seen and not d.optional)
-    missing = [n for n in missing if not (tied and n == "lm_head.weight")]
+    missing = sorted(n for n in destinations if n not in seen)
+    if tied and {HEAD, EMBED} & seen:
+        missing = [n for n in missing if n not in (HEAD, EMBED)]
+        _settle_tied_head(model, seen, where)
     if missing or unexpected:
         raise ValueError(
             f"{where}: {len(missing)} missing tensor(s) {missing[:8]}, "
@@ -113,34 +116,63 @@ def _full_shape_hint(name: str, dest: Destination, shard: torch.Tensor) -> str:
     return f"{name} of shape {tuple(dest.view.shape)} on this rank (got {tuple(shard.shape)})"
 
 
-def _fill_tied_head(model: torch.nn.Module, seen: set[str]) -> bool:
-    """With ``tie_word_embeddings`` a checkpoint may leave out the LM head: a head split over the
-    ranks takes its shard of the embedding. Returns whether the head is tied."""
-    config = getattr(model, "config", None)
-    if not getattr(config, "tie_word_embeddings", False) or "lm_head.weight" in seen:
+HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
+
+
+def _untie_for_loading(model: torch.nn.Module) -> bool:
+    """Whether the config ties the LM head to the embedding. A tied head gets a tensor of its own
+    for the load (a checkpoint may store both, and they may differ); ``_settle_tied_head`` ties
+    them back."""
+    if not model.config.tie_word_embeddings:
         return False
-    head, embed = model.lm_head.weight, model.model.embed_tokens.weight
-    if head is not embed:
-        with torch.no_grad():
-            head.copy_(shard_weight(model.lm_head, embed))
+    head, embed = model.lm_head, model.model.embed_tokens
+    if head.weight is embed.weight:
+        head.weight = torch.nn.Parameter(torch.empty_like(embed.weight), requires_grad=False)
     return True
+
+
+@torch.no_grad()
+def _settle_tied_head(model: torch.nn.Module, seen: set[str], where: str) -> None:
+    """After a tied checkpoint's load (one of the two tensors at least was in it), as transformers
+    does: a missing head is the embedding (a head split over the ranks takes its shard), a
+    missing embedding is the head, equal ones are shared again, and different ones stay apart."""
+    head, embed = model.lm_head, model.model.embed_tokens
+    split = head.weight.shape != embed.weight.shape  # vocabulary-parallel over the ranks
+    if HEAD not in seen:
+        if split:
+            head.weight.copy_(shard_weight(head, embed.weight))
+        else:
+            head.weight = embed.weight
+    elif EMBED not in seen:
+        if split:
+            raise ValueError(
+                f"{where}: tie_word_embeddings with {HEAD} but no {EMBED}: a head split over "
+                "the ranks cannot give the embedding"
+            )
+        embed.weight.copy_(head.weight)
+        head.weight = embed.weight
+    elif not split and torch.equal(head.weight, embed.weight):
+        head.weight = embed.weight
+    else:
+        logger.info(
+            "%s: tie_word_embeddings, but %s differs from %s: served apart", where, HEAD, EMBED
+        )
 
 
 def save_pretrained(model: torch.nn.Module, config, model_dir: str | Path) -> None:
     """Write ``config.json`` and ``model.safetensors`` under the checkpoint names of the model's
-    layout (``hub_name`` when it has one: the published layout; else the ``state_dict`` names).
+    layout (``checkpoint_name``: MiniMax-M3's is the published hub layout).
     A tied LM head is stored once, as the embedding. One rank's whole model only."""
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    layout = getattr(type(model), "checkpoint_layout", PlainLayout)
-    rename = getattr(layout, "hub_name", lambda name, config: name)
+    layout = type(model).checkpoint_layout
     state = {
-        rename(name, config): dest.view.detach().contiguous().cpu()
+        layout.checkpoint_name(name, config): dest.view.detach().contiguous().cpu()
         for name, dest in layout.destinations(model).items()
     }
-    if getattr(config, "tie_word_embeddings", False):
-        state.pop(rename("lm_head.weight", config), None)
+    if config.tie_word_embeddings:
+        state.pop(layout.checkpoint_name(HEAD, config), None)
     save_file(state, str(model_dir / WEIGHTS), metadata={"format": "pt"})
 
 

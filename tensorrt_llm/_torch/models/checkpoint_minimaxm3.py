@@ -99,7 +99,7 @@ class MiniMaxM3CheckpointLayout:
         return out
 
     @staticmethod
-    def hub_name(canonical: str, config) -> str:
+    def checkpoint_name(canonical: str, config) -> str:
         """The hub checkpoint's name of a canonical tensor (``MiniMaxM3SparseForConditionalGeneration``)."""
         if canonical.startswith("lm_head."):
             return "language_model." + canonical

@@ -17,6 +17,7 @@ model's). An unknown key gets one warning line; a value we cannot serve is an er
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -242,9 +243,9 @@ class MiniMaxM3Config:
         warn_unknown({k if k in data else prefix + k for k in unknown}, "config.json")
         kwargs["torch_dtype"] = _dtype(text, outer)
         kwargs["architectures"] = architectures
-        for key in ("bos_token_id", "eos_token_id"):
+        for key in ("bos_token_id", "eos_token_id"):  # the outer config's first, as transformers
             if key in text or key in outer:
-                value = text.get(key, outer.get(key))
+                value = outer[key] if outer.get(key) is not None else text.get(key)
                 if key == "bos_token_id":
                     kwargs[key] = value
                 else:
@@ -263,7 +264,7 @@ class MiniMaxM3Config:
         generation = read_generation_config(model_dir)
         if "eos_token_id" in generation:
             ids = token_ids(generation["eos_token_id"], "generation_config.json: eos_token_id")
-            object.__setattr__(config, "eos_token_ids", ids)
+            config = dataclasses.replace(config, eos_token_ids=ids)
         return config
 
     def to_dict(self) -> dict[str, Any]:
@@ -308,9 +309,6 @@ def _text_kwargs(text: dict[str, Any], where: str, unknown: set[str]) -> dict[st
     kwargs = {k: text[k] for k in direct if k in text and text[k] is not None}
     if "num_experts" in text and "num_local_experts" not in text:  # transformers' attribute_map
         kwargs["num_local_experts"] = text["num_experts"]
-    if kwargs.get("head_dim") is None and "hidden_size" in text:
-        heads = text.get("num_attention_heads", MiniMaxM3Config.num_attention_heads)
-        kwargs.setdefault("head_dim", text["hidden_size"] // heads)
     act = text.get("hidden_act", "swigluoai")
     if act not in ("swigluoai", "silu"):
         raise ValueError(
@@ -328,9 +326,10 @@ def _text_kwargs(text: dict[str, Any], where: str, unknown: set[str]) -> dict[st
 
 
 def _rope_kwargs(text: dict[str, Any], where: str) -> dict[str, Any]:
-    """``rope_theta`` and ``partial_rotary_factor`` from ``rope_parameters`` (or the legacy
-    top-level keys). Only the default RoPE is served."""
-    params = dict(text.get("rope_parameters") or {})
+    """``rope_theta`` and ``partial_rotary_factor`` from ``rope_scaling`` or ``rope_parameters``
+    (transformers takes the former when both are there) or the legacy top-level keys. Only the
+    default RoPE is served."""
+    params = dict(text.get("rope_scaling") or text.get("rope_parameters") or {})
     for legacy in ("rope_theta", "partial_rotary_factor"):
         if legacy in text and legacy not in params:
             params[legacy] = text[legacy]
@@ -339,9 +338,6 @@ def _rope_kwargs(text: dict[str, Any], where: str) -> dict[str, Any]:
         raise ValueError(
             f"{where}: rope_parameters.rope_type={rope_type!r}; only the default RoPE is served"
         )
-    scaling = text.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        raise ValueError(f"{where}: rope_scaling={scaling!r}; only the default RoPE is served")
     out = {}
     if "rope_theta" in params:
         out["rope_theta"] = float(params["rope_theta"])
@@ -374,7 +370,7 @@ def _legacy_kwargs(text: dict[str, Any], where: str, unknown: set[str]) -> dict[
 
 
 def _dtype(text: dict[str, Any], outer: dict[str, Any]) -> str:
-    for source in (text, outer):
+    for source in (outer, text):  # the model's dtype is the outer config's, as transformers
         for key in ("dtype", "torch_dtype"):
             if source.get(key) is not None:
                 return str(source[key]).removeprefix("torch.")

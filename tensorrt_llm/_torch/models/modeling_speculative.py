@@ -31,6 +31,7 @@ from tensorrt_llm._torch.models.config_utils import (
     known_kwargs,
     read_config_json,
 )
+from tensorrt_llm._torch.models.weights import PlainLayout
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP
 from tensorrt_llm._torch.modules.linear import ColumnParallelLinear, RowParallelLinear
 from tensorrt_llm._torch.modules.rms_norm import RMSNorm
@@ -55,6 +56,7 @@ class Eagle3Config:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
     eagle3_layers_to_capture: tuple[int, ...] | None = None
+    tie_word_embeddings: bool = False  # its LM head is its own (the embedding is the target's)
     architectures: tuple[str, ...] = field(default=(EAGLE3_ARCHITECTURE,))
 
     def __post_init__(self) -> None:
@@ -163,6 +165,8 @@ class Eagle3Attention(nn.Module):
 
 
 class Eagle3DraftModel(nn.Module):
+    checkpoint_layout = PlainLayout  # checkpoint names are the state_dict's
+
     def __init__(
         self,
         cfg: Eagle3Config,

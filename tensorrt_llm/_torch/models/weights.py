@@ -32,7 +32,6 @@ class Destination:
 
     view: torch.Tensor
     shard: Callable[[torch.Tensor], torch.Tensor]
-    optional: bool = False
 
 
 class CheckpointLayout(Protocol):
@@ -46,6 +45,10 @@ class CheckpointLayout(Protocol):
     @staticmethod
     def destinations(model: torch.nn.Module) -> dict[str, Destination]: ...
 
+    @staticmethod
+    def checkpoint_name(canonical: str, config) -> str:
+        """The name ``save_pretrained`` writes a canonical tensor under."""
+
 
 class PlainLayout:
     """Checkpoint names are the model's ``state_dict`` names (the Eagle3 drafter, the tests)."""
@@ -57,6 +60,10 @@ class PlainLayout:
     @staticmethod
     def canonical_pieces(name: str, get: Callable[[], torch.Tensor]) -> list[Piece]:
         return [Piece(name, get)]
+
+    @staticmethod
+    def checkpoint_name(canonical: str, config) -> str:
+        return canonical
 
     @staticmethod
     def destinations(model: torch.nn.Module) -> dict[str, Destination]:

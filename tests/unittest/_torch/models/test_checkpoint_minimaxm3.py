@@ -169,3 +169,48 @@ def test_a_checkpoint_without_weights_is_an_error(hub_checkpoint):
     (model_dir / "model.safetensors").unlink()
     with pytest.raises(ValueError, match="no model.safetensors or model.safetensors.index.json"):
         load_model(model_dir, torch.float32)
+
+
+@pytest.fixture
+def tied_checkpoint(tmp_path):
+    config = tiny_config(architectures=[VL_ARCHITECTURE], tie_word_embeddings=True)
+    model = random_model(config, seed=5, std=0.1)
+    save_pretrained(model, config, tmp_path / "tied")
+    return model, tmp_path / "tied"
+
+
+HEAD, EMBED = "language_model.lm_head.weight", "language_model.model.embed_tokens.weight"
+
+
+def test_a_tied_head_is_the_embedding_when_the_checkpoint_leaves_it_out(tied_checkpoint):
+    model, model_dir = tied_checkpoint
+    assert HEAD not in tensors(model_dir) and EMBED in tensors(model_dir)
+    loaded = load_model(model_dir, torch.float32)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert_same_weights(model, loaded)
+
+
+def test_a_tied_checkpoint_that_stores_only_the_head_gives_the_embedding(tied_checkpoint):
+    model, model_dir = tied_checkpoint
+    state = tensors(model_dir)
+    state[HEAD] = state.pop(EMBED)
+    rewrite(model_dir, state)
+    loaded = load_model(model_dir, torch.float32)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_a_tied_checkpoint_with_a_different_head_is_served_apart(tied_checkpoint):
+    """As transformers: both stored and different, the head is the checkpoint's head."""
+    model, model_dir = tied_checkpoint
+    state = tensors(model_dir)
+    state[HEAD] = state[EMBED] * 2
+    rewrite(model_dir, state)
+    loaded = load_model(model_dir, torch.float32)
+    assert loaded.lm_head.weight is not loaded.model.embed_tokens.weight
+    assert torch.equal(loaded.lm_head.weight, state[HEAD])
+    assert torch.equal(loaded.model.embed_tokens.weight, state[EMBED])
+    state[HEAD] = state[EMBED].clone()  # the same values: shared again
+    rewrite(model_dir, state)
+    loaded = load_model(model_dir, torch.float32)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight

@@ -98,6 +98,17 @@ def test_generation_config_names_the_end_ids(tmp_path):
     assert MiniMaxM3Config.from_pretrained(tmp_path).eos_token_ids == (3, 9)
 
 
+def test_the_outer_config_comes_first_and_rope_scaling_replaces_rope_parameters():
+    outer = nested({**TEXT, "eos_token_id": 5, "dtype": "float16"}, eos_token_id=7, dtype="float32")
+    config = MiniMaxM3Config.from_dict(outer)
+    assert config.eos_token_ids == (7,) and config.torch_dtype == "float32"
+    scaling = {"rope_type": "default", "rope_theta": 123.0, "partial_rotary_factor": 1.0}
+    config = tiny_config(rope_scaling=scaling)
+    assert (config.rope_theta, config.rotary_dim) == (123.0, 8)
+    no_head_dim = {**TEXT, "head_dim": None, "index_head_dim": 64}
+    assert MiniMaxM3Config.from_dict(no_head_dim).head_dim == 128  # as transformers
+
+
 def test_dtype_or_torch_dtype(tmp_path):
     assert tiny_config(dtype="bfloat16").torch_dtype == "bfloat16"
     data = {**TEXT, "torch_dtype": "float16"}
@@ -131,7 +142,7 @@ def test_unknown_keys_get_one_warning_line_naming_them(caplog):
             {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0, "factor": 4.0}},
             r"rope_parameters.rope_type='yarn'",
         ),
-        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, r"rope_scaling=\{'rope_type'"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, r"rope_type='linear'"),
         ({"hidden_act": "gelu"}, r"hidden_act='gelu'"),
         ({"dtype": "float8"}, r"dtype='float8'"),
         ({"quantization_config": {"quant_method": "fp8"}}, r"quantization_config=.*not served"),
