@@ -76,7 +76,9 @@ def bench_target_config(
     if mlp not in MLPS:
         raise ValueError(f"mlp={mlp!r}: expected one of {MLPS}")
     sparse = range(NUM_FULL_LAYERS, NUM_LAYERS)
-    layer_types = ["minimax_m3_sparse" if i in sparse else "full_attention" for i in range(8)]
+    layer_types = [
+        "minimax_m3_sparse" if i in sparse else "full_attention" for i in range(NUM_LAYERS)
+    ]
     moe = "sparse" if mlp == "moe" else "dense"
     mlp_layer_types = [moe if i in sparse else "dense" for i in range(NUM_LAYERS)]
     return MiniMaxM3Config.from_dict(

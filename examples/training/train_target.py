@@ -118,7 +118,6 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int, default=None)
     parser.add_argument("--conversations", type=int, default=None)
     parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--dense-fraction", type=float, default=0.6)
     parser.add_argument("--indexer-loss-weight", type=float, default=0.1)

@@ -85,7 +85,10 @@ class StackedExperts(nn.Module):
             combine = torch.zeros(x.shape[0], self.num_experts, device=x.device)
             combine.scatter_(1, ids, weights)  # [T, E]
             for e in range(self.num_experts):
-                out += combine[:, e, None] * self.expert(e, x)
+                weight = combine[:, e, None]  # 0 where e was not chosen: its output is ignored,
+                out += torch.where(
+                    weight > 0, weight * self.expert(e, x), 0.0
+                )  # even if not finite
         else:
             for e in torch.unique(ids).tolist():
                 token, slot = torch.where(ids == e)

@@ -8,11 +8,10 @@ Layers, each a small module:
                                               ``paged_attention``, ``choose_num_splits``
     addressing.py, step.py                    what the dense ops read: ``PagedKV`` (pages, block
                                               table, ``PageAddressing``) and ``StepBatch``
-    msa_kernels.py, msa.py                    MiniMax sparse attention: kernels, launchers and
-                                              ``triton_msa_paged_attention``
     backend.py                                ``TritonAttentionBackend``
 
-On a machine without a GPU the kernels run under ``TRITON_INTERPRET=1`` (set before the kernel
-modules are imported); this package imports nothing at package level, so selecting another
-backend never imports Triton.
+MiniMax-M3's sparse attention keeps its Triton kernels with its family
+(``sparse/minimax_m3/triton_msa*.py``). On a machine without a GPU the kernels run under
+``TRITON_INTERPRET=1`` (set before the kernel modules are imported); this package imports nothing
+at package level, so selecting another backend never imports Triton.
 """
