@@ -22,6 +22,7 @@ from tensorrt_llm.evaluate.runner import (
     run_gsm8k,
     run_long_prompt,
     run_multiturn_copy,
+    warn_unless_held_out,
 )
 
 TASKS = ("gsm8k-tiny", "multiturn-copy", "long-prompt", "al-table")
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args.model = args.model or bundled_target()
     args.speculative_model = args.speculative_model or str(BUNDLED_DRAFT)
     make = make_llm_factory(args)
+    warn_unless_held_out(args.model, args.speculative_model)
 
     def progress(line: str) -> None:
         print(line, flush=True)

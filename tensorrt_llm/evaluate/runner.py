@@ -6,10 +6,13 @@ drafts + 1), averaged over a turn's requests; 1.0 without speculation.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tensorrt_llm.evaluate.tasks import evaluation_problems, parse_answer
+from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=128, temperature=0)
@@ -27,6 +30,18 @@ class TurnResult:
 def _mean_al(outputs) -> float:
     values = [o.outputs[0].avg_decoded_tokens_per_iter or 1.0 for o in outputs]
     return sum(values) / len(values)
+
+
+def warn_unless_held_out(*model_dirs: str | Path | None) -> None:
+    """A warning for each checkpoint whose ``training.json`` does not say its corpus held out the
+    evaluation problems (``tasks.held_out_record``): its scores may count training problems."""
+    for model_dir in model_dirs:
+        path = Path(model_dir) / "training.json" if model_dir else None
+        if path is not None and path.is_file() and "held_out" not in json.loads(path.read_text()):
+            logger.warning(
+                "%s records no held-out evaluation problems: the corpus it names may hold some",
+                path,
+            )
 
 
 def run_gsm8k(llm, count: int, progress: Callable[[str], None] = print) -> dict:

@@ -55,3 +55,15 @@ def test_without_the_exclusion_the_corpora_would_hold_evaluation_problems():
 def test_evaluations_beyond_the_held_out_problems_are_refused():
     with pytest.raises(ValueError, match="held out from the first 1000 only"):
         evaluation_problems("gsm8k-tiny", MAX_EVAL_PROBLEMS + 1)
+
+
+def test_a_checkpoint_trained_without_the_exclusion_is_warned_about(tmp_path, caplog):
+    import logging
+
+    from tensorrt_llm.evaluate.runner import warn_unless_held_out
+
+    caplog.set_level(logging.WARNING, logger="tensorrt_llm")
+    (tmp_path / "training.json").write_text(json.dumps({"seed": 0, "conversations": 10}))
+    warn_unless_held_out(BUNDLED_TARGET, BUNDLED_DRAFT, tmp_path, None)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and str(tmp_path) in warnings[0]
