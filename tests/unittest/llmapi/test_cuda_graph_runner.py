@@ -21,6 +21,9 @@ from tensorrt_llm.llmapi.llm_args import CudaGraphConfig, Eagle3DecodingConfig, 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The graph path's ops on CPU tensors need the interpreter; on a GPU the graphs themselves are
+# tested (test_llm_triton_gpu.py).
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's CPU form")
 PROMPTS = ["12+7=", "the cat sat on", "3*4="]  # short raw prompts: the runner's bookkeeping
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
@@ -65,6 +68,7 @@ def generate(llm: LLM):
     return [o.token_ids for o in outs], [o.avg_decoded_tokens_per_iter for o in outs]
 
 
+@CPU_ONLY
 @pytest.mark.parametrize("draft_kv_cache", [None, "unified", "separate"])
 def test_graph_step_gives_the_eager_tokens(draft_kv_cache):
     pytest.importorskip("triton.language")
@@ -88,6 +92,7 @@ def test_graph_step_gives_the_eager_tokens(draft_kv_cache):
     llm.shutdown()
 
 
+@CPU_ONLY
 def test_batches_the_runner_does_not_take_run_eagerly():
     pytest.importorskip("triton.language")
     llm = make_llm(None)  # target only: the three requests stay together to the end

@@ -75,7 +75,7 @@ def test_each_tp_rank_caches_its_own_kv_heads_beside_the_drafters_sub_pages():
             llm.generate(prompts(llm, 1), GREEDY)
             assert llm.executor.spec_worker.draft_kv_mode == VIEW_MODE  # unified, per rank
         if tp == 2:  # K/V heads halved; the one index-K head is replicated (the indexer is)
-            assert heads == [(1, 0), (1, 32), (1, 0), (1, 32), (2, 0)]  # sparse layers 1 and 3
+            assert heads == [(1, 0), (1, 32), (1, 0), (1, 32), (4, 0)]  # sparse layers 1 and 3
     # half the K/V bytes, all the index-K bytes (2 sparse layers x 128 tokens x 32 x fp32), aligned
     assert (slot_bytes[1], slot_bytes[2]) == (819200, 425984)
 
