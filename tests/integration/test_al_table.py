@@ -37,21 +37,23 @@ def test_target_is_accurate_and_identical_in_every_mode(table):
     code, summary = table
     assert code == 0 and summary["outputs_identical_in_every_mode"]
     for label, row in summary["modes"].items():
-        assert row["gsm8k_accuracy"] >= 0.9, label
+        assert row["gsm8k_accuracy"] >= 0.98, label
 
 
-def test_unified_cold_turn_al_is_at_least_2_5(table):
+def test_unified_cold_al(table):
     unified = table[1]["modes"]["Eagle3 unified"]
-    assert unified["gsm8k_al"] >= 2.5
-    assert unified["cold_al"] >= 2.5
+    assert unified["gsm8k_al"] >= 3.3
+    assert unified["cold_al"] >= 3.1  # multiturn-copy's first turn
 
 
-def test_reuse_costs_the_unified_drafter_nothing_and_the_separate_one_a_lot(table):
+def test_reuse_costs_the_unified_drafter_nothing_and_the_separate_one_its_context(table):
     summary = table[1]
     unified, separate = summary["modes"]["Eagle3 unified"], summary["modes"]["Eagle3 separate"]
     assert sum(unified["copy_reused_tokens_per_turn"][1:]) > 0  # turns 2-4 really hit the cache
     assert unified["reused_al"] >= unified["cold_al"] - 0.05
-    assert separate["reused_al"] <= unified["reused_al"] - 0.2
+    # the separate drafter loses what it read from the reused turns (0.2 here: the bundled drafter
+    # copies list items' first letters from the context poorly, so there is less to lose)
+    assert separate["reused_al"] <= unified["reused_al"] - 0.15
     assert separate["cold_al"] == pytest.approx(unified["cold_al"])  # same until reuse kicks in
 
 
