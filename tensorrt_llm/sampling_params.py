@@ -118,6 +118,12 @@ class GenerationDefaults:
             raise ValueError(f"{where}: {exc}") from None
         return cls(**values)
 
+    def openai_temperature(self, requested: float | None) -> float:
+        """An OpenAI request's temperature: as requested, else this default, else OpenAI's 1.0."""
+        if requested is not None:
+            return requested
+        return 1.0 if self.temperature is None else self.temperature
+
     def apply(self, params: SamplingParams) -> SamplingParams:
         unset = {
             name: value

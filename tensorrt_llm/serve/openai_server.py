@@ -149,10 +149,7 @@ class OpenAIServer:
         try:
             return SamplingParams(
                 max_tokens=body.max_tokens or body.max_completion_tokens or 128,
-                # unset: the checkpoint's generation_config.json default, else OpenAI's 1.0
-                temperature=first_set(
-                    body.temperature, self.llm.generation_defaults.temperature, 1.0
-                ),
+                temperature=self.llm.generation_defaults.openai_temperature(body.temperature),
                 top_p=body.top_p,
                 top_k=body.top_k,
                 seed=body.seed,
@@ -401,8 +398,3 @@ async def _after(event: asyncio.Event, stream):
     await event.wait()
     async for snap in stream:
         yield snap
-
-
-def first_set(*values):
-    """The first of ``values`` that is not None."""
-    return next(v for v in values if v is not None)

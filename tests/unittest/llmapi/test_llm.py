@@ -201,6 +201,8 @@ def test_generation_config_gives_the_sampling_defaults(tiny_checkpoint, tmp_path
     request, _ = llm._make_request("ab", SamplingParams(max_tokens=4, top_p=0.5))
     params = request.sampling_params
     assert (params.temperature, params.top_p, params.top_k) == (0.7, 0.5, 50)  # the request wins
+    defaults = llm.generation_defaults  # the server's unset temperature too
+    assert (defaults.openai_temperature(None), defaults.openai_temperature(0.2)) == (0.7, 0.2)
     for name, greedy in (("g", {"do_sample": False, "temperature": 0.7}), ("n", {"top_k": 3})):
         llm = make_llm(copy_checkpoint(tiny_checkpoint, tmp_path / name, generation_config=greedy))
         request, _ = llm._make_request("ab", SamplingParams(max_tokens=4))
