@@ -11,6 +11,7 @@ import torch
 from tokenizers import Tokenizer
 
 from tensorrt_llm.evaluate.tasks import (
+    TRAINING_MIX,
     evaluation_questions,
     held_out_record,
     training_conversations,
@@ -87,13 +88,15 @@ class Batches:
         num_conversations: int,
         batch_tokens: int,
         long_min_chars: int,
+        mix: tuple[float, float, float] = TRAINING_MIX,
     ):
         convs, skipped = training_conversations(
-            corpus_seed, num_conversations, long_min_chars, exclude=evaluation_questions()
+            corpus_seed, num_conversations, long_min_chars, evaluation_questions(), mix
         )
         self.record = {
             "corpus_seed": corpus_seed,
             "conversations": num_conversations,
+            "mix": dict(zip(("gsm8k-tiny", "multiturn-copy", "long-prompt"), mix)),
             "long_min_chars": long_min_chars,
             "held_out": {**held_out_record(), "conversations_skipped": skipped},
         }
@@ -146,6 +149,7 @@ def write_training_record(args, device: torch.device, script: str, batches: Batc
         "seed": args.seed,
         **batches.record,
         "steps": args.steps,
+        "lr": args.lr,
         "batch_tokens": args.batch_tokens,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }

@@ -28,18 +28,19 @@ from tensorrt_llm._torch.models.modeling_speculative import (  # noqa: E402
     default_layers_to_capture,
 )
 from tensorrt_llm._torch.training import ttt_logits, use_training_backend  # noqa: E402
+from tensorrt_llm.evaluate.tasks import TRAINING_MIX  # noqa: E402
 
 
-def draft_config(tcfg, layers: tuple[int, ...]) -> Eagle3Config:
+def draft_config(tcfg, layers: tuple[int, ...], heads: int = 8) -> Eagle3Config:
     return Eagle3Config.from_dict(
         {
             "hidden_size": tcfg.hidden_size,
             "intermediate_size": 2 * tcfg.hidden_size,
             # 8 heads of 32 (4 of 64 copied from the context less well); more KV heads than the
             # target's 2: its blocks are sub-pages of the slot
-            "num_attention_heads": 8,
-            "num_key_value_heads": 8,
-            "head_dim": tcfg.hidden_size // 8,
+            "num_attention_heads": heads,
+            "num_key_value_heads": heads,
+            "head_dim": tcfg.hidden_size // heads,
             "vocab_size": tcfg.vocab_size,
             "draft_vocab_size": tcfg.vocab_size,
             "target_hidden_size": tcfg.hidden_size,
@@ -66,18 +67,32 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int, default=None)
     parser.add_argument("--conversations", type=int, default=None)
     parser.add_argument("--max-draft-len", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    # 2e-3 diverged (NaN) past ~800-1700 steps of a 6000-7000-step schedule
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument(
+        "--capture-layers",
+        type=lambda text: tuple(int(x) for x in text.split(",")),
+        default=None,
+        help="target layers whose outputs feed the drafter, e.g. 0,2,3 (default: low, middle, high)",
+    )
+    parser.add_argument(
+        "--mix",
+        type=lambda text: tuple(float(x) for x in text.split(",")),
+        default=TRAINING_MIX,
+        help="shares of gsm8k-tiny, multiturn-copy and long-prompt in the corpus",
+    )
     args = parser.parse_args()
-    device = apply_preset(args, {"cpu": (300, 8192, 10000), "gpu": (3500, 8192, 40000)})
+    device = apply_preset(args, {"cpu": (300, 8192, 10000), "gpu": (6000, 8192, 40000)})
 
     torch.manual_seed(args.seed)
     target = load_model(args.target, torch.float32, device)
     for p in target.parameters():
         p.requires_grad_(False)
     tcfg = target.config
-    layers = default_layers_to_capture(tcfg.num_hidden_layers)
-    config = draft_config(tcfg, layers)
+    layers = args.capture_layers or default_layers_to_capture(tcfg.num_hidden_layers)
+    config = draft_config(tcfg, layers, args.heads)
     draft = (
         random_eagle3(config, tcfg.num_hidden_layers, seed=args.seed, std=0.02).to(device).train()
     )
@@ -91,6 +106,7 @@ def main() -> None:
         args.conversations,
         args.batch_tokens,
         long_min_chars=700,
+        mix=args.mix,
     )
     # fc starts at unit scale on the target's features: the published architecture's residual
     # stream is large (RMS ~60 on m3-tiny), and fc(features) is the drafter's residual, so at the
@@ -128,6 +144,8 @@ def main() -> None:
             weight = mask[:, i + 1 : i + 1 + valid]  # positions inside assistant replies
             ce = -(labels * torch.log_softmax(logits[:, :valid].float(), dim=-1)).sum(-1)
             loss = loss + 0.8**i * (ce * weight).sum() / weight.sum().clamp(min=1)
+        if not torch.isfinite(loss):
+            raise SystemExit(f"eagle3: loss is {loss.item()} at step {step}; try a lower --lr")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -210,23 +210,31 @@ def held_out_record() -> dict:
     }
 
 
+# gsm8k-tiny, multiturn-copy, long-prompt
+TRAINING_MIX = (0.5, 0.3, 0.2)
+
+
 def training_conversations(
     seed: int,
     count: int,
     long_min_chars: int = 700,
     exclude: frozenset[str] | set[str] = frozenset(),
+    mix: tuple[float, float, float] = TRAINING_MIX,
 ) -> tuple[list[list[Message]], int]:
-    """The training mix, 50% gsm8k-tiny, 30% multiturn-copy, 20% long-prompt (seeded), without any
-    conversation whose first user turn is in ``exclude``. Returns the ``count`` conversations
-    kept and how many were drawn and skipped."""
+    """The training mix, by default 50% gsm8k-tiny, 30% multiturn-copy, 20% long-prompt (``mix``:
+    the shares of the three, summing to 1; seeded), without any conversation whose first user
+    turn is in ``exclude``. Returns the ``count`` conversations kept and how many were drawn and
+    skipped."""
+    if len(mix) != 3 or min(mix) < 0 or abs(sum(mix) - 1) > 1e-6:
+        raise ValueError(f"mix={mix}: expected three non-negative shares summing to 1")
     rng = random.Random(seed)
     out: list[list[Message]] = []
     skipped = 0
     while len(out) < count:
         r = rng.random()
-        if r < 0.5:
+        if r < mix[0]:
             conv = gsm8k_tiny(rng)[0]
-        elif r < 0.8:
+        elif r < mix[0] + mix[1]:
             conv = multiturn_copy(rng)
         else:
             conv = long_prompt(rng, long_min_chars)[0]

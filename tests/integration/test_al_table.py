@@ -43,7 +43,7 @@ def test_target_is_accurate_and_identical_in_every_mode(table):
 def test_unified_cold_al(table):
     unified = table[1]["modes"]["Eagle3 unified"]
     assert unified["gsm8k_al"] >= 3.3
-    assert unified["cold_al"] >= 3.1  # multiturn-copy's first turn
+    assert unified["cold_al"] >= 3.3  # multiturn-copy's first turn
 
 
 def test_reuse_costs_the_unified_drafter_nothing_and_the_separate_one_its_context(table):
@@ -51,9 +51,8 @@ def test_reuse_costs_the_unified_drafter_nothing_and_the_separate_one_its_contex
     unified, separate = summary["modes"]["Eagle3 unified"], summary["modes"]["Eagle3 separate"]
     assert sum(unified["copy_reused_tokens_per_turn"][1:]) > 0  # turns 2-4 really hit the cache
     assert unified["reused_al"] >= unified["cold_al"] - 0.05
-    # the separate drafter loses what it read from the reused turns (0.2 here: the bundled drafter
-    # copies list items' first letters from the context poorly, so there is less to lose)
-    assert separate["reused_al"] <= unified["reused_al"] - 0.15
+    # the separate drafter loses what it read from the reused turns
+    assert separate["reused_al"] <= unified["reused_al"] - 0.2
     assert separate["cold_al"] == pytest.approx(unified["cold_al"])  # same until reuse kicks in
 
 

@@ -10,6 +10,7 @@ from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 from tensorrt_llm.evaluate.tasks import (
     EVAL_STREAMS,
     MAX_EVAL_PROBLEMS,
+    TRAINING_MIX,
     evaluation_problems,
     evaluation_questions,
     first_user_turn,
@@ -34,8 +35,9 @@ def test_the_corpus_rebuilt_from_its_record_holds_no_evaluation_problem(model_di
     rec = record(model_dir)
     held = rec["held_out"]
     assert {k: v for k, v in held.items() if k != "conversations_skipped"} == held_out_record()
+    mix = tuple(rec["mix"].values()) if "mix" in rec else TRAINING_MIX  # the target's predates it
     convs, skipped = training_conversations(
-        rec["corpus_seed"], rec["conversations"], rec["long_min_chars"], evaluation_questions()
+        rec["corpus_seed"], rec["conversations"], rec["long_min_chars"], evaluation_questions(), mix
     )
     assert skipped == held["conversations_skipped"] > 0  # the record is the corpus trained on
     firsts = {c[0]["content"] for c in convs}
@@ -50,6 +52,11 @@ def test_without_the_exclusion_the_corpora_would_hold_evaluation_problems():
     convs, _ = training_conversations(rec["corpus_seed"], rec["conversations"])
     questions = {first_user_turn(p) for p in evaluation_problems("gsm8k-tiny", 200)}
     assert questions & {c[0]["content"] for c in convs}
+
+
+def test_a_mix_that_is_not_three_shares_summing_to_one_is_refused():
+    with pytest.raises(ValueError, match="mix=.*summing to 1"):
+        training_conversations(0, 10, mix=(0.5, 0.3, 0.3))
 
 
 def test_evaluations_beyond_the_held_out_problems_are_refused():
