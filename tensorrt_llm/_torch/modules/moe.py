@@ -13,10 +13,10 @@ Each expert is a SwiGLU-OAI MLP of ``intermediate_size``; their weights are stac
 holds every expert's share of ``I`` (and of the shared expert), and the partial sums are
 all-reduced; the router is replicated.
 
-The expert loop here is the reference (the next issue brings fused GPU kernels). On the CPU it
-visits the experts some token chose, in expert order, and gathers their tokens (transformers'
-order of summation); on CUDA it runs every expert on every token, weighted by a dense ``[T, E]``
-combine matrix: no host sync, so a CUDA graph can capture it.
+The experts run fused on CUDA (``fused_moe``: two grouped GEMMs in Triton over the slots sorted by
+expert, no host sync, so CUDA graphs capture them) and as the torch reference elsewhere
+(``reference_experts``: a loop over the experts some token chose, in transformers' order of
+summation; also the training path).
 """
 
 from __future__ import annotations
@@ -29,7 +29,28 @@ from torch import nn
 
 from tensorrt_llm._torch.distributed.communicator import all_reduce
 from tensorrt_llm._torch.distributed.mapping import Mapping
+from tensorrt_llm._torch.modules.fused import use_fused
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP, SwigluOai
+
+
+def reference_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    glu: SwigluOai,
+) -> torch.Tensor:
+    """``x [T, H]``, ``w13 [E, 2I, H]`` (gate rows, then up rows), ``w2 [E, H, I]``, ``weights,
+    ids [T, k]`` -> ``sum_k weights * expert_ids(x)``, fp32 ``[T, H]``. Visits the experts some
+    token chose, in expert order (transformers' order of summation)."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in torch.unique(ids).tolist():
+        token, choice = torch.where(ids == e)
+        gate, up = F.linear(x[token], w13[e]).chunk(2, dim=-1)
+        part = F.linear(glu(gate, up), w2[e]) * weights[token, choice, None]
+        out.index_add_(0, token, part.float())
+    return out
 
 
 @dataclass(frozen=True)
@@ -72,28 +93,16 @@ class StackedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, inter))  # [E, H, I]
         self.glu = glu
 
-    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        """Expert ``e`` on ``x [n, H]`` -> ``[n, H]`` (this rank's partial sum)."""
-        gate, up = F.linear(x, self.w13[e]).chunk(2, dim=-1)
-        return F.linear(self.glu(gate, up), self.w2[e])
-
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, ``weights, ids [T, k]`` -> ``sum_e w_e * expert_e(x)``, fp32 ``[T, H]``,
         summed over the ranks."""
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        if x.is_cuda:
-            combine = torch.zeros(x.shape[0], self.num_experts, device=x.device)
-            combine.scatter_(1, ids, weights)  # [T, E]
-            for e in range(self.num_experts):
-                weight = combine[:, e, None]  # 0 where e was not chosen: its output is ignored,
-                out += torch.where(
-                    weight > 0, weight * self.expert(e, x), 0.0
-                )  # even if not finite
+        args = (x, self.w13, self.w2, weights, ids, self.glu)
+        if use_fused(x, self.w13):
+            from tensorrt_llm._torch.modules.fused_moe.ops import fused_experts
+
+            out = fused_experts(*args)
         else:
-            for e in torch.unique(ids).tolist():
-                token, slot = torch.where(ids == e)
-                part = self.expert(e, x[token]) * weights[token, slot, None]
-                out.index_add_(0, token, part.float())
+            out = reference_experts(*args)
         return all_reduce(out) if self.tp_size > 1 else out
 
 
