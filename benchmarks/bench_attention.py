@@ -25,7 +25,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from bench_common import bench_eagle3_config, bench_target_config, machine_name
+from bench_common import bench_eagle3_config, bench_target_config, machine_name, time_us
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.triton.addressing import (
@@ -46,22 +46,6 @@ from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 
 HEADS, KV_HEADS, HEAD_DIM, TPB = 16, 4, 128, 128
-
-
-def time_us(fn, iters: int) -> float:
-    """Median per-call time of ``fn`` over ``iters`` calls, in microseconds (CUDA events)."""
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) * 1000 / iters)
-    return sorted(samples)[len(samples) // 2]
 
 
 def warm_up_gpu(seconds: float = 2.0) -> None:

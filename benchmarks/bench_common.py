@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -144,3 +146,42 @@ def machine_name(device: str) -> str:
                 break
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"{name} CPU, {cores} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+
+
+def sync_device(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str, num_bytes: int, repeats: int = 10) -> float:
+    """Bytes moved per second (read + written) by a device-to-device ``copy_`` of ``num_bytes``."""
+    src = torch.ones(num_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    samples = []
+    for _ in range(repeats):
+        sync_device(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        sync_device(device)
+        samples.append(time.perf_counter() - start)
+    del src, dst
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return 2 * num_bytes / statistics.median(samples)
+
+
+def time_us(fn, iters: int) -> float:
+    """Median per-call time of ``fn`` over ``iters`` calls, in microseconds (CUDA events)."""
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) * 1000 / iters)
+    return sorted(samples)[len(samples) // 2]

@@ -40,7 +40,14 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import MLPS, bench_eagle3_config, bench_target_config, machine_name
+from bench_common import (
+    MLPS,
+    bench_eagle3_config,
+    bench_target_config,
+    copy_bandwidth,
+    machine_name,
+    sync_device,
+)
 
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_model, save_pretrained
@@ -94,29 +101,6 @@ class Cell:
 
     def floor_ms(self, bandwidth: float) -> float:
         return self.model_bytes / bandwidth * 1e3
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def copy_bandwidth(device: str, num_bytes: int, repeats: int = 10) -> float:
-    """Bytes moved per second (read + written) by a device-to-device ``copy_`` of ``num_bytes``."""
-    src = torch.ones(num_bytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # warm-up
-    samples = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        samples.append(time.perf_counter() - start)
-    del src, dst
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return 2 * num_bytes / statistics.median(samples)
 
 
 def write_checkpoints(root: Path, s: Settings) -> tuple[Path, Path]:
@@ -195,7 +179,7 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings) -> dict:
     replays_before = runner.num_replays if runner is not None else 0
     for request in requests:
         executor.enqueue_request(request)
-    _sync(s.device)
+    sync_device(s.device)
     start = time.perf_counter()
     num_prefill_steps = 0
     while any(not r.output_token_ids for r in requests):
@@ -204,7 +188,7 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings) -> dict:
         if executor.stats.num_steps == num_steps:
             raise RuntimeError("the executor scheduled nothing: the KV pool is too small")
         num_prefill_steps += 1
-    _sync(s.device)
+    sync_device(s.device)
     prefill_s = time.perf_counter() - start
     tokens_after_prefill = sum(len(r.output_token_ids) for r in requests)
     step_s: list[float] = []
@@ -217,10 +201,10 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings) -> dict:
                 executor.cancel_request(request.request_id)
             break
         full = not any(r.is_finished for r in requests)
-        _sync(s.device)
+        sync_device(s.device)
         start = time.perf_counter()
         executor.step()
-        _sync(s.device)
+        sync_device(s.device)
         step_s.append(time.perf_counter() - start)
         if full:
             full_batch_s.append(step_s[-1])
