@@ -29,6 +29,7 @@ from torch import nn
 
 from tensorrt_llm._torch.distributed.communicator import all_reduce
 from tensorrt_llm._torch.distributed.mapping import Mapping
+from tensorrt_llm._torch.modules.fp8.block import reference_linear, scale_shape
 from tensorrt_llm._torch.modules.fused import use_fused
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP, SwigluOai
 
@@ -40,16 +41,28 @@ def reference_experts(
     weights: torch.Tensor,
     ids: torch.Tensor,
     glu: SwigluOai,
+    w13_scale_inv: torch.Tensor | None = None,
+    w2_scale_inv: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x [T, H]``, ``w13 [E, 2I, H]`` (gate rows, then up rows), ``w2 [E, H, I]``, ``weights,
     ids [T, k]`` -> ``sum_k weights * expert_ids(x)``, fp32 ``[T, H]``. Visits the experts some
-    token chose, in expert order (transformers' order of summation)."""
+    token chose, in expert order (transformers' order of summation). FP8 weights come with their
+    block scales, ``w13_scale_inv [E, 2 * cdiv(I, 128), cdiv(H, 128)]`` (the gate rows' blocks,
+    then the up rows') and ``w2_scale_inv [E, cdiv(H, 128), cdiv(I, 128)]``; each GEMM then
+    quantizes its input per token per 128-channel group (``fp8.block.reference_linear``)."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    inter = w13.shape[1] // 2
     for e in torch.unique(ids).tolist():
         token, choice = torch.where(ids == e)
-        gate, up = F.linear(x[token], w13[e]).chunk(2, dim=-1)
-        part = F.linear(glu(gate, up), w2[e]) * weights[token, choice, None]
-        out.index_add_(0, token, part.float())
+        if w13_scale_inv is None:
+            gate, up = F.linear(x[token], w13[e]).chunk(2, dim=-1)
+            part = F.linear(glu(gate, up), w2[e])
+        else:
+            split = scale_shape(inter, 1)[0]
+            gate = reference_linear(x[token], w13[e, :inter], w13_scale_inv[e, :split])
+            up = reference_linear(x[token], w13[e, inter:], w13_scale_inv[e, split:])
+            part = reference_linear(glu(gate, up), w2[e], w2_scale_inv[e])
+        out.index_add_(0, token, (part * weights[token, choice, None]).float())
     return out
 
 

@@ -6,6 +6,7 @@ import torch
 
 pytest.importorskip("triton.language")
 
+from tensorrt_llm._torch.modules.fp8.block import quantize_weight  # noqa: E402
 from tensorrt_llm._torch.modules.fused_moe.align import align_by_expert, max_blocks  # noqa: E402
 from tensorrt_llm._torch.modules.fused_moe.ops import fused_experts  # noqa: E402
 from tensorrt_llm._torch.modules.gated_mlp import SwigluOai  # noqa: E402
@@ -96,3 +97,49 @@ def test_mismatched_weights_are_refused():
     x, w13, w2, weights, ids = make_case(2, 32, 16, 4, 2, torch.float32, seed=0)
     with pytest.raises(ValueError, match=r"w13 \(4, 32, 32\) and w2 \(4, 16, 32\)"):
         fused_experts(x, w13, w2.transpose(1, 2), weights, ids, GLU)
+
+
+def quantize_experts(w13, w2):
+    """Each expert's gate, up and down weights block-quantized, scales in ``StackedExperts``'s
+    layout (the gate rows' blocks, then the up rows')."""
+    inter = w13.shape[1] // 2
+    parts = [
+        [quantize_weight(w[e, :inter].cpu()), quantize_weight(w[e, inter:].cpu())] for e, w in
+        ((e, w13) for e in range(w13.shape[0]))
+    ]  # fmt: skip
+    q13 = torch.stack([torch.cat([g[0], u[0]]) for g, u in parts]).to(DEVICE)
+    s13 = torch.stack([torch.cat([g[1], u[1]]) for g, u in parts]).to(DEVICE)
+    down = [quantize_weight(w2[e].cpu()) for e in range(w2.shape[0])]
+    q2 = torch.stack([q for q, _ in down]).to(DEVICE)
+    s2 = torch.stack([s for _, s in down]).to(DEVICE)
+    return q13, s13, q2, s2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "num_tokens, hidden, inter, skew",
+    [(1, 200, 72, None), (21, 256, 160, None), (19, 130, 200, "one expert")],
+    ids=["decode-awkward", "batch", "skewed"],
+)
+def test_fp8_experts_match_the_fp8_reference(num_tokens, hidden, inter, skew, dtype):
+    x, w13, w2, weights, ids = make_case(
+        num_tokens, hidden, inter, 8, 2, dtype, seed=hidden, skew=skew
+    )
+    q13, s13, q2, s2 = quantize_experts(w13.float(), w2.float())
+    got = fused_experts(x, q13, q2, weights, ids, GLU, s13, s2)
+    if dtype == torch.float32:
+        want = reference_experts(x, q13, q2, weights, ids, GLU, s13, s2)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    else:  # bf16 rounding before the on-the-fly quantization moves some values by a float8 step
+        want = reference_experts(x.float(), q13, q2, weights, ids, GLU, s13, s2)
+        assert (got - want).norm() <= 5e-2 * want.norm()
+    # and within FP8's error of the unquantized experts
+    exact = reference_experts(x.float(), w13.float(), w2.float(), weights, ids, GLU)
+    assert (got - exact).norm() <= 0.1 * exact.norm()
+
+
+def test_fp8_needs_both_scales():
+    x, w13, w2, weights, ids = make_case(2, 128, 128, 4, 2, torch.float32, seed=0)
+    q13, s13, q2, _ = quantize_experts(w13, w2)
+    with pytest.raises(ValueError, match="FP8 needs float8_e4m3fn w13 and w2 and both scales"):
+        fused_experts(x, q13, q2, weights, ids, GLU, s13, None)
