@@ -20,6 +20,7 @@ from tensorrt_llm._torch.pyexecutor.config import (
     PyExecutorConfig,
 )
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
+from tensorrt_llm.quantization import QuantAlgo
 
 
 def default_attn_backend(device: str) -> str:
@@ -52,6 +53,15 @@ class KvCacheConfig(StrictBaseModel):
         if value <= 0 or value & (value - 1):
             raise ValueError(f"tokens_per_block={value} must be a power of two")
         return value
+
+
+class QuantConfig(StrictBaseModel):
+    """Quantization at load (upstream's name). ``quant_algo="FP8_BLOCK_SCALES"``: the attention
+    projections, dense MLPs and experts in FP8 with 128 x 128 block scales (a bf16 checkpoint is
+    quantized as it loads; an FP8 checkpoint says so itself and needs no QuantConfig). On the CPU
+    the weights stay in the model's dtype, rounded to the FP8 grid."""
+
+    quant_algo: QuantAlgo | None = None
 
 
 class Eagle3DecodingConfig(StrictBaseModel):
@@ -139,6 +149,7 @@ class TorchLlmArgs(StrictBaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     enable_chunked_prefill: bool = True
     speculative_config: Eagle3DecodingConfig | None = None
+    quant_config: QuantConfig | None = None
     cache_transceiver_config: CacheTransceiverConfig | None = None
     # The attention backend (upstream's key): "VANILLA" is the torch reference (the CPU path),
     # "TRITON" the GPU kernels; None: TRITON on a CUDA device, VANILLA on the CPU (LLM resolves it).

@@ -31,9 +31,12 @@ from tensorrt_llm._torch.models.modeling_speculative import (
     Eagle3Target,
 )
 from tensorrt_llm._torch.models.registry import ModelConfig, architecture_of, get_model_classes
-from tensorrt_llm._torch.models.weights import CheckpointLayout, Destination
+from tensorrt_llm._torch.models.weights import CheckpointLayout, Destination, is_scale
+from tensorrt_llm._torch.modules.fp8.block import FP8, dequantize_weight, quantize_weight
+from tensorrt_llm._torch.modules.fp8.modules import use_fp8_block
 from tensorrt_llm._torch.modules.linear import shard_weight
 from tensorrt_llm.logger import logger
+from tensorrt_llm.quantization import QuantAlgo
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -61,6 +64,20 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     raise ValueError(f"model={str(model_dir)!r}: no {WEIGHTS} or {WEIGHTS_INDEX} there")
 
 
+def checkpoint_index(model_dir: str | Path) -> dict[str, Path]:
+    """Every tensor name of the checkpoint, with the file that holds it."""
+    index = {}
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            index.update(dict.fromkeys(f.keys(), path))
+    return index
+
+
+def read_tensor(path: Path, name: str) -> torch.Tensor:
+    with safe_open(str(path), framework="pt") as f:
+        return f.get_tensor(name)
+
+
 def checkpoint_tensors(model_dir: str | Path) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
     """Every tensor of the checkpoint as ``(name, get)``: ``get()`` reads it (once; the read is
     kept until the next tensor), so a caller holds at most one checkpoint tensor at a time."""
@@ -71,10 +88,17 @@ def checkpoint_tensors(model_dir: str | Path) -> Iterator[tuple[str, Callable[[]
 
 
 def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
-    """Load ``model_dir``'s weights into ``model`` through its ``checkpoint_layout``, strictly."""
+    """Load ``model_dir``'s weights into ``model`` through its ``checkpoint_layout``, strictly.
+
+    FP8 block-scaled weights (a ``float8_e4m3fn`` ``X.weight`` beside its ``X.weight_scale_inv``)
+    are copied as they are into FP8 destinations of their whole shape; anywhere else they are
+    dequantized first (the CPU, a shard of a split layer, a split tensor). A destination that is
+    FP8 takes a weight of the model's dtype quantized (``fp8 == "store"``) or rounded to the FP8
+    grid (``"grid"``): a checkpoint quantized at load."""
     layout: CheckpointLayout = type(model).checkpoint_layout
     tied = _untie_for_loading(model)
     destinations = layout.destinations(model)
+    index = checkpoint_index(model_dir)
     seen: set[str] = set()
     unexpected: list[str] = []
     skipped: Counter[str] = Counter()
@@ -85,6 +109,16 @@ def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
             if family is not None:
                 skipped[family] += 1
                 continue
+            if is_scale(name):
+                if name.removesuffix("_scale_inv") not in index:
+                    unexpected.append(name)
+                continue  # read with its weight
+            scale_name = name + "_scale_inv"
+            if scale_name in index and get().dtype == FP8:
+                get_scale = functools.partial(read_tensor, index[scale_name], scale_name)
+                if _copy_fp8_whole(layout, destinations, name, get, get_scale, seen):
+                    continue
+                get = functools.cache(functools.partial(_dequantized, get, get_scale, name, where))
             for piece in layout.canonical_pieces(name, get):
                 dest = destinations.get(piece.name)
                 if dest is None:
@@ -96,7 +130,7 @@ def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
                         f"{where}: {name} has shape {tuple(get().shape)}; this model "
                         f"expects {_full_shape_hint(piece.name, dest, tensor)}"
                     )
-                dest.view.copy_(tensor)
+                _store(dest, tensor)
                 seen.add(piece.name)
                 del tensor  # nothing of this checkpoint tensor outlives its pieces
     for family, count in sorted(skipped.items()):
@@ -110,6 +144,46 @@ def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
             f"{where}: {len(missing)} missing tensor(s) {missing[:8]}, "
             f"{len(unexpected)} unexpected tensor(s) {sorted(set(unexpected))[:8]}"
         )
+
+
+def _copy_fp8_whole(layout, destinations, name, get, get_scale, seen) -> bool:
+    """An FP8 checkpoint weight copied as it is, with its scales, when it is one canonical tensor
+    whose destination stores FP8 at the same shape. Returns whether it was."""
+    pieces = layout.canonical_pieces(name, get)
+    if len(pieces) != 1 or pieces[0].name not in destinations:
+        return False
+    dest = destinations[pieces[0].name]
+    weight = pieces[0].get()
+    if dest.fp8 != "store" or weight.shape != dest.view.shape:
+        return False
+    scale = get_scale()
+    if scale.shape != dest.scale.shape:
+        raise ValueError(
+            f"{name}_scale_inv has shape {tuple(scale.shape)}; a weight of "
+            f"{tuple(weight.shape)} takes {tuple(dest.scale.shape)} (blocks of 128)"
+        )
+    dest.view.copy_(weight)
+    dest.scale.copy_(scale)
+    seen.add(pieces[0].name)
+    return True
+
+
+def _dequantized(get, get_scale, name: str, where: str) -> torch.Tensor:
+    try:
+        return dequantize_weight(get(), get_scale())
+    except ValueError as exc:
+        raise ValueError(f"{where}: {name}: {exc}") from None
+
+
+def _store(dest: Destination, tensor: torch.Tensor) -> None:
+    if dest.fp8 == "store":
+        weight, scale = quantize_weight(tensor)
+        dest.view.copy_(weight)
+        dest.scale.copy_(scale)
+    elif dest.fp8 == "grid":
+        dest.view.copy_(dequantize_weight(*quantize_weight(tensor)))
+    else:
+        dest.view.copy_(tensor)
 
 
 def _full_shape_hint(name: str, dest: Destination, shard: torch.Tensor) -> str:
@@ -201,16 +275,28 @@ def load_model(
     device: str | torch.device = "cpu",
     attn_backend: str = "VANILLA",
     mapping: Mapping | None = None,
+    quant_algo: str | None = None,
 ) -> torch.nn.Module:
     """The model in ``model_dir``, of the class its ``architectures[0]`` selects, weights loaded
     strictly, in eval mode; its config is ``model.config``. ``dtype`` defaults to the config's
     ``torch_dtype``; ``attn_backend`` is a ``get_attention_backend`` name; ``mapping`` says which
-    tensor-parallel shard this rank holds (all of it by default)."""
+    tensor-parallel shard this rank holds (all of it by default).
+
+    FP8 (``quant_algo`` or the checkpoint's ``quantization_config``: ``"FP8_BLOCK_SCALES"``): on
+    CUDA the layers ``use_fp8_block`` names keep FP8 weights (a bf16 checkpoint is quantized at
+    load); on the CPU they keep the model's dtype, an FP8 checkpoint dequantized and a bf16 one
+    rounded to the FP8 grid."""
     config = load_config(model_dir)
     model_class = get_model_classes(config.architectures[0]).model_class
     backend = get_attention_backend(attn_backend)
+    algo = quant_algo or config.quant_algo
+    if algo not in (None, QuantAlgo.FP8_BLOCK_SCALES):
+        raise ValueError(f"quant_algo={algo!r}; served: {QuantAlgo.FP8_BLOCK_SCALES.value!r}")
     with _allocate_on(device, dtype or getattr(torch, config.torch_dtype)):
         model = model_class(config, backend, mapping or Mapping())
+    if algo is not None:
+        store = torch.device(device).type == "cuda"
+        use_fp8_block(model, config.modules_to_not_convert, store)
     load_checkpoint_into(model, model_dir)
     return model.eval()
 

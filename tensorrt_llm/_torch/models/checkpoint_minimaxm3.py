@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from tensorrt_llm._torch.models.weights import Destination, Piece, plain_destination
+from tensorrt_llm._torch.models.weights import Destination, Piece, is_scale, plain_destination
+from tensorrt_llm._torch.modules.fp8.block import scale_shape
 from tensorrt_llm._torch.modules.moe import StackedExperts
 
 SKIPPED_FAMILIES = re.compile(r"(?:^|\.)(vision_tower|multi_modal_projector|patch_merge_mlp|mtp)\.")
@@ -90,6 +91,8 @@ class MiniMaxM3CheckpointLayout:
         modules = dict(model.named_modules())
         out: dict[str, Destination] = {}
         for name, tensor in model.state_dict(keep_vars=True).items():
+            if is_scale(name):
+                continue
             owner, _, leaf = name.rpartition(".")
             module = modules[owner]
             if isinstance(module, StackedExperts):
@@ -137,13 +140,25 @@ def _expert_destinations(
     inter = experts.local_intermediate
     tp, rank = experts.tp_size, experts.tp_rank
     data = getattr(experts, leaf).data
+    fp8 = experts.fp8_block
+    scales = getattr(experts, f"{leaf}_scale_inv") if fp8 == "store" else None
+    gate_blocks = scale_shape(inter, 1)[0]
     for e in range(experts.num_experts):
         if leaf == "w13":
             rows = _shard_fn(tp, rank, dim=0)
-            yield f"{owner}.{e}.w1.weight", Destination(data[e, :inter], rows)
-            yield f"{owner}.{e}.w3.weight", Destination(data[e, inter:], rows)
+            gate_s, up_s = (
+                (None, None)
+                if scales is None
+                else (scales[e, :gate_blocks], scales[e, gate_blocks:])
+            )
+            yield f"{owner}.{e}.w1.weight", Destination(data[e, :inter], rows, gate_s, fp8)
+            yield f"{owner}.{e}.w3.weight", Destination(data[e, inter:], rows, up_s, fp8)
         else:
-            yield f"{owner}.{e}.w2.weight", Destination(data[e], _shard_fn(tp, rank, dim=1))
+            down_s = None if scales is None else scales[e]
+            yield (
+                f"{owner}.{e}.w2.weight",
+                Destination(data[e], _shard_fn(tp, rank, dim=1), down_s, fp8),
+            )
 
 
 def _shard_fn(tp: int, rank: int, dim: int) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -34,6 +34,7 @@ from tensorrt_llm._torch.models.config_utils import (
 )
 from tensorrt_llm._torch.modules.moe import MoeConfig
 from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer
+from tensorrt_llm.quantization import FP8_BLOCK_FORMAT, checkpoint_quantization
 
 VL_ARCHITECTURE = "MiniMaxM3SparseForConditionalGeneration"
 TEXT_ARCHITECTURE = "MiniMaxM3VLForCausalLM"
@@ -60,7 +61,7 @@ IGNORED_TEXT_KEYS = frozenset(
         "_name_or_path", "model_type", "architectures", "dtype", "torch_dtype", "rope_scaling",
         "rope_parameters", "rope_theta", "partial_rotary_factor", "sparse_attention_config",
         "moe_layer_freq", "num_experts", "tokenizer_class", "bos_token_id", "eos_token_id",
-        "sparse_attention_freq",
+        "sparse_attention_freq", "quantization_config",
     }
 )  # fmt: skip
 # Top-level keys of the VL form besides text_config: the parts not served yet, and bookkeeping.
@@ -71,7 +72,7 @@ IGNORED_VL_KEYS = frozenset(
         "text_config", "transformers_version", "architectures", "model_type", "dtype",
         "torch_dtype", "_name_or_path", "output_hidden_states", "output_attentions",
         "return_dict", "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id",
-        "problem_type", "bos_token_id", "eos_token_id", "pad_token_id",
+        "problem_type", "bos_token_id", "eos_token_id", "pad_token_id", "quantization_config",
     }
 )  # fmt: skip
 
@@ -110,6 +111,8 @@ class MiniMaxM3Config:
     eos_token_ids: tuple[int, ...] = (200020,)
     torch_dtype: str = "float32"
     architectures: tuple[str, ...] = (VL_ARCHITECTURE,)
+    quant_algo: str | None = None  # the checkpoint's (quantization_config): "FP8_BLOCK_SCALES"
+    modules_to_not_convert: tuple[str, ...] = ()  # left unquantized by the checkpoint
 
     def __post_init__(self) -> None:
         where = "config.json"
@@ -231,14 +234,13 @@ class MiniMaxM3Config:
         else:
             text, outer = data, {}
             check_model_type(data, TEXT_MODEL_TYPE, VL_MODEL_TYPE)
-        if "quantization_config" in text or "quantization_config" in outer:
-            quant = text.get("quantization_config") or outer.get("quantization_config")
-            raise ValueError(
-                f"config.json: quantization_config={quant!r} is not served yet; serve the "
-                "bf16 checkpoint"
-            )
         where = "config.json" if text is data else "config.json: text_config"
-        kwargs = _text_kwargs(text, where, unknown)
+        quant = outer.get("quantization_config") or text.get("quantization_config")
+        quant_kwargs = {}
+        if quant is not None:
+            algo, skip = checkpoint_quantization(quant, "config.json")
+            quant_kwargs = {"quant_algo": algo.value, "modules_to_not_convert": skip}
+        kwargs = {**_text_kwargs(text, where, unknown), **quant_kwargs}
         prefix = "" if text is data else "text_config."
         warn_unknown({k if k in data else prefix + k for k in unknown}, "config.json")
         kwargs["torch_dtype"] = _dtype(text, outer)
@@ -272,9 +274,15 @@ class MiniMaxM3Config:
         names (transformers reads it back as the same model)."""
         text: dict[str, Any] = asdict(self)
         for key in (
-            "architectures", "torch_dtype", "eos_token_ids", "rope_theta", "partial_rotary_factor"
+            "architectures", "torch_dtype", "eos_token_ids", "rope_theta", "partial_rotary_factor",
+            "quant_algo", "modules_to_not_convert",
         ):  # fmt: skip
             text.pop(key)
+        if self.quant_algo is not None:
+            text["quantization_config"] = {
+                **FP8_BLOCK_FORMAT,
+                "modules_to_not_convert": list(self.modules_to_not_convert),
+            }
         text["rope_parameters"] = {
             "rope_type": "default",
             "rope_theta": self.rope_theta,
@@ -305,7 +313,10 @@ class MiniMaxM3Config:
 def _text_kwargs(text: dict[str, Any], where: str, unknown: set[str]) -> dict[str, Any]:
     """The dataclass's kwargs from a text config; the keys it does not know go to ``unknown``."""
     names = {f.name for f in fields(MiniMaxM3Config)}
-    direct = names - {"architectures", "torch_dtype", "eos_token_ids", "bos_token_id"}
+    direct = names - {
+        "architectures", "torch_dtype", "eos_token_ids", "bos_token_id", "quant_algo",
+        "modules_to_not_convert",
+    }  # fmt: skip
     kwargs = {k: text[k] for k in direct if k in text and text[k] is not None}
     if "num_experts" in text and "num_local_experts" not in text:  # transformers' attribute_map
         kwargs["num_local_experts"] = text["num_experts"]

@@ -63,6 +63,12 @@ class ModelConfig(Protocol):
     @property
     def eos_token_ids(self) -> tuple[int, ...]: ...
 
+    @property
+    def quant_algo(self) -> str | None: ...  # the checkpoint's ("FP8_BLOCK_SCALES") or None
+
+    @property
+    def modules_to_not_convert(self) -> tuple[str, ...]: ...
+
     def kv_cache_layers(self, mapping: Mapping | None = None) -> tuple[KvCacheLayer, ...]: ...
 
     @classmethod

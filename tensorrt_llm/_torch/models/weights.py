@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from tensorrt_llm._torch.modules.linear import shard_weight
+from tensorrt_llm._torch.modules.linear import Fp8BlockLinear, shard_weight
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,15 @@ class Piece:
 
 @dataclass(frozen=True)
 class Destination:
-    """Where a canonical tensor goes on this rank: ``shard(full)`` is copied into ``view``."""
+    """Where a canonical tensor goes on this rank: ``shard(full)`` is copied into ``view``. A
+    weight of FP8 block scales (``fp8 == "store"``) also fills ``scale``, a view of its
+    ``..._scale_inv`` buffer; ``fp8 == "grid"`` rounds the values to the FP8 grid in the model's
+    dtype (``linear.Fp8BlockLinear``)."""
 
     view: torch.Tensor
     shard: Callable[[torch.Tensor], torch.Tensor]
+    scale: torch.Tensor | None = None
+    fp8: str | None = None
 
 
 class CheckpointLayout(Protocol):
@@ -71,14 +76,22 @@ class PlainLayout:
         return {
             name: plain_destination(modules[name.rpartition(".")[0]], name, tensor)
             for name, tensor in model.state_dict(keep_vars=True).items()
+            if not is_scale(name)
         }
+
+
+def is_scale(name: str) -> bool:
+    """A block-scale buffer: loaded with its weight (``Destination.scale``), not on its own."""
+    return name.endswith("_scale_inv")
 
 
 def plain_destination(module: torch.nn.Module, name: str, tensor: torch.Tensor) -> Destination:
     """A parameter or buffer of ``module`` loaded whole, or, a weight of a tensor-parallel linear
-    layer, as this rank's shard (``shard_weight``)."""
+    layer, as this rank's shard (``shard_weight``), with its block scales when it is FP8."""
     if name.endswith(".weight"):
-        return Destination(tensor.data, functools.partial(shard_weight, module))
+        fp8 = module.fp8_block if isinstance(module, Fp8BlockLinear) else None
+        scale = module.weight_scale_inv if fp8 == "store" else None
+        return Destination(tensor.data, functools.partial(shard_weight, module), scale, fp8)
     return Destination(tensor.data, _whole)
 
 

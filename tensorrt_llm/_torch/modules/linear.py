@@ -14,6 +14,12 @@ the full ``[out_features, in_features]`` weight was split, and ``load_state_dict
   fp32 partial sums 1.4e-2.
 
 With one rank (``Mapping()``) both are plain ``nn.Linear``.
+
+FP8 block scales (``fp8/``): ``to_fp8_block()`` turns the weight into ``float8_e4m3fn`` with a
+``weight_scale_inv`` buffer (the loader fills both), and the forward runs the Triton block-scaled
+GEMM (CUDA). ``fp8_block`` says how the loader treats the weight: ``"store"`` (FP8 storage),
+``"grid"`` (kept in the model dtype, its values rounded to the FP8 grid: the CPU's form of a model
+quantized at load) or None.
 """
 
 from __future__ import annotations
@@ -23,9 +29,30 @@ from torch import nn
 
 from tensorrt_llm._torch.distributed.communicator import all_gather_last_dim, all_reduce
 from tensorrt_llm._torch.distributed.mapping import Mapping
+from tensorrt_llm._torch.modules.fp8.block import FP8, scale_shape
 
 
-class ColumnParallelLinear(nn.Linear):
+class Fp8BlockLinear(nn.Linear):
+    """``nn.Linear`` whose weight may be FP8 with 128 x 128 block scales (the module docstring)."""
+
+    fp8_block: str | None = None
+
+    def to_fp8_block(self) -> None:
+        weight = self.weight
+        self.weight = nn.Parameter(torch.empty_like(weight, dtype=FP8), requires_grad=False)
+        scales = torch.empty(scale_shape(*weight.shape), dtype=torch.float32, device=weight.device)
+        self.register_buffer("weight_scale_inv", scales)
+        self.fp8_block = "store"
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype == FP8:
+            from tensorrt_llm._torch.modules.fp8.ops import fp8_block_linear
+
+            return fp8_block_linear(x, self.weight, self.weight_scale_inv)
+        return super().forward(x)
+
+
+class ColumnParallelLinear(Fp8BlockLinear):
     tp_dim = 0
 
     def __init__(
@@ -46,13 +73,13 @@ class ColumnParallelLinear(nn.Linear):
         self.gather_output = gather_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)
+        out = self.matmul(x)
         if self.gather_output and self.tp_size > 1:
             out = all_gather_last_dim(out, self.tp_size)
         return out
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(Fp8BlockLinear):
     tp_dim = 1
 
     def __init__(self, in_features: int, out_features: int, mapping: Mapping, what: str) -> None:
@@ -61,8 +88,9 @@ class RowParallelLinear(nn.Linear):
         self.num_shards, self.shard_index = self.tp_size, self.tp_rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tp_size == 1:
-            return super().forward(x)
+        if self.tp_size == 1 or self.weight.dtype == FP8:  # FP8: partial sums in x's dtype
+            out = self.matmul(x)
+            return out if self.tp_size == 1 else all_reduce(out)
         if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
             partial = torch.mm(x.reshape(-1, x.shape[-1]), self.weight.t(), out_dtype=torch.float32)
             return all_reduce(partial).to(x.dtype).reshape(*x.shape[:-1], partial.shape[-1])

@@ -29,7 +29,7 @@ from torch import nn
 
 from tensorrt_llm._torch.distributed.communicator import all_reduce
 from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.modules.fp8.block import reference_linear, scale_shape
+from tensorrt_llm._torch.modules.fp8.block import FP8, reference_linear, scale_shape
 from tensorrt_llm._torch.modules.fused import use_fused
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP, SwigluOai
 
@@ -105,11 +105,35 @@ class StackedExperts(nn.Module):
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size))  # [E, 2I, H]
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, inter))  # [E, H, I]
         self.glu = glu
+        self.w13_scale_inv = self.w2_scale_inv = None
+
+    fp8_block: str | None = None  # as ``linear.Fp8BlockLinear``'s
+
+    def to_fp8_block(self) -> None:
+        """``w13`` and ``w2`` become float8_e4m3fn with block scales: ``w13_scale_inv [E, 2 *
+        cdiv(I, 128), cdiv(H, 128)]`` (the gate rows' blocks, then the up rows'), ``w2_scale_inv
+        [E, cdiv(H, 128), cdiv(I, 128)]``; the loader fills them."""
+        e, two_inter, hidden = self.w13.shape
+        inter = two_inter // 2
+        device = self.w13.device
+        gate_blocks, hidden_blocks = scale_shape(inter, hidden)
+        for name, shape in (
+            ("w13_scale_inv", (e, 2 * gate_blocks, hidden_blocks)),
+            ("w2_scale_inv", (e, hidden_blocks, gate_blocks)),
+        ):
+            delattr(self, name)
+            self.register_buffer(name, torch.empty(shape, dtype=torch.float32, device=device))
+        for name in ("w13", "w2"):
+            param = getattr(self, name)
+            setattr(
+                self, name, nn.Parameter(torch.empty_like(param, dtype=FP8), requires_grad=False)
+            )
+        self.fp8_block = "store"
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, ``weights, ids [T, k]`` -> ``sum_e w_e * expert_e(x)``, fp32 ``[T, H]``,
         summed over the ranks."""
-        args = (x, self.w13, self.w2, weights, ids, self.glu)
+        args = (x, self.w13, self.w2, weights, ids, self.glu, self.w13_scale_inv, self.w2_scale_inv)
         if use_fused(x, self.w13):
             from tensorrt_llm._torch.modules.fused_moe.ops import fused_experts
 

@@ -14,6 +14,7 @@ from tensorrt_llm._torch.models.configuration_minimaxm3 import (
     VL_ARCHITECTURE,
     MiniMaxM3Config,
 )
+from tensorrt_llm.quantization import FP8_BLOCK_FORMAT
 
 TEXT = {k: v for k, v in TINY.items() if k not in ("architectures", "model_type", "dtype")}
 
@@ -145,7 +146,22 @@ def test_unknown_keys_get_one_warning_line_naming_them(caplog):
         ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, r"rope_type='linear'"),
         ({"hidden_act": "gelu"}, r"hidden_act='gelu'"),
         ({"dtype": "float8"}, r"dtype='float8'"),
-        ({"quantization_config": {"quant_method": "fp8"}}, r"quantization_config=.*not served"),
+        (
+            {"quantization_config": {"quant_method": "awq"}},
+            r"quantization_config.quant_method='awq' is not served; FP8 checkpoints need",
+        ),
+        (
+            {"quantization_config": {**FP8_BLOCK_FORMAT, "weight_block_size": [1, 128]}},
+            r"quantization_config.weight_block_size=\[1, 128\] is not served",
+        ),
+        (
+            {"quantization_config": {**FP8_BLOCK_FORMAT, "activation_scheme": "static"}},
+            r"quantization_config.activation_scheme='static'",
+        ),
+        (
+            {"quantization_config": {**FP8_BLOCK_FORMAT, "kv_cache_scheme": {}}},
+            r"quantization_config has keys \['kv_cache_scheme'\] we do not serve",
+        ),
         ({"num_experts_per_tok": 5}, r"num_experts_per_tok=5 exceeds num_local_experts=4"),
         (
             {"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.375}},
@@ -163,6 +179,16 @@ def test_unknown_keys_get_one_warning_line_naming_them(caplog):
 def test_a_value_we_cannot_serve_is_an_error_naming_the_key(changes, message):
     with pytest.raises(ValueError, match=message):
         MiniMaxM3Config.from_dict({**TEXT, **changes})
+
+
+def test_an_fp8_block_scaled_checkpoint_config_is_read_and_written_back():
+    quant = {**FP8_BLOCK_FORMAT, "modules_to_not_convert": ["lm_head", "gate"]}
+    config = MiniMaxM3Config.from_dict(nested(TEXT, quantization_config=quant))
+    assert config.quant_algo == "FP8_BLOCK_SCALES"
+    assert config.modules_to_not_convert == ("lm_head", "gate")
+    assert MiniMaxM3Config.from_dict(config.to_dict()) == config
+    plain = MiniMaxM3Config.from_dict(TEXT)
+    assert plain.quant_algo is None and "quantization_config" not in plain.to_dict()["text_config"]
 
 
 def test_a_text_config_that_is_not_an_object_is_an_error():
