@@ -235,12 +235,11 @@ class MiniMaxM3Config:
             text, outer = data, {}
             check_model_type(data, TEXT_MODEL_TYPE, VL_MODEL_TYPE)
         where = "config.json" if text is data else "config.json: text_config"
+        kwargs = _text_kwargs(text, where, unknown)
         quant = outer.get("quantization_config") or text.get("quantization_config")
-        quant_kwargs = {}
         if quant is not None:
-            algo, skip = checkpoint_quantization(quant, "config.json")
-            quant_kwargs = {"quant_algo": algo.value, "modules_to_not_convert": skip}
-        kwargs = {**_text_kwargs(text, where, unknown), **quant_kwargs}
+            algo, kwargs["modules_to_not_convert"] = checkpoint_quantization(quant, "config.json")
+            kwargs["quant_algo"] = algo.value
         prefix = "" if text is data else "text_config."
         warn_unknown({k if k in data else prefix + k for k in unknown}, "config.json")
         kwargs["torch_dtype"] = _dtype(text, outer)
