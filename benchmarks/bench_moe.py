@@ -14,9 +14,12 @@ runs the whole layer (router, routed experts, shared expert) on the same input:
   that at least one token of this batch chose (counted from the routing), 3 x 6144 x 3072 x 2 bytes
   each.
 
-The table gives microseconds per layer and each way's ratio to the floor.
+The table gives microseconds per layer and each way's ratio to the floor. ``--fp8``: the experts
+and the shared expert in FP8 with 128 x 128 block scales (one byte a weight, plus the scales),
+fused and the torch reference (``torch._grouped_mm`` takes no block scales).
 
     python benchmarks/bench_moe.py [--batches 1,2,4,8,16,32,64,128,256] [--experts 128] [--iters 20]
+        [--fp8]
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import argparse
 import torch
 from bench_common import copy_bandwidth, machine_name, time_us
 
+from tensorrt_llm._torch.modules.fp8.block import quantize_weight
+from tensorrt_llm._torch.modules.fp8.ops import fp8_block_linear
 from tensorrt_llm._torch.modules.fused_moe.ops import fused_experts
 from tensorrt_llm._torch.modules.gated_mlp import SwigluOai
 from tensorrt_llm._torch.modules.moe import reference_experts, route
@@ -36,9 +41,10 @@ GLU = SwigluOai(alpha=1.702, limit=7.0)
 
 class Layer:
     """The MoE layer's weights, as plain tensors: ``gate [E, H]``, ``bias [E]``, ``w13 [E, 2I, H]``,
-    ``w2 [E, H, I]``, the shared expert's ``s13 [2S, H]`` and ``s2 [H, S]``."""
+    ``w2 [E, H, I]``, the shared expert's ``s13 [2S, H]`` and ``s2 [H, S]``; with ``fp8`` all but
+    the router in FP8, their block scales in ``scales``."""
 
-    def __init__(self, num_experts: int, dtype: torch.dtype) -> None:
+    def __init__(self, num_experts: int, dtype: torch.dtype, fp8: bool = False) -> None:
         def rand(*shape, fan_in):
             return torch.randn(*shape, device="cuda", dtype=dtype) / fan_in**0.5
 
@@ -49,24 +55,54 @@ class Layer:
         self.s13 = rand(2 * SHARED, HIDDEN, fan_in=HIDDEN)
         self.s2 = rand(HIDDEN, SHARED, fan_in=SHARED)
         self.num_experts = num_experts
+        self.scales: dict[str, torch.Tensor] = {}
+        if fp8:
+            self._quantize()
+
+    def _quantize(self) -> None:
+        def stack(parts):
+            return torch.stack([q for q, _ in parts]), torch.stack([s for _, s in parts])
+
+        gate_up = [quantize_weight(w[:INTER]) for w in self.w13] + [
+            quantize_weight(w[INTER:]) for w in self.w13
+        ]
+        e = self.num_experts
+        self.w13 = torch.stack([torch.cat([gate_up[i][0], gate_up[e + i][0]]) for i in range(e)])
+        self.scales["w13"] = torch.stack(
+            [torch.cat([gate_up[i][1], gate_up[e + i][1]]) for i in range(e)]
+        )
+        self.w2, self.scales["w2"] = stack([quantize_weight(w) for w in self.w2])
+        self.s13, self.scales["s13"] = quantize_weight(self.s13)
+        self.s2, self.scales["s2"] = quantize_weight(self.s2)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return route(x @ self.gate.T, self.bias, TOP_K)
 
     def shared(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scales:
+            gate, up = fp8_block_linear(x, self.s13, self.scales["s13"]).chunk(2, dim=-1)
+            return fp8_block_linear(GLU(gate, up), self.s2, self.scales["s2"])
         gate, up = (x @ self.s13.T).chunk(2, dim=-1)
         return GLU(gate, up) @ self.s2.T
 
     def forward(self, x: torch.Tensor, experts) -> torch.Tensor:
         weights, ids = self.route(x)
-        routed = experts(x, self.w13, self.w2, weights, ids, GLU)
+        scales = (self.scales["w13"], self.scales["w2"]) if self.scales else ()
+        routed = experts(x, self.w13, self.w2, weights, ids, GLU, *scales)
         return (routed * SCALE + self.shared(x).float()).to(x.dtype)
 
     def touched_bytes(self, x: torch.Tensor) -> int:
+        """The router, the shared expert and each expert hit: weights and block scales."""
         _, ids = self.route(x)
-        per_expert = 3 * HIDDEN * INTER * self.w13.element_size()
-        fixed = (self.gate.numel() + self.s13.numel() + self.s2.numel()) * self.w13.element_size()
-        return len(torch.unique(ids)) * per_expert + fixed
+        hit = torch.unique(ids)
+        size = self.w13.element_size()
+        total = self.gate.numel() * self.gate.element_size()
+        total += (self.s13.numel() + self.s2.numel()) * size
+        total += len(hit) * (self.w13[0].numel() + self.w2[0].numel()) * size
+        for name, scale in self.scales.items():  # fp32
+            per_expert = name in ("w13", "w2")
+            total += (len(hit) * scale[0].numel() if per_expert else scale.numel()) * 4
+        return total
 
 
 def grouped_mm_experts(x, w13, w2, weights, ids, glu) -> torch.Tensor:
@@ -104,11 +140,12 @@ def main() -> None:
     parser.add_argument("--experts", type=int, default=128)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--skip", default="", help="ways to leave out, e.g. loop")
+    parser.add_argument("--fp8", action="store_true", help="FP8 block-scaled weights")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_moe.py needs a CUDA device")
     torch.manual_seed(0)
-    layer = Layer(args.experts, torch.bfloat16)
+    layer = Layer(args.experts, torch.bfloat16, fp8=args.fp8)
     bandwidth = copy_bandwidth("cuda", 2 << 30)
     print(
         f"machine: {machine_name('cuda')}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + written)"
@@ -122,7 +159,8 @@ def main() -> None:
         "loop": lambda x: lambda: layer.forward(x, reference_experts),
         "grouped_mm": lambda x: lambda: layer.forward(x, grouped_mm_experts),
     }
-    ways = {k: v for k, v in ways.items() if k not in args.skip.split(",")}
+    skip = args.skip.split(",") + (["grouped_mm"] if args.fp8 else [])
+    ways = {k: v for k, v in ways.items() if k not in skip}
     header = f"{'batch':>5} {'experts hit':>11} {'floor us':>9}"
     for name in ways:
         header += f" {name + ' us':>16} {'/ floor':>7}"
