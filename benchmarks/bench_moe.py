@@ -150,8 +150,10 @@ def main() -> None:
     print(
         f"machine: {machine_name('cuda')}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + written)"
     )
+    kind = "FP8 block scales" if args.fp8 else "bf16"
     print(
-        f"MoE layer: hidden {HIDDEN}, {args.experts} experts of {INTER}, top-{TOP_K}, shared {SHARED}, bf16"
+        f"MoE layer: hidden {HIDDEN}, {args.experts} experts of {INTER}, top-{TOP_K}, "
+        f"shared {SHARED}, {kind}"
     )
     ways = {
         "fused": lambda x: graphed(lambda x: layer.forward(x, fused_experts), x),
@@ -182,7 +184,7 @@ def main() -> None:
                 line += f" {us:>16.1f} {us / floor_us:>7.2f}"
             except Exception as error:  # a way that cannot run here: said so in its cell
                 line += f" {'failed':>16} {'':>7}"
-                errors.append(f"  {name}: {type(error).__name__}: {str(error)[:300]}")
+                errors.append(f"  {name}: {type(error).__name__}: {str(error)[-600:]}")
         print("\n".join([line, *errors]), flush=True)
 
 

@@ -38,9 +38,11 @@ def quantize_group(a, EMULATE: tl.constexpr):
 @triton.jit
 def fp8_dot(q, b, EMULATE: tl.constexpr):
     """``q [M, K] @ b [K, N]`` of float8 values, accumulated in fp32."""
-    if EMULATE:
-        return tl.dot(q, b.to(tl.float32), input_precision="ieee")
-    return tl.dot(q, b)
+    if EMULATE:  # noqa: SIM108 (a constexpr branch)
+        out = tl.dot(q, b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(q, b)
+    return out
 
 
 @triton.jit

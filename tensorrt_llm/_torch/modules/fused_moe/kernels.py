@@ -27,11 +27,14 @@ def _dot(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
 def _step(a, w_tile, acc, s_row, k_step, stride_sk, FP8: tl.constexpr, EMULATE: tl.constexpr,
           UPCAST: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     """``acc += a @ w_tile`` for one reduction step (``a`` quantized first under ``FP8``)."""
+    # (if/else, not an early return: the compiler would also build the code after the return)
     if FP8:
         q, a_scale = quantize_group(a.to(tl.float32), EMULATE)
         w_scale = tl.load(s_row + k_step * stride_sk)
-        return acc + fp8_dot(q, w_tile, EMULATE) * (a_scale[:, None] * w_scale)
-    return _dot(a, w_tile, acc, UPCAST, PRECISION)
+        acc = acc + fp8_dot(q, w_tile, EMULATE) * (a_scale[:, None] * w_scale)
+    else:
+        acc = _dot(a, w_tile, acc, UPCAST, PRECISION)
+    return acc
 
 
 @triton.jit

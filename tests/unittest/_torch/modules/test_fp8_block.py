@@ -14,6 +14,9 @@ from tensorrt_llm._torch.modules.fp8.block import (
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The reference sums in fp32. So does the interpreter; Hopper's FP8 tensor cores keep about 14 bits
+# of each 128-channel step's sum (as DeepSeek-V3 reports), hence the GPU's looser bound.
+FP32_TOL = {"rtol": 1e-5, "atol": 1e-5} if DEVICE == "cpu" else {"rtol": 2e-3, "atol": 5e-3}
 
 
 def test_weights_round_trip_within_half_a_step_per_block():
@@ -59,7 +62,7 @@ def test_the_gemm_matches_its_reference(m, n, k, dtype):
     want = reference_linear(x, w, scale_inv)
     got = fp8_block_linear(x.to(DEVICE), w.to(DEVICE), scale_inv.to(DEVICE)).cpu()
     assert got.shape == (m, n) and got.dtype == dtype
-    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    tol = FP32_TOL if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
     torch.testing.assert_close(got, want, **tol)
     # and the dequantized matmul, within the activations' quantization error (2^-4 relative per
     # element, random signs: ~ 2^-4 * |x| |w| sqrt(k) / sqrt(3))

@@ -127,9 +127,10 @@ def test_fp8_experts_match_the_fp8_reference(num_tokens, hidden, inter, skew, dt
     )
     q13, s13, q2, s2 = quantize_experts(w13.float(), w2.float())
     got = fused_experts(x, q13, q2, weights, ids, GLU, s13, s2)
-    if dtype == torch.float32:
+    if dtype == torch.float32:  # on a GPU, FP8 tensor cores sum each 128-channel step to ~14 bits
         want = reference_experts(x, q13, q2, weights, ids, GLU, s13, s2)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        tol = 1e-4 if DEVICE == "cpu" else 5e-3
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     else:  # bf16 rounding before the on-the-fly quantization moves some values by a float8 step
         want = reference_experts(x.float(), q13, q2, weights, ids, GLU, s13, s2)
         assert (got - want).norm() <= 5e-2 * want.norm()
