@@ -179,7 +179,9 @@ def main() -> None:
                 if name in ("fused", "grouped_mm"):  # the same layer, whichever way computes it
                     experts = fused_experts if name == "fused" else grouped_mm_experts
                     got = layer.forward(x, experts).float()
-                    torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)
+                    off = ((got - want).norm() / want.norm()).item()
+                    if off > 2e-2:
+                        raise AssertionError(f"off the reference by {off:.1e} (relative norm)")
                 us = time_us(make(x), args.iters)
                 line += f" {us:>16.1f} {us / floor_us:>7.2f}"
             except Exception as error:  # a way that cannot run here: said so in its cell
