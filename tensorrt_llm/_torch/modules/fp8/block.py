@@ -3,7 +3,8 @@
 A quantized weight ``[out, in]`` is ``float8_e4m3fn`` with a float32 ``weight_scale_inv`` of
 ``[ceil(out / 128), ceil(in / 128)]``: element ``(o, i)`` is ``weight[o, i] * scale_inv[o // 128,
 i // 128]`` (the blocks at the right and bottom edges may be partial). Activations are quantized
-on the fly, per token per 128-channel group: ``scale = amax(|group|) / 448``.
+on the fly, per token per 128-channel group: ``q = x * (448 / amax(|group|))`` cast to float8,
+``scale = amax / 448`` (a multiply per value: what a GPU kernel does cheaply and exactly).
 
 ``reference_linear`` is the Triton GEMM's (``ops.fp8_block_linear``) reference and oracle.
 """
@@ -66,9 +67,10 @@ def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     groups = -(-k // BLOCK)
     padded = x.new_zeros(m, groups * BLOCK, dtype=torch.float32)
     padded[:, :k] = x
-    scale = padded.view(m, groups, BLOCK).abs().amax(-1).clamp(min=MIN_AMAX) / FP8_MAX
-    q = (x.float() / scale.repeat_interleave(BLOCK, 1)[:, :k]).to(FP8)
-    return q, scale
+    amax = padded.view(m, groups, BLOCK).abs().amax(-1).clamp(min=MIN_AMAX)
+    fp8_max = torch.full_like(amax, FP8_MAX)  # tensor / tensor: ``448 / t`` is 448 * (1 / t)
+    inv = (fp8_max / amax).repeat_interleave(BLOCK, 1)[:, :k]
+    return (x.float() * inv).to(FP8), amax / fp8_max
 
 
 def reference_linear(

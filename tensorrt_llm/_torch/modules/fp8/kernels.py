@@ -1,7 +1,7 @@
 """Triton pieces of FP8 block scales: the on-the-fly activation quantization and the block-scaled
-GEMM. The quantization rounds to e4m3 in exact fp32 arithmetic (as torch's cast: to nearest,
-ties to even) on every device; ``EMULATE`` (under Triton's interpreter, which has no float8
-matmul and whose float8 cast truncates) then keeps the values in fp32 for the dot."""
+GEMM. ``EMULATE`` (under Triton's interpreter, which has no float8 matmul and whose float8 cast
+truncates) rounds to e4m3 in exact fp32 arithmetic (``round_to_e4m3``: to nearest, ties to even,
+as torch's cast and the GPU's) and keeps the values in fp32 for the dot."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def round_to_e4m3(v):
     exponent = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2(a)), a normal
     exponent = tl.maximum(exponent, -6)  # e4m3's subnormals share the step of 2^-9
     step = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits
-    x = tl.math.div_rn(a, step)  # exact: a power-of-two step
+    x = a / step  # exact: a power-of-two step
     f = tl.floor(x)
     odd = f - 2.0 * tl.floor(f * 0.5)
     r = tl.where(x - f > 0.5, f + 1.0, tl.where(x - f < 0.5, f, f + odd))
@@ -28,14 +28,16 @@ def round_to_e4m3(v):
 @triton.jit
 def quantize_group(a, EMULATE: tl.constexpr):
     """``a [ROWS, 128]`` (fp32, one 128-channel group per row) -> the quantized values (float8, or
-    fp32 holding float8 values when ``EMULATE``) and each row's scale ``[ROWS]``. The divisions
-    are IEEE-exact (``div_rn``; Triton's ``/`` is approximate on GPUs) and the rounding is
-    ``round_to_e4m3``'s, so the values are torch's bit for bit."""
-    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(a), 1), 1e-12), 448.0)
-    q = round_to_e4m3(tl.math.div_rn(a, scale[:, None]))
-    if not EMULATE:
-        q = q.to(tl.float8e4nv)  # exact: q is a float8 value already
-    return q, scale
+    fp32 holding float8 values when ``EMULATE``) and each row's scale ``[ROWS]``, as
+    ``block.quantize_activation`` computes them: one IEEE division per row (``div_rn``: Triton's
+    ``/`` is approximate on GPUs), a multiply per value, and the cast's round to nearest even."""
+    amax = tl.maximum(tl.max(tl.abs(a), 1), 1e-12)
+    scaled = a * tl.math.div_rn(tl.full(amax.shape, 448.0, tl.float32), amax)[:, None]
+    if EMULATE:  # noqa: SIM108 (a constexpr branch)
+        q = round_to_e4m3(scaled)
+    else:
+        q = scaled.to(tl.float8e4nv)
+    return q, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
 
 
 @triton.jit

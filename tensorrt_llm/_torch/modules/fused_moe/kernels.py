@@ -78,9 +78,16 @@ def gate_up_kernel(
         b_mask = k_ok[:, None] & col_ok[None, :]
         bg = tl.load(w_gate + ks[:, None] * stride_wh, mask=b_mask, other=0.0)  # [BLOCK_K, BLOCK_N]
         bu = tl.load(w_up + ks[:, None] * stride_wh, mask=b_mask, other=0.0)
-        step = k0 // BLOCK_K
-        gate = _step(a, bg, gate, s_gate, step, stride_sk, FP8, EMULATE, UPCAST, PRECISION)
-        up = _step(a, bu, up, s_up, step, stride_sk, FP8, EMULATE, UPCAST, PRECISION)
+        if FP8:  # the activations quantized once for both products
+            q, a_scale = quantize_group(a.to(tl.float32), EMULATE)
+            step = k0 // BLOCK_K
+            gate += fp8_dot(q, bg, EMULATE) * (
+                a_scale[:, None] * tl.load(s_gate + step * stride_sk)
+            )
+            up += fp8_dot(q, bu, EMULATE) * (a_scale[:, None] * tl.load(s_up + step * stride_sk))
+        else:
+            gate = _dot(a, bg, gate, UPCAST, PRECISION)
+            up = _dot(a, bu, up, UPCAST, PRECISION)
     # SwiGLU-OAI in fp32
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
