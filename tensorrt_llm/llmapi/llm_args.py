@@ -150,6 +150,9 @@ class TorchLlmArgs(StrictBaseModel):
     enable_chunked_prefill: bool = True
     speculative_config: Eagle3DecodingConfig | None = None
     quant_config: QuantConfig | None = None
+    # How weights load (upstream's key): "auto" reads the checkpoint; "dummy" reads only the
+    # configs and makes random weights on the device (benchmarks of models without their files).
+    load_format: Literal["auto", "dummy"] = "auto"
     cache_transceiver_config: CacheTransceiverConfig | None = None
     # The attention backend (upstream's key): "VANILLA" is the torch reference (the CPU path),
     # "TRITON" the GPU kernels; None: TRITON on a CUDA device, VANILLA on the CPU (LLM resolves it).
@@ -212,6 +215,7 @@ class TorchLlmArgs(StrictBaseModel):
             device=device,
             cuda_graph=self._cuda_graph_options(attn_backend, device),
             mapping=mapping or self.mapping(),
+            load_format=self.load_format,
         )
 
     def _cuda_graph_options(self, attn_backend: str, device: str) -> CudaGraphOptions | None:

@@ -80,7 +80,9 @@ def build_rank(args: TorchLlmArgs, mapping: Mapping) -> RankEngine:
     else:
         dtype = getattr(torch, config.torch_dtype) if device.type == "cuda" else torch.float32
     quant_algo = args.quant_config.quant_algo if args.quant_config is not None else None
-    model = load_model(args.model, dtype, device, args.attn_backend, mapping, quant_algo)
+    model = load_model(
+        args.model, dtype, device, args.attn_backend, mapping, quant_algo, args.load_format
+    )
     tokenizer = (
         None
         if args.skip_tokenizer_init

@@ -32,7 +32,7 @@ from tensorrt_llm._torch.models.modeling_speculative import (
 )
 from tensorrt_llm._torch.models.registry import ModelConfig, architecture_of, get_model_classes
 from tensorrt_llm._torch.models.weights import CheckpointLayout, Destination, is_scale
-from tensorrt_llm._torch.modules.fp8.block import FP8, dequantize_weight, quantize_weight
+from tensorrt_llm._torch.modules.fp8.block import FP8, dequantize_weight
 from tensorrt_llm._torch.modules.fp8.modules import use_fp8_block
 from tensorrt_llm._torch.modules.linear import shard_weight
 from tensorrt_llm.logger import logger
@@ -130,7 +130,7 @@ def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
                         f"{where}: {name} has shape {tuple(get().shape)}; this model "
                         f"expects {_full_shape_hint(piece.name, dest, tensor)}"
                     )
-                _store(dest, tensor)
+                dest.store(tensor)
                 seen.add(piece.name)
                 del tensor  # nothing of this checkpoint tensor outlives its pieces
     for family, count in sorted(skipped.items()):
@@ -173,17 +173,6 @@ def _dequantized(get, get_scale, name: str, where: str) -> torch.Tensor:
         return dequantize_weight(get(), get_scale())
     except ValueError as exc:
         raise ValueError(f"{where}: {name}: {exc}") from None
-
-
-def _store(dest: Destination, tensor: torch.Tensor) -> None:
-    if dest.fp8 == "store":
-        weight, scale = quantize_weight(tensor)
-        dest.view.copy_(weight)
-        dest.scale.copy_(scale)
-    elif dest.fp8 == "grid":
-        dest.view.copy_(dequantize_weight(*quantize_weight(tensor)))
-    else:
-        dest.view.copy_(tensor)
 
 
 def _full_shape_hint(name: str, dest: Destination, shard: torch.Tensor) -> str:
@@ -276,6 +265,7 @@ def load_model(
     attn_backend: str = "VANILLA",
     mapping: Mapping | None = None,
     quant_algo: str | None = None,
+    load_format: str = "auto",
 ) -> torch.nn.Module:
     """The model in ``model_dir``, of the class its ``architectures[0]`` selects, weights loaded
     strictly, in eval mode; its config is ``model.config``. ``dtype`` defaults to the config's
@@ -285,7 +275,7 @@ def load_model(
     FP8 (``quant_algo`` or the checkpoint's ``quantization_config``: ``"FP8_BLOCK_SCALES"``): on
     CUDA the layers ``use_fp8_block`` names keep FP8 weights (a bf16 checkpoint is quantized at
     load); on the CPU they keep the model's dtype, an FP8 checkpoint dequantized and a bf16 one
-    rounded to the FP8 grid."""
+    rounded to the FP8 grid. ``load_format="dummy"`` reads no weight file: ``dummy_weights``."""
     config = load_config(model_dir)
     model_class = get_model_classes(config.architectures[0]).model_class
     backend = get_attention_backend(attn_backend)
@@ -297,8 +287,42 @@ def load_model(
     if algo is not None:
         store = torch.device(device).type == "cuda"
         use_fp8_block(model, config.modules_to_not_convert, store)
-    load_checkpoint_into(model, model_dir)
+    _load(model, model_dir, load_format)
     return model.eval()
+
+
+LOAD_FORMATS = ("auto", "dummy")
+
+
+def _load(model: torch.nn.Module, model_dir: str | Path, load_format: str) -> None:
+    if load_format == "auto":
+        load_checkpoint_into(model, model_dir)
+    elif load_format == "dummy":
+        dummy_weights(model)
+    else:
+        raise ValueError(f"load_format={load_format!r}; expected one of {LOAD_FORMATS}")
+
+
+@torch.no_grad()
+def dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights made on the model's device (``load_format="dummy"``, upstream's name: a
+    model of any size without its files, for benchmarks): norms at scale 1, every other weight
+    N(0, std) from a device generator, FP8 layers quantized from such weights."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    modules = dict(model.named_modules())
+    for name, param in model.named_parameters():
+        offset = getattr(modules[name.rpartition(".")[0]], "weight_offset", None)
+        if offset is not None:
+            param.fill_(1.0 - offset)
+        elif param.dtype != FP8:
+            param.normal_(0.0, std, generator=generator)
+    for dest in type(model).checkpoint_layout.destinations(model).values():
+        if dest.fp8 is not None:  # FP8 storage takes quantized values; "grid" rounds its own
+            fresh = torch.empty(dest.view.shape, device=device).normal_(
+                0.0, std, generator=generator
+            )
+            dest.store(fresh)
 
 
 def load_eagle3(
@@ -309,6 +333,7 @@ def load_eagle3(
     device: str | torch.device = "cpu",
     attn_backend: str = "VANILLA",
     mapping: Mapping | None = None,
+    load_format: str = "auto",
 ) -> Eagle3DraftModel:
     """An Eagle3 drafter whose KV layer id is ``layer_idx``, sharing the target's embedding.
     ``dtype`` defaults to the embedding's."""
@@ -326,7 +351,7 @@ def load_eagle3(
     backend = get_attention_backend(attn_backend)
     with _allocate_on(device, dtype or embed_tokens.weight.dtype):
         model = Eagle3DraftModel(config, layer_idx, backend, mapping)
-    load_checkpoint_into(model, model_dir)
+    _load(model, model_dir, load_format)
     model.embed_tokens = embed_tokens
     return model.eval()
 

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from tensorrt_llm._torch.modules.fp8.block import dequantize_weight, quantize_weight
 from tensorrt_llm._torch.modules.linear import Fp8BlockLinear, shard_weight
 
 
@@ -37,6 +38,18 @@ class Destination:
     shard: Callable[[torch.Tensor], torch.Tensor]
     scale: torch.Tensor | None = None
     fp8: str | None = None
+
+    def store(self, tensor: torch.Tensor) -> None:
+        """Copy ``tensor`` (this rank's shard, of the view's shape) in: quantized to FP8 with its
+        block scales, rounded to the FP8 grid, or as it is, as ``fp8`` says."""
+        if self.fp8 == "store":
+            weight, scale = quantize_weight(tensor)
+            self.view.copy_(weight)
+            self.scale.copy_(scale)
+        elif self.fp8 == "grid":
+            self.view.copy_(dequantize_weight(*quantize_weight(tensor)))
+        else:
+            self.view.copy_(tensor)
 
 
 class CheckpointLayout(Protocol):

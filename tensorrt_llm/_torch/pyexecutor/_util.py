@@ -137,6 +137,7 @@ def create_py_executor(
             device,
             executor_config.attn_backend,
             executor_config.mapping,
+            executor_config.load_format,
         )
     geometry = None
     if draft_model is not None:

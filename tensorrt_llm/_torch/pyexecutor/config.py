@@ -160,3 +160,4 @@ class PyExecutorConfig:
     device: str = "cpu"
     cuda_graph: CudaGraphOptions | None = None  # None: every step runs eagerly
     mapping: Mapping = field(default_factory=Mapping)  # this rank, and how the ranks split work
+    load_format: str = "auto"  # "dummy": random weights, no file read (the drafter's too)
