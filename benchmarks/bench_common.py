@@ -12,11 +12,15 @@ its first ones: layers 0-2 full attention with a dense MLP, layers 3-7 sparse at
 indexer) with the MoE (the published model's sparse layers are 3..59). Its MoE has 16 experts,
 top-4, not the published 128, so that a model of 8 layers fits a benchmark's disk and memory (an
 expert is the published size; only their number is cut). ``mlp="dense"`` makes every MLP dense
-(12288), the variant to compare with dense references (the MoE's GPU kernels are not written yet).
-The drafter has the target's attention geometry (64 heads, 4 KV heads, head_dim 128), hidden 6144,
-intermediate 12288, the full draft vocabulary, and captures target layers 1, 4, 7.
-``scale="tiny"`` keeps the structure (8 layers, the same arrangement, captures 1, 4, 7) with small
-widths, for a CPU smoke test.
+(12288), the variant to compare with dense references. The drafter has the target's attention
+geometry (64 heads, 4 KV heads, head_dim 128), hidden 6144, intermediate 12288, the full draft
+vocabulary, and captures target layers 1, 4, 7.
+
+``scale="m3-slice"``: a slice of the published config itself, 128 experts top-4 included: 5 layers
+(0-2 full attention with dense MLPs, 3-4 sparse attention with the MoE), its drafter capturing
+layers 1, 2, 4. About 35 GB in bf16: built in device memory from its configs
+(``load_format="dummy"``), never written to disk. ``scale="tiny"`` keeps the full scale's
+structure (8 layers, captures 1, 4, 7) with small widths, for a CPU smoke test.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from tensorrt_llm._torch.models.configuration_minimaxm3 import MiniMaxM3Config
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config
 from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 
-LAYERS_TO_CAPTURE = (1, 4, 7)
-NUM_LAYERS, NUM_FULL_LAYERS = 8, 3
+NUM_FULL_LAYERS = 3  # the published model's first layers: full attention, dense MLPs
+NUM_LAYERS = {"full": 8, "tiny": 8, "m3-slice": 5}
+NUM_EXPERTS = {"full": 16, "tiny": 4, "m3-slice": 128}
 
 _WIDTHS = {
     "full": dict(
@@ -77,19 +82,21 @@ def bench_target_config(
     """The benchmark target (see the module docstring); ``mlp="dense"``: every MLP dense."""
     if mlp not in MLPS:
         raise ValueError(f"mlp={mlp!r}: expected one of {MLPS}")
-    sparse = range(NUM_FULL_LAYERS, NUM_LAYERS)
+    num_layers = NUM_LAYERS[scale]
+    sparse = range(NUM_FULL_LAYERS, num_layers)
     layer_types = [
-        "minimax_m3_sparse" if i in sparse else "full_attention" for i in range(NUM_LAYERS)
+        "minimax_m3_sparse" if i in sparse else "full_attention" for i in range(num_layers)
     ]
     moe = "sparse" if mlp == "moe" else "dense"
-    mlp_layer_types = [moe if i in sparse else "dense" for i in range(NUM_LAYERS)]
+    mlp_layer_types = [moe if i in sparse else "dense" for i in range(num_layers)]
     return MiniMaxM3Config.from_dict(
         {
             "architectures": ["MiniMaxM3SparseForConditionalGeneration"],
             "dtype": "bfloat16",
             "text_config": {
-                **_WIDTHS[scale],
-                "num_hidden_layers": NUM_LAYERS,
+                **_WIDTHS["full" if scale == "m3-slice" else scale],
+                "num_local_experts": NUM_EXPERTS[scale],
+                "num_hidden_layers": num_layers,
                 "rope_parameters": {
                     "rope_type": "default",
                     "rope_theta": 5e6,
@@ -108,7 +115,9 @@ def bench_target_config(
 
 
 def bench_eagle3_config(target: MiniMaxM3Config) -> Eagle3Config:
-    """A drafter of the target's attention geometry and widths, capturing layers 1, 4, 7."""
+    """A drafter of the target's attention geometry and widths, capturing layers 1, L/2, L - 1
+    (1, 4, 7 of 8)."""
+    n = target.num_hidden_layers
     return Eagle3Config.from_dict(
         {
             "hidden_size": target.hidden_size,
@@ -120,7 +129,7 @@ def bench_eagle3_config(target: MiniMaxM3Config) -> Eagle3Config:
             "draft_vocab_size": target.vocab_size,
             "target_hidden_size": target.hidden_size,
             "max_position_embeddings": target.max_position_embeddings,
-            "eagle3_layers_to_capture": list(LAYERS_TO_CAPTURE),
+            "eagle3_layers_to_capture": [1, n // 2, n - 1],
         }
     )
 

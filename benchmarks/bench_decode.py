@@ -14,15 +14,22 @@ both sides on CUDA).
   batch); tokens/s = tokens made by all the steps after the prefill / their time;
 - AL: ``executor.stats.avg_decoded_tokens_per_iter`` over the timed run (a random drafter's is
   about 1, so the Eagle3 rows measure the cost of one speculative iteration);
-- weight-read floor: the model's bytes (target parameters, plus the drafter's own parameters in the
-  Eagle3 modes) / the copy bandwidth measured in the same run (a device-to-device ``copy_``, counted
-  as bytes read + bytes written).
+- floor: the bytes a full-batch decode step must read (``StepReads``: the target's weights but its
+  embedding, of which a step reads a row per token; of the experts, only those the step's routing
+  chose, counted from that routing on every step; the drafter's own weights once per draft pass;
+  the KV cache of every running sequence) / the copy bandwidth measured in the same run (a
+  device-to-device ``copy_``, counted as bytes read + bytes written).
+
+``--scale m3-slice`` measures a slice of the published config at its full width, 128 experts
+included (``bench_common.py``), built in device memory from its configs (``load_format="dummy"``:
+no checkpoint file); ``--quant fp8`` runs it (or any scale) in FP8 block scales.
 
 ``--max-seconds`` caps each cell's decode loop (the remaining requests are cancelled and the step
 count shows it), so the default GPU run (3 modes x batches 1, 16, 64) stays within minutes.
 
     python benchmarks/bench_decode.py [--device cuda] [--batches 1,16,64] \\
         [--modes target,unified,separate] [--prompt-len 1024] [--new-tokens 64] [--json PATH]
+    python benchmarks/bench_decode.py --scale m3-slice --device cuda [--quant fp8]
     python benchmarks/bench_decode.py --scale tiny --device cpu --batches 1,2 --new-tokens 4
 """
 
@@ -51,9 +58,11 @@ from bench_common import (
 
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_model, save_pretrained
+from tensorrt_llm._torch.modules.moe import MiniMaxM3SparseMoeBlock
+from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.speculative.utils import SEPARATE_MODE, VIEW_MODE
-from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
+from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig, QuantConfig
 from tensorrt_llm.llmapi.llm_args import default_attn_backend
 from tensorrt_llm.logger import logger
 from tensorrt_llm.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, build_char_tokenizer
@@ -61,7 +70,11 @@ from tensorrt_llm.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, build_cha
 MODES = ("target", "unified", "separate")
 DRAFT_KV_MODES = {"unified": VIEW_MODE, "separate": SEPARATE_MODE}
 # per scale: prompt tokens, new tokens, copy MiB on CUDA, copy MiB on the CPU
-SCALE_DEFAULTS = {"full": (1024, 64, 2048, 512), "tiny": (160, 8, 2048, 64)}
+SCALE_DEFAULTS = {
+    "full": (1024, 64, 2048, 512),
+    "m3-slice": (1024, 64, 2048, 512),
+    "tiny": (160, 8, 2048, 64),
+}
 WARMUP_NEW_TOKENS = 8
 
 
@@ -80,6 +93,8 @@ class Settings:
     seed: int
     tp_size: int = 1  # tensor-parallel ranks (bench_multi_gpu.py)
     mlp: str = "moe"  # "dense": the all-dense variant of the benchmark model
+    load_format: str = "auto"  # "dummy": configs only, random weights made on the device
+    quant: str | None = None  # "fp8": FP8 block scales (QuantConfig FP8_BLOCK_SCALES)
 
 
 @dataclasses.dataclass
@@ -96,25 +111,32 @@ class Cell:
     decode_tokens_per_s: float
     al: float | None
     graph_steps: int  # timed steps replayed from a CUDA graph
-    model_bytes: int
+    step_bytes: float  # what a full-batch decode step must read, on average (StepReads)
+    experts_hit: float  # per MoE layer and step, on average
     truncated: bool  # --max-seconds cut the decode loop
 
     def floor_ms(self, bandwidth: float) -> float:
-        return self.model_bytes / bandwidth * 1e3
+        return self.step_bytes / bandwidth * 1e3
 
 
 def write_checkpoints(root: Path, s: Settings) -> tuple[Path, Path]:
-    """The seeded random target (with a character tokenizer) and drafter, saved in bf16."""
+    """The seeded random target (with a character tokenizer) and drafter, saved in bf16; only
+    their configs under ``load_format="dummy"`` (the LLM makes the weights on the device)."""
     max_positions = max(2048, s.prompt_len + s.new_tokens)
     target_config = bench_target_config(s.scale, max_positions, s.mlp)
-    target = random_model(target_config, seed=s.seed).to(torch.bfloat16)
-    save_pretrained(target, target_config, root / "target")
-    del target
-    tokenizer = build_char_tokenizer(CHAT_ALPHABET, CHAT_SPECIAL_TOKENS)
-    tokenizer.save(str(root / "target" / "tokenizer.json"))
     draft_config = bench_eagle3_config(target_config)
-    drafter = random_eagle3(draft_config, target_config.num_hidden_layers, seed=s.seed + 1)
-    save_pretrained(drafter.to(torch.bfloat16), draft_config, root / "eagle3")
+    tokenizer = build_char_tokenizer(CHAT_ALPHABET, CHAT_SPECIAL_TOKENS)
+    if s.load_format == "dummy":
+        for config, name in ((target_config, "target"), (draft_config, "eagle3")):
+            (root / name).mkdir(parents=True)
+            (root / name / "config.json").write_text(json.dumps(config.to_dict()))
+    else:
+        target = random_model(target_config, seed=s.seed).to(torch.bfloat16)
+        save_pretrained(target, target_config, root / "target")
+        del target
+        drafter = random_eagle3(draft_config, target_config.num_hidden_layers, seed=s.seed + 1)
+        save_pretrained(drafter.to(torch.bfloat16), draft_config, root / "eagle3")
+    tokenizer.save(str(root / "target" / "tokenizer.json"))
     return root / "target", root / "eagle3"
 
 
@@ -140,17 +162,60 @@ def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
         attn_backend=s.attn_backend,
         speculative_config=spec,
         tensor_parallel_size=s.tp_size,
+        load_format=s.load_format,
+        quant_config=QuantConfig(quant_algo="FP8_BLOCK_SCALES") if s.quant == "fp8" else None,
         **({} if s.cuda_graphs else {"cuda_graph_config": None}),
     )
 
 
-def model_bytes(llm: LLM) -> int:
-    """Target parameters plus the drafter's own (the shared embedding counted once)."""
-    params = {id(p): p for p in llm.model.parameters()}
-    worker = llm.executor.spec_worker
-    if worker is not None:
-        params.update({id(p): p for p in worker.draft_model.parameters()})
-    return sum(p.numel() * p.element_size() for p in params.values())
+class StepReads:
+    """The bytes a decode step must read (the module docstring's floor). Each MoE layer records the
+    experts its routing chose (``expert_hits``, set before the first step so the CUDA graphs
+    capture the recording); ``clear`` before a step, ``bytes`` after it."""
+
+    def __init__(self, llm: LLM, max_draft_len: int) -> None:
+        model = llm.model
+        self.blocks = [m for m in model.modules() if isinstance(m, MiniMaxM3SparseMoeBlock)]
+        experts = [b.experts for b in self.blocks]
+        expert_tensors = {id(t) for e in experts for t in (*e.parameters(), *e.buffers())}
+        embedding = model.model.embed_tokens.weight
+        skip = expert_tensors | {id(embedding)}
+        target = {id(t): t for t in (*model.parameters(), *model.buffers()) if id(t) not in skip}
+        self.fixed = _nbytes(target.values())
+        worker = llm.executor.spec_worker
+        if worker is not None:  # its own weights, once per draft pass
+            own = {id(t): t for t in worker.draft_model.parameters() if t is not embedding}
+            self.fixed += max_draft_len * _nbytes(own.values())
+        self.per_expert = [
+            _nbytes(t for t in (*e.parameters(), *e.buffers())) / e.num_experts for e in experts
+        ]
+        for block in self.blocks:
+            block.expert_hits = torch.zeros(
+                block.experts.num_experts, dtype=torch.bool, device=embedding.device
+            )
+        managers = llm.executor.resource_manager.resource_managers.values()
+        self.kv_per_token = sum(
+            sum(pool.slot_bytes for pool in m.layout.pools) / m.tokens_per_block
+            for m in managers
+            if isinstance(m, KVCacheManagerV2)
+        )
+
+    def clear(self) -> None:
+        for block in self.blocks:
+            block.expert_hits.zero_()
+
+    def bytes(self, requests: list[LlmRequest]) -> tuple[float, float]:
+        """The last step's bytes, and its experts hit per MoE layer."""
+        hits = [int(b.expert_hits.sum()) for b in self.blocks]
+        running = [r for r in requests if not r.is_finished]
+        tokens = sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in running)
+        experts = sum(n * size for n, size in zip(hits, self.per_expert, strict=True))
+        per_layer = sum(hits) / len(hits) if hits else 0.0
+        return self.fixed + experts + tokens * self.kv_per_token, per_layer
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -158,7 +223,7 @@ def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[
     return torch.randint(0, vocab, (batch, length), generator=generator).tolist()
 
 
-def timed_run(llm: LLM, prompts: list[list[int]], s: Settings) -> dict:
+def timed_run(llm: LLM, prompts: list[list[int]], s: Settings, reads: StepReads) -> dict:
     """Enqueue the prompts as ``LLM.generate`` does and time each ``executor.step()``."""
     executor = llm.executor
     params = SamplingParams(
@@ -193,6 +258,7 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings) -> dict:
     tokens_after_prefill = sum(len(r.output_token_ids) for r in requests)
     step_s: list[float] = []
     full_batch_s: list[float] = []  # steps in which every request was still running
+    full_batch_reads: list[tuple[float, float]] = []  # their bytes and experts hit per layer
     truncated = False
     while executor.has_work:
         if sum(step_s) > s.max_seconds:
@@ -201,6 +267,7 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings) -> dict:
                 executor.cancel_request(request.request_id)
             break
         full = not any(r.is_finished for r in requests)
+        reads.clear()
         sync_device(s.device)
         start = time.perf_counter()
         executor.step()
@@ -208,6 +275,7 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings) -> dict:
         step_s.append(time.perf_counter() - start)
         if full:
             full_batch_s.append(step_s[-1])
+            full_batch_reads.append(reads.bytes(requests))
     after = executor.stats
     iterations = after.num_decode_iterations - before.num_decode_iterations
     accepted = after.num_accepted_draft_tokens - before.num_accepted_draft_tokens
@@ -220,6 +288,8 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings) -> dict:
         "decode_tokens_per_s": decode_tokens / sum(step_s) if step_s else math.nan,
         "al": 1 + accepted / iterations if iterations else None,
         "graph_steps": (runner.num_replays if runner is not None else 0) - replays_before,
+        "step_bytes": statistics.fmean(b for b, _ in full_batch_reads or [(math.nan, 0)]),
+        "experts_hit": statistics.fmean(h for _, h in full_batch_reads or [(math.nan, 0)]),
         "truncated": truncated,
     }
 
@@ -228,6 +298,7 @@ def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
     start = time.perf_counter()
     llm = make_llm(target_dir, draft_dir, mode, batch, s)
     try:
+        reads = StepReads(llm, s.max_draft_len)  # before the warm-up captures the graphs
         vocab = llm.model_config.vocab_size
         # the measured shapes (prompt length, decode lengths), so kernels are compiled before timing
         warmup = random_prompts(batch, s.prompt_len, vocab, s.seed + 7)
@@ -250,8 +321,8 @@ def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
             )
         setup_s = time.perf_counter() - start
         prompts = random_prompts(batch, s.prompt_len, vocab, s.seed)
-        result = timed_run(llm, prompts, s)
-        return Cell(mode, batch, setup_s, model_bytes=model_bytes(llm), **result)
+        result = timed_run(llm, prompts, s, reads)
+        return Cell(mode, batch, setup_s, **result)
     finally:
         llm.shutdown()
         del llm
@@ -262,15 +333,16 @@ def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
 
 def print_report(cells: list[Cell], s: Settings, machine: str, bandwidth: float) -> None:
     print(
-        f"decode step cost, random published-M3 model ({s.scale}, {s.mlp} MLPs), {s.dtype}, attn_backend="
+        f"decode step cost, random published-M3 model ({s.scale}, {s.mlp} MLPs, weights "
+        f"{'FP8 block scales' if s.quant == 'fp8' else s.dtype}, load_format={s.load_format}), attn_backend="
         f"{s.attn_backend}, cuda graphs {'on' if s.cuda_graphs else 'off'}, prompt {s.prompt_len} + {s.new_tokens} new tokens, "
         f"max_draft_len={s.max_draft_len}, max_num_tokens={s.max_num_tokens}"
     )
     print(f"machine: {machine}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + written)")
     print(
         f"{'mode':<9} {'batch':>5} {'setup s':>7} {'prefill s':>9} {'steps':>5} "
-        f"{'decode steps':>12} {'graphed':>7} {'step ms':>9} {'tokens/s':>9} {'AL':>5} {'floor ms':>8} "
-        f"{'step / floor':>12}"
+        f"{'decode steps':>12} {'graphed':>7} {'step ms':>9} {'tokens/s':>9} {'AL':>5} "
+        f"{'experts hit':>11} {'floor ms':>8} {'step / floor':>12}"
     )
     for c in cells:
         al = "-" if c.al is None else f"{c.al:.2f}"
@@ -279,7 +351,8 @@ def print_report(cells: list[Cell], s: Settings, machine: str, bandwidth: float)
         print(
             f"{c.mode:<9} {c.batch:>5} {c.setup_s:>7.1f} {c.prefill_s:>9.2f} "
             f"{c.num_prefill_steps:>5} {steps:>12} {c.graph_steps:>7} {c.decode_step_ms:>9.2f} "
-            f"{c.decode_tokens_per_s:>9.1f} {al:>5} {floor:>8.3f} {c.decode_step_ms / floor:>12.1f}"
+            f"{c.decode_tokens_per_s:>9.1f} {al:>5} {c.experts_hit:>11.1f} {floor:>8.3f} "
+            f"{c.decode_step_ms / floor:>12.2f}"
         )
     if any(c.truncated for c in cells):
         print(
@@ -297,7 +370,7 @@ def summary(cells: list[Cell], bandwidth: float) -> list[str]:
     lines = []
     if (base := at.get(("target", 1))) is not None:
         lines.append(
-            f"batch-1 target-only decode step / weight-read floor: {base.decode_step_ms:.2f} ms / "
+            f"batch-1 target-only decode step / floor (bytes it must read): {base.decode_step_ms:.2f} ms / "
             f"{base.floor_ms(bandwidth):.3f} ms = {base.decode_step_ms / base.floor_ms(bandwidth):.1f}"
         )
     for mode in MODES:
@@ -336,6 +409,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     parser.add_argument(
         "--mlp", default="moe", choices=MLPS, help="dense: every MLP dense (bench_common.py)"
     )
+    parser.add_argument(
+        "--load-format",
+        choices=["auto", "dummy"],
+        help="dummy: configs only, weights made on the device (the default for m3-slice)",
+    )
+    parser.add_argument("--quant", choices=["fp8"], help="FP8 block scales")
     parser.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
     parser.add_argument("--prompt-len", type=int, help="default 1024 (tiny: 160)")
@@ -372,6 +451,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         max_seconds=args.max_seconds,
         seed=args.seed,
         mlp=args.mlp,
+        load_format=args.load_format or ("dummy" if args.scale == "m3-slice" else "auto"),
+        quant=args.quant,
     )
     return settings, args
 
@@ -381,9 +462,7 @@ def write_json(path: Path, machine: str, s: Settings, bandwidth: float, cells: l
         "machine": machine,
         "settings": dataclasses.asdict(s),
         "copy_bandwidth_bytes_per_s": bandwidth,
-        "cells": [
-            {**dataclasses.asdict(c), "weight_read_floor_ms": c.floor_ms(bandwidth)} for c in cells
-        ],
+        "cells": [{**dataclasses.asdict(c), "floor_ms": c.floor_ms(bandwidth)} for c in cells],
         "summary": summary(cells, bandwidth),
     }
     path.write_text(json.dumps(record, indent=2) + "\n")

@@ -159,10 +159,15 @@ class MiniMaxM3SparseMoeBlock(nn.Module):
             num_experts, hidden_size, config.intermediate_size, mapping, glu
         )
         self.shared_experts = GatedMLP(hidden_size, config.shared_intermediate_size, mapping, glu)
+        # [E] bool, set by a benchmark: the experts some token chose since it was cleared (a CUDA
+        # graph captured while it is set records them on every replay)
+        self.expert_hits: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., H]`` -> ``[..., H]``."""
         flat = x.reshape(-1, x.shape[-1])
         weights, ids = route(self.gate(flat), self.e_score_correction_bias, self.top_k)
+        if self.expert_hits is not None:
+            self.expert_hits[ids.flatten()] = True
         routed = self.experts(flat, weights, ids) * self.routed_scaling_factor
         return (routed + self.shared_experts(flat).float()).to(x.dtype).view(x.shape)
