@@ -6,7 +6,9 @@
     trtllm-eval al-table        [--num-samples 200 --num-conversations 32] [--out-dir eval_out]
 
 ``--model`` / ``--speculative-model`` default to the bundled checkpoint; ``--draft-kv-cache``
-picks unified (default), separate or none (target only) for the single tasks.
+picks unified (default), separate or none (target only) for the single tasks; ``--quant fp8``
+quantizes the target at load (``QuantConfig(quant_algo="FP8_BLOCK_SCALES")``: FP8 kernels on
+CUDA, weights rounded to the FP8 grid on the CPU).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ TASKS = ("gsm8k-tiny", "multiturn-copy", "long-prompt", "al-table")
 
 def make_llm_factory(args):
     from tensorrt_llm import LLM
-    from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
+    from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig, QuantConfig
+
+    quant = QuantConfig(quant_algo="FP8_BLOCK_SCALES") if args.quant == "fp8" else None
 
     def make(mode: str | None):
         spec = None
@@ -48,6 +52,7 @@ def make_llm_factory(args):
                 tokens_per_block=args.tokens_per_block, max_tokens=args.kv_max_tokens
             ),
             speculative_config=spec,
+            quant_config=quant,
         )
 
     return make
@@ -73,6 +78,7 @@ def deployment_options_factory(args):
                 "max_tokens": args.kv_max_tokens,
             },
             "speculative_config": spec,
+            "quant_config": {"quant_algo": "FP8_BLOCK_SCALES"} if args.quant == "fp8" else None,
         }
 
     return options
@@ -97,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-max-tokens", type=int, default=262144)
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--quant", choices=["fp8"], help="quantize the target at load")
     parser.add_argument("--out-dir", type=Path, default=Path("eval_out"))
     parser.add_argument(
         "--no-disaggregated",
