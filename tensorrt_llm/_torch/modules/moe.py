@@ -168,6 +168,6 @@ class MiniMaxM3SparseMoeBlock(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         weights, ids = route(self.gate(flat), self.e_score_correction_bias, self.top_k)
         if self.expert_hits is not None:
-            self.expert_hits[ids.flatten()] = True
+            self.expert_hits.index_fill_(0, ids.flatten(), True)  # no host scalar: graph-safe
         routed = self.experts(flat, weights, ids) * self.routed_scaling_factor
         return (routed + self.shared_experts(flat).float()).to(x.dtype).view(x.shape)

@@ -55,18 +55,24 @@ def fp8_block_gemm_kernel(
     x_ptr, stride_xm, stride_xk,  # [M, K] bf16/fp16/fp32
     w_ptr, stride_wn, stride_wk,  # [N, K] float8_e4m3fn
     s_ptr, stride_sn, stride_sk,  # [cdiv(N, 128), cdiv(K, 128)] fp32
-    out_ptr, stride_om, stride_on,  # [M, N]
-    M, N, K,
+    out_ptr, stride_os, stride_om, stride_on,  # [SPLITS, M, N] (fp32 partial sums) or [M, N]
+    M, N, K, steps_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EMULATE: tl.constexpr,
 ):  # fmt: skip
     """``out = quant(x) @ w^T`` with both scales applied per 128-channel step. ``BLOCK_N``
-    divides 128, so a tile's columns share one weight-scale row."""
+    divides 128, so a tile's columns share one weight-scale row. Program ``(m, n, split)`` sums
+    the steps ``[split * steps_per_split, (split + 1) * steps_per_split)`` into ``out[split]``
+    (split-K: a decode batch of a few rows has too few output tiles to keep the SMs streaming the
+    weight; the splits' sums are added afterwards, in a fixed order)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(2)
     row_ok, col_ok = rows < M, cols < N
     scale_row = s_ptr + (tl.program_id(1) * BLOCK_N // 128) * stride_sn
+    first = split * steps_per_split
+    last = tl.minimum(first + steps_per_split, tl.cdiv(K, 128))
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, 128)):
+    for kb in range(first, last):
         ks = kb * 128 + tl.arange(0, 128)
         k_ok = ks < K
         a = tl.load(
@@ -82,5 +88,6 @@ def fp8_block_gemm_kernel(
         )  # [128, BLOCK_N]
         w_scale = tl.load(scale_row + kb * stride_sk)
         acc += fp8_dot(q, b, EMULATE) * (a_scale[:, None] * w_scale)
-    out = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :] * stride_on
+    out = out_ptr + split * stride_os + rows[:, None].to(tl.int64) * stride_om
+    out += cols[None, :] * stride_on
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])

@@ -40,7 +40,8 @@ def moe_tiles(num_slots: int, num_experts: int, itemsize: int, fp8: bool) -> Moe
     per_expert = num_slots / num_experts
     block_m = 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64
     block_k = 128 if fp8 else 64 if itemsize <= 2 else 32
-    return MoeTiles(block_m, 64, block_k, num_stages=3 if itemsize <= 2 or fp8 else 2)
+    block_n = 128 if fp8 and per_expert >= 0.5 else 64  # FP8 past decode: fewer scale loads
+    return MoeTiles(block_m, block_n, block_k, num_stages=3 if itemsize <= 2 or fp8 else 2)
 
 
 def is_interpreted() -> bool:
@@ -56,9 +57,10 @@ def fused_experts(
     glu: SwigluOai,
     w13_scale_inv: torch.Tensor | None = None,
     w2_scale_inv: torch.Tensor | None = None,
+    tiles: MoeTiles | None = None,
 ) -> torch.Tensor:
     """What ``reference_experts`` computes, in the kernels (any summation order); FP8 weights come
-    with their block scales (``moe.StackedExperts``'s layout)."""
+    with their block scales (``moe.StackedExperts``'s layout); ``tiles``: ``moe_tiles``'s."""
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = w13.shape
     inter = two_inter // 2
@@ -75,7 +77,7 @@ def fused_experts(
     if num_tokens == 0:
         return out.zero_()
     num_slots = num_tokens * top_k
-    tiles = moe_tiles(num_slots, num_experts, x.element_size(), fp8)
+    tiles = tiles or moe_tiles(num_slots, num_experts, x.element_size(), fp8)
     blocks = align_by_expert(ids, num_experts, tiles.block_m)
     act = x.new_empty((blocks.num_blocks * tiles.block_m, inter))  # [rows, I]
     per_slot = torch.empty((num_slots, hidden), dtype=torch.float32, device=x.device)

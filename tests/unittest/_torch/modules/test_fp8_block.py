@@ -50,7 +50,7 @@ def test_activation_groups_are_scaled_to_448():
 
 
 triton = pytest.importorskip("triton.language")
-from tensorrt_llm._torch.modules.fp8.ops import fp8_block_linear  # noqa: E402
+from tensorrt_llm._torch.modules.fp8.ops import GemmTiles, fp8_block_linear  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -69,6 +69,23 @@ def test_the_gemm_matches_its_reference(m, n, k, dtype):
     exact = x.float() @ dequantize_weight(w, scale_inv).T
     bound = 2**-4 * (x.float().abs() @ dequantize_weight(w, scale_inv).abs().T) + 1e-2
     assert ((got.float() - exact).abs() <= bound).all()
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        GemmTiles(16, 128, splits=1, steps_per_split=5),  # one program sums every step
+        GemmTiles(16, 64, splits=2, steps_per_split=3),  # the last split is short
+        GemmTiles(32, 32, splits=5, steps_per_split=1),  # a split per step
+    ],
+)
+def test_split_k_sums_every_step_once(tiles):
+    g = torch.Generator().manual_seed(1)
+    w, scale_inv = quantize_weight(torch.randn(200, 600, generator=g) / 600**0.5)  # 5 K steps
+    x = torch.randn(20, 600, generator=g)
+    want = reference_linear(x, w, scale_inv)
+    got = fp8_block_linear(x.to(DEVICE), w.to(DEVICE), scale_inv.to(DEVICE), tiles).cpu()
+    torch.testing.assert_close(got, want, **FP32_TOL)
 
 
 def test_a_weight_that_is_not_fp8_is_refused():
