@@ -22,14 +22,15 @@ both sides on CUDA).
 
 ``--scale m3-slice`` measures a slice of the published config at its full width, 128 experts
 included (``bench_common.py``), built in device memory from its configs (``load_format="dummy"``:
-no checkpoint file); ``--quant fp8`` runs it (or any scale) in FP8 block scales.
+no checkpoint file); ``--quant fp8`` runs it (or any scale) in FP8 block scales, and
+``--quant none,fp8`` runs both in one run, with the FP8 / ``--dtype`` step ratio in the summary.
 
 ``--max-seconds`` caps each cell's decode loop (the remaining requests are cancelled and the step
 count shows it), so the default GPU run (3 modes x batches 1, 16, 64) stays within minutes.
 
     python benchmarks/bench_decode.py [--device cuda] [--batches 1,16,64] \\
         [--modes target,unified,separate] [--prompt-len 1024] [--new-tokens 64] [--json PATH]
-    python benchmarks/bench_decode.py --scale m3-slice --device cuda [--quant fp8]
+    python benchmarks/bench_decode.py --scale m3-slice --device cuda [--quant none,fp8]
     python benchmarks/bench_decode.py --scale tiny --device cpu --batches 1,2 --new-tokens 4
 """
 
@@ -94,7 +95,8 @@ class Settings:
     tp_size: int = 1  # tensor-parallel ranks (bench_multi_gpu.py)
     mlp: str = "moe"  # "dense": the all-dense variant of the benchmark model
     load_format: str = "auto"  # "dummy": configs only, random weights made on the device
-    quant: str | None = None  # "fp8": FP8 block scales (QuantConfig FP8_BLOCK_SCALES)
+    quant: str | None = None  # "fp8": FP8 block scales (QuantConfig FP8_BLOCK_SCALES); a run
+    # of both formats records "none,fp8" here and runs each cell with its own
 
 
 @dataclasses.dataclass
@@ -103,6 +105,7 @@ class Cell:
 
     mode: str
     batch: int
+    weights: str  # --dtype, or "fp8" (FP8 block scales)
     setup_s: float  # LLM construction and warm-up
     prefill_s: float
     num_prefill_steps: int
@@ -322,7 +325,7 @@ def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
         setup_s = time.perf_counter() - start
         prompts = random_prompts(batch, s.prompt_len, vocab, s.seed)
         result = timed_run(llm, prompts, s, reads)
-        return Cell(mode, batch, setup_s, **result)
+        return Cell(mode, batch, s.quant or s.dtype, setup_s, **result)
     finally:
         llm.shutdown()
         del llm
@@ -331,16 +334,21 @@ def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
             torch.cuda.empty_cache()
 
 
+def weights_names(cells: list[Cell]) -> str:
+    names = {"fp8": "FP8 block scales"}
+    return " and ".join(dict.fromkeys(names.get(c.weights, c.weights) for c in cells))
+
+
 def print_report(cells: list[Cell], s: Settings, machine: str, bandwidth: float) -> None:
     print(
         f"decode step cost, random published-M3 model ({s.scale}, {s.mlp} MLPs, weights "
-        f"{'FP8 block scales' if s.quant == 'fp8' else s.dtype}, load_format={s.load_format}), attn_backend="
+        f"{weights_names(cells)}, load_format={s.load_format}), attn_backend="
         f"{s.attn_backend}, cuda graphs {'on' if s.cuda_graphs else 'off'}, prompt {s.prompt_len} + {s.new_tokens} new tokens, "
         f"max_draft_len={s.max_draft_len}, max_num_tokens={s.max_num_tokens}"
     )
     print(f"machine: {machine}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + written)")
     print(
-        f"{'mode':<9} {'batch':>5} {'setup s':>7} {'prefill s':>9} {'steps':>5} "
+        f"{'mode':<9} {'batch':>5} {'weights':>8} {'setup s':>7} {'prefill s':>9} {'steps':>5} "
         f"{'decode steps':>12} {'graphed':>7} {'step ms':>9} {'tokens/s':>9} {'AL':>5} "
         f"{'experts hit':>11} {'floor ms':>8} {'step / floor':>12}"
     )
@@ -349,7 +357,7 @@ def print_report(cells: list[Cell], s: Settings, machine: str, bandwidth: float)
         steps = f"{c.num_decode_steps}{'*' if c.truncated else ''}"
         floor = c.floor_ms(bandwidth)
         print(
-            f"{c.mode:<9} {c.batch:>5} {c.setup_s:>7.1f} {c.prefill_s:>9.2f} "
+            f"{c.mode:<9} {c.batch:>5} {c.weights:>8} {c.setup_s:>7.1f} {c.prefill_s:>9.2f} "
             f"{c.num_prefill_steps:>5} {steps:>12} {c.graph_steps:>7} {c.decode_step_ms:>9.2f} "
             f"{c.decode_tokens_per_s:>9.1f} {al:>5} {c.experts_hit:>11.1f} {floor:>8.3f} "
             f"{c.decode_step_ms / floor:>12.2f}"
@@ -363,7 +371,28 @@ def print_report(cells: list[Cell], s: Settings, machine: str, bandwidth: float)
 
 
 def summary(cells: list[Cell], bandwidth: float) -> list[str]:
-    """The ratios the benchmark is for, where the run has the cells they need."""
+    """The ratios the benchmark is for, where the run has the cells they need (per weights
+    format), then FP8 over the other format."""
+    formats = list(dict.fromkeys(c.weights for c in cells))
+    lines = []
+    for weights in formats:
+        if len(formats) > 1:
+            lines.append(f"{weights}:")
+        lines += summary_of_one_format([c for c in cells if c.weights == weights], bandwidth)
+    if "fp8" in formats and len(formats) == 2:
+        other = next(w for w in formats if w != "fp8")
+        at = {(c.mode, c.batch, c.weights): c for c in cells}
+        for mode, batch in dict.fromkeys((c.mode, c.batch) for c in cells):
+            if (fp8 := at.get((mode, batch, "fp8"))) and (base := at.get((mode, batch, other))):
+                lines.append(
+                    f"{mode} batch {batch}: fp8 / {other} step = "
+                    f"{fp8.decode_step_ms / base.decode_step_ms:.2f} "
+                    f"(their floors: {fp8.step_bytes / base.step_bytes:.2f})"
+                )
+    return lines
+
+
+def summary_of_one_format(cells: list[Cell], bandwidth: float) -> list[str]:
     at = {(c.mode, c.batch): c for c in cells}
     batches = sorted({c.batch for c in cells})
     small, large = batches[0], batches[-1]
@@ -414,7 +443,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         choices=["auto", "dummy"],
         help="dummy: configs only, weights made on the device (the default for m3-slice)",
     )
-    parser.add_argument("--quant", choices=["fp8"], help="FP8 block scales")
+    parser.add_argument(
+        "--quant",
+        default="none",
+        help="comma-separated, of none (--dtype) and fp8 (FP8 block scales); both: one run each",
+    )
     parser.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
     parser.add_argument("--prompt-len", type=int, help="default 1024 (tiny: 160)")
@@ -427,6 +460,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args(argv)
     args.modes = args.modes.split(",")
+    args.quant = list(dict.fromkeys(args.quant.split(",")))
+    if unknown := sorted(set(args.quant) - {"none", "fp8"}):
+        parser.error(f"--quant: unknown format(s) {unknown}; expected some of ['none', 'fp8']")
     if unknown := sorted(set(args.modes) - set(MODES)):
         parser.error(f"--modes: unknown mode(s) {unknown}; expected some of {MODES}")
     try:
@@ -452,7 +488,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         seed=args.seed,
         mlp=args.mlp,
         load_format=args.load_format or ("dummy" if args.scale == "m3-slice" else "auto"),
-        quant=args.quant,
+        quant=None if args.quant == ["none"] else ",".join(args.quant),
     )
     return settings, args
 
@@ -480,17 +516,20 @@ def main(argv: list[str] | None = None) -> list[Cell]:
         target_dir, draft_dir = write_checkpoints(Path(tmp), s)
         for batch in args.batches:
             for mode in args.modes:
-                cell = run_cell(target_dir, draft_dir, mode, batch, s)
-                cells.append(cell)
-                print(  # progress, so a cut-short run still shows what it measured
-                    f"[{time.perf_counter() - started:6.1f} s] {mode} batch {batch}: "
-                    f"prefill {cell.prefill_s:.2f} s, step {cell.decode_step_ms:.2f} ms",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                if args.json is not None:
-                    write_json(args.json, machine, s, bandwidth, cells)
-    cells.sort(key=lambda c: (MODES.index(c.mode), c.batch))
+                for quant in args.quant:
+                    cell_settings = dataclasses.replace(s, quant=None if quant == "none" else quant)
+                    cell = run_cell(target_dir, draft_dir, mode, batch, cell_settings)
+                    cells.append(cell)
+                    print(  # progress, so a cut-short run still shows what it measured
+                        f"[{time.perf_counter() - started:6.1f} s] {mode} batch {batch} "
+                        f"{cell.weights}: prefill {cell.prefill_s:.2f} s, "
+                        f"step {cell.decode_step_ms:.2f} ms",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    if args.json is not None:
+                        write_json(args.json, machine, s, bandwidth, cells)
+    cells.sort(key=lambda c: (c.weights == "fp8", MODES.index(c.mode), c.batch))
     print_report(cells, s, machine, bandwidth)
     print(f"total {time.perf_counter() - started:.1f} s")
     return cells

@@ -112,10 +112,15 @@ def test_decode_benchmark_builds_dummy_fp8_weights_and_counts_the_experts_hit(tm
     from its routing) at tiny scale on the CPU."""
     out = tmp_path / "decode.json"
     args = ["--scale", "tiny", "--device", "cpu", "--batches", "2", "--new-tokens", "4"]
-    args += ["--modes", "target,unified", "--load-format", "dummy", "--quant", "fp8"]
+    args += ["--modes", "target,unified", "--load-format", "dummy", "--quant", "none,fp8"]
     done = run_benchmark("bench_decode.py", [*args, "--json", str(out)], timeout_s=120)
-    assert "FP8 block scales, load_format=dummy" in done.stdout
+    assert "bfloat16 and FP8 block scales, load_format=dummy" in done.stdout
     record = json.loads(out.read_text())
+    cells = {(c["mode"], c["weights"]) for c in record["cells"]}
+    assert cells == {(m, w) for m in ("target", "unified") for w in ("bfloat16", "fp8")}
+    assert any(
+        line.startswith("target batch 2: fp8 / bfloat16 step = ") for line in record["summary"]
+    )
     for cell in record["cells"]:
         # 4 experts, top-2, 2 sequences (x 4 positions with drafts): between 2 and 4 per layer
         assert 2 <= cell["experts_hit"] <= 4
