@@ -66,7 +66,7 @@ class QuantConfig(StrictBaseModel):
 
 class Eagle3DecodingConfig(StrictBaseModel):
     """Eagle3 speculative decoding. One-model: the drafter runs inside the target's forward and, in
-    this fork, keeps its KV in the target's KV cache manager (see DESIGN.md section 4)."""
+    this fork, keeps its KV in the target's KV cache manager (``draft_kv_cache="unified"``)."""
 
     decoding_type: Literal["Eagle3"] = "Eagle3"
     max_draft_len: int = Field(default=3, ge=1)

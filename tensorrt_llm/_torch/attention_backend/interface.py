@@ -158,10 +158,6 @@ class AttentionMetadata:
         return len(self.request_ids)
 
     @property
-    def num_generations(self) -> int:
-        return self.num_seqs - self.num_contexts
-
-    @property
     def num_tokens(self) -> int:
         return self.cu_seqlens[-1]
 
@@ -299,6 +295,3 @@ class AttentionMetadata:
 
     def seq_token_slice(self, i: int) -> slice:
         return slice(self.cu_seqlens[i], self.cu_seqlens[i + 1])
-
-    def split_by_seq(self, tokens: torch.Tensor) -> Sequence[torch.Tensor]:
-        return torch.split(tokens, self.seq_lens)

@@ -27,8 +27,6 @@ ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
     "VANILLA": VanillaAttentionBackend,
     "TRITON": _triton_backend,
 }
-# Upstream names this fork does not implement yet.
-PLANNED_ATTENTION_BACKENDS: tuple[str, ...] = ()
 
 
 def get_attention_backend(name: str) -> AttentionBackend:
@@ -37,8 +35,4 @@ def get_attention_backend(name: str) -> AttentionBackend:
     factory = ATTENTION_BACKENDS.get(name)
     if factory is not None:
         return factory()
-    available = sorted(ATTENTION_BACKENDS)
-    if name in PLANNED_ATTENTION_BACKENDS:
-        raise ValueError(f"attn_backend={name!r} is not available yet; available: {available}")
-    known = sorted([*available, *PLANNED_ATTENTION_BACKENDS])
-    raise ValueError(f"attn_backend={name!r} is unknown; known: {known}, available: {available}")
+    raise ValueError(f"attn_backend={name!r} is unknown; available: {sorted(ATTENTION_BACKENDS)}")

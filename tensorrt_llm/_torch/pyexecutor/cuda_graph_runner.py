@@ -198,7 +198,7 @@ class CUDAGraphRunner:
         bucket.inputs.copy_(bucket.staging, non_blocking=True)
         bucket.md.rebind(request_ids)
         if self.spec_worker is not None:
-            draft_manager = self.spec_worker.get_draft_kv_cache_manager()
+            draft_manager = self.spec_worker.resolve_draft_kv()
             self.spec_worker.prefetch_draft_table(bucket.md, draft_manager)
             bucket.chain_md.rebind(request_ids, copied_from=bucket.md)
 

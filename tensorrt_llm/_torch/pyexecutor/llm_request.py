@@ -70,10 +70,6 @@ class LlmRequest:
             self.generator = torch.Generator().manual_seed(self.sampling_params.seed)
 
     @property
-    def py_request_id(self) -> int:
-        return self.request_id
-
-    @property
     def prompt_len(self) -> int:
         return len(self.prompt_token_ids)
 

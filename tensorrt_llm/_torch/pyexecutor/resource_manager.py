@@ -63,11 +63,6 @@ class ResourceManager:
     def get_resource_manager(self, kind: ResourceManagerType) -> BaseResourceManager | None:
         return self.resource_managers.get(kind)
 
-    def register_resource_manager(
-        self, kind: ResourceManagerType, manager: BaseResourceManager
-    ) -> None:
-        self.resource_managers[kind] = manager
-
     def prepare_resources(self, scheduled_batch: ScheduledRequests) -> None:
         """The KV cache manager first, whatever the registration order: it reports the reused
         prefixes (``scheduled_batch.reused_tokens``) that the others (a separate draft manager)

@@ -97,7 +97,9 @@ class Eagle3OneModelWorker:
     def max_draft_len(self) -> int:
         return self.spec_config.max_draft_len
 
-    def get_draft_kv_cache_manager(self):
+    def resolve_draft_kv(self):
+        """The manager the draft loop attends through, resolved at each dispatch (the mode is
+        logged when it changes)."""
         return self._draft_kv.resolve(self.resource_manager)
 
     @torch.inference_mode()
@@ -126,7 +128,7 @@ class Eagle3OneModelWorker:
                     + (end - start - 1 if i < len(batch.context_requests) else num_accepted[i])
                 )
         features = self.draft_model.fuse(out.captured)
-        draft_manager = self.get_draft_kv_cache_manager()
+        draft_manager = self.resolve_draft_kv()
         ids = torch.tensor(next_ids, dtype=torch.long, device=features.device)
         with md.swap_kv_cache_manager(draft_manager):
             hidden, logits = self.draft_model(ids, features, md.position_ids, md)
@@ -201,7 +203,7 @@ class Eagle3OneModelWorker:
         cols = torch.arange(width, device=target.device)
         # position j of the step gets the token after it: the accepted ones, then the bonus
         following = target.gather(1, torch.minimum(cols[None, :], num_accepted[:, None]))
-        draft_manager = self.get_draft_kv_cache_manager()
+        draft_manager = self.resolve_draft_kv()
         features = self.draft_model.fuse(captured)
         with md.swap_kv_cache_manager(draft_manager):
             hidden, draft_logits = self.draft_model(

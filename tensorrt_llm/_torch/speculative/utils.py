@@ -66,10 +66,6 @@ def resolve_draft_kv_cache_manager(resource_manager: ResourceManager):
     return resolve_draft_kv(resource_manager)[0]
 
 
-def get_draft_kv_cache_manager(resource_manager: ResourceManager):
-    return resolve_draft_kv_cache_manager(resource_manager)
-
-
 class DraftKvModeTracker:
     """Resolves at each dispatch and remembers the mode (``mode``: None before the first); logs
     the mode at the first dispatch and at every change."""

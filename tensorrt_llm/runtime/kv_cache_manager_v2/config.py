@@ -76,7 +76,7 @@ class AttentionLayerConfig:
 
     ``depends_on_next_token`` marks an Eagle3 draft layer: its KV at position i is computed from the
     target's hidden state at i and the embedding of token i+1, so a committed block's contents depend
-    on the token that follows the block (DESIGN.md section 3, the drafter boundary rule).
+    on the token that follows the block (the drafter boundary rule: ``kv_cache.py``).
     """
 
     layer_id: int

@@ -44,9 +44,6 @@ class HostBlockTable:
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._rows
 
-    def row_of(self, seq_id: int) -> int:
-        return self._rows[seq_id]
-
     # ---- rows -----------------------------------------------------------------------------------
     def add(self, seq_id: int) -> int:
         """Give ``seq_id`` an empty row; returns the row."""

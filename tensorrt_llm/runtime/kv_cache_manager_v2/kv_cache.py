@@ -16,7 +16,7 @@ Block states, by block index::
     [0, num_committed_blocks)        committed: tree nodes, read-only (reused or committed here)
     [num_committed_blocks, num_blocks) private: written by this sequence's steps
 
-**The drafter boundary rule** (DESIGN.md section 3). An Eagle3 draft layer's KV at position i depends on
+**The drafter boundary rule.** An Eagle3 draft layer's KV at position i depends on
 token i+1, so the last position of block b depends on the first token of block b+1. We use
 **successor-aware keys**: when the layout has such a layer, a block's key also covers its successor
 token, and block b is committed only once token ``(b+1) * tokens_per_block`` is committed too. A

@@ -40,10 +40,6 @@ class KVCacheStats:
     num_reused_blocks: int  # of which were found
     num_evicted_slots: int
 
-    @property
-    def cache_hit_rate(self) -> float:
-        return self.num_reused_blocks / self.num_lookup_blocks if self.num_lookup_blocks else 0.0
-
 
 class KVCacheManager:
     def __init__(self, config: KVCacheManagerConfig) -> None:

@@ -39,11 +39,9 @@ def test_a_registered_separate_manager_wins():
     assert utils.resolve_draft_kv_cache_manager(ResourceManager(managers)) is separate
 
 
-def test_the_target_view_is_the_fallback_and_both_lookups_agree():
+def test_the_target_view_is_the_fallback():
     mgr = target()
-    resources = registry(mgr)
-    assert utils.resolve_draft_kv_cache_manager(resources) is mgr.draft_subpage_view
-    assert utils.get_draft_kv_cache_manager(resources) is mgr.draft_subpage_view
+    assert utils.resolve_draft_kv_cache_manager(registry(mgr)) is mgr.draft_subpage_view
 
 
 def test_a_manager_without_a_view_resolves_to_none():

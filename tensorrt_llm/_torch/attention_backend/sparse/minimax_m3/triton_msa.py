@@ -1,8 +1,8 @@
 """MiniMax sparse attention (MSA) on Triton: launchers and the public op.
 
-``triton_msa_paged_attention`` has the signature and semantics of the torch reference
-``sparse/minimax_m3/msa.py::msa_paged_attention`` (the oracle), with no host sync and no loop over
-the batch. The indexer selects per KV group (``G`` groups: index head ``g`` for KV head ``g``,
+``triton_msa_attend`` is the attention half of the torch reference
+``sparse/minimax_m3/msa.py::msa_paged_attention`` (the oracle; the backend writes the step's K, V
+and index-K first), with no host sync and no loop over the batch. The indexer selects per KV group (``G`` groups: index head ``g`` for KV head ``g``,
 whose query heads ``g * GROUP .. g * GROUP + GROUP - 1`` attend group ``g``'s blocks). Its steps,
 each a launcher usable (and tested) on its own::
 
@@ -30,7 +30,6 @@ from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
     MsaConfig,
     MsaInputs,
-    write_msa_step,
 )
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.triton_msa_kernels import (
     INTERPRETED,
@@ -296,34 +295,6 @@ def _check_index_heads(index_q: torch.Tensor, num_kv_heads: int) -> None:
         )
 
 
-def triton_msa_paged_attention(
-    layer_idx: int,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    msa: MsaInputs,
-    metadata: AttentionMetadata,
-    cfg: MsaConfig,
-    scale: float,
-) -> torch.Tensor:
-    """``msa_paged_attention`` on Triton: write K, V and index-K of the step into the cache, then
-    MSA per query token.
-
-    q: ``[num_tokens, H, D]``; k, v: ``[num_tokens, Hkv, D]``; ``msa`` over the same tokens
-    (``index_q [num_tokens, Hkv, Di]``: one index head per KV group, ``index_k [num_tokens, 1,
-    Di]``). Returns ``[num_tokens, H, D]`` in ``q``'s dtype.
-    """
-    if q.dim() != 3 or q.shape[0] != metadata.num_tokens:
-        raise ValueError(
-            f"q of shape {tuple(q.shape)}: expected [num_tokens={metadata.num_tokens}, heads, "
-            "head_dim]"
-        )
-    _check_group(q.shape[1], k.shape[1])
-    _check_index_heads(msa.index_q, k.shape[1])
-    write_msa_step(layer_idx, k, v, msa.index_k, metadata)
-    return triton_msa_attend(layer_idx, q, msa, metadata, cfg, scale)
-
-
 def triton_msa_attend(
     layer_idx: int,
     q: torch.Tensor,
@@ -333,8 +304,13 @@ def triton_msa_attend(
     scale: float,
 ) -> torch.Tensor:
     """MSA of the step's queries over the cache once the step's K, V and index-K are written
-    (``triton_msa_paged_attention`` without its writes). q ``[num_tokens, H, D]``, ``index_q
-    [num_tokens, Hkv, Di]`` -> like q."""
+    (the backend writes them: ``msa_backend.TritonMsaBackend``). q ``[num_tokens, H, D]``,
+    ``index_q [num_tokens, Hkv, Di]`` (one index head per KV group) -> like q."""
+    if q.dim() != 3 or q.shape[0] != metadata.num_tokens:
+        raise ValueError(
+            f"q of shape {tuple(q.shape)}: expected [num_tokens={metadata.num_tokens}, heads, "
+            "head_dim]"
+        )
     manager = metadata.kv_cache_manager
     pool = manager.layer_pool_index(layer_idx)
     k_pages, v_pages = manager.get_kv_pages(layer_idx)

@@ -32,6 +32,7 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (  # noq
     index_block_scores,
     msa_paged_attention,
     select_blocks,
+    write_msa_step,
 )
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.triton_msa import (  # noqa: E402
     MsaSelection,
@@ -41,7 +42,6 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.triton_msa import (
     msa_select_blocks,
     msa_sparse_attention,
     triton_msa_attend,
-    triton_msa_paged_attention,
 )
 from tensorrt_llm._torch.pyexecutor.config import (  # noqa: E402
     KvCacheLayer,
@@ -50,6 +50,14 @@ from tensorrt_llm._torch.pyexecutor.config import (  # noqa: E402
 )
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def triton_msa(layer_idx, q, k, v, msa, metadata, cfg, scale):
+    """``msa_paged_attention``'s signature on Triton: the step's writes, then ``triton_msa_attend``."""
+    write_msa_step(layer_idx, k, v, msa.index_k, metadata)
+    return triton_msa_attend(layer_idx, q, msa, metadata, cfg, scale)
+
+
 LAYER = 1  # layer 0 is dense, layer 1 sparse (has index-K)
 
 
@@ -214,7 +222,7 @@ def check_selection(step: Step) -> MsaSelection:
 def check_outputs(step: Step, tol: float = 1e-4) -> torch.Tensor:
     """The public op equals the reference op (both write the same K, V, index-K first)."""
     want = step.run(msa_paged_attention)
-    got = step.run(triton_msa_paged_attention)
+    got = step.run(triton_msa)
     assert got.shape == want.shape and got.dtype == want.dtype
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     return want
@@ -333,7 +341,7 @@ def test_tied_scores_go_to_the_earlier_block(local):
     step.manager.get_index_k_pages(LAYER).fill_(1.0)  # the cached prefix of sequence 1 too
     for name in ("index_q", "index_k"):
         step.x[name].fill_(1.0)  # every visible key, hence every block, scores the same
-    step.run(triton_msa_paged_attention)  # writes index-K
+    step.run(triton_msa)  # writes index-K
     per_group = blocks_of(select(step)[1].mask)
     assert all(groups[0] == groups[1] for groups in per_group)  # equal index heads
     blocks = [groups[0] for groups in per_group]
@@ -361,16 +369,16 @@ def test_bad_shapes_are_errors_naming_the_values():
     case = Case(3, 2, msa_config(2, 8, topk=3), tokens_per_block=4)
     step = make_step(case, [(0, 5)], num_contexts=1, seed=0)
     with pytest.raises(ValueError, match="num_heads=3 must be a multiple of num_kv_heads=2"):
-        step.run(triton_msa_paged_attention)
+        step.run(triton_msa)
     step.x["q"] = step.x["q"][:, None]
     with pytest.raises(ValueError, match=r"q of shape \(5, 1, 3, 8\)"):
-        step.run(triton_msa_paged_attention)
+        step.run(triton_msa)
     step.x["q"] = step.x["q"][:, 0, :2]  # 2 heads for 2 KV heads, but one index head
     step.x["index_q"] = step.x["index_q"][:, :1]
     with pytest.raises(
         ValueError, match=r"index_q of shape \(5, 1, 16\): expected \[num_tokens, 2"
     ):
-        step.run(triton_msa_paged_attention)
+        step.run(triton_msa)
     with pytest.raises(ValueError, match=r"index_q of shape \(5, 1, 16\)"):
         triton_msa_attend(LAYER, step.x["q"], step.msa_inputs, step.metadata, case.msa, 1.0)
 
@@ -402,7 +410,5 @@ def test_a_step_without_tokens_returns_an_empty_output():
     md = AttentionMetadata(step.manager, [], [], [], 0, DEVICE)
     empty = {name: t[:0] for name, t in step.x.items()}
     inputs = MsaInputs(empty["index_q"], empty["index_k"])
-    out = triton_msa_paged_attention(
-        LAYER, empty["q"], empty["k"], empty["v"], inputs, md, msa, 1.0
-    )
+    out = triton_msa(LAYER, empty["q"], empty["k"], empty["v"], inputs, md, msa, 1.0)
     assert out.shape == (0, 4, 8)
