@@ -197,7 +197,9 @@ class LLM:
     def context_result(self, request: LlmRequest) -> DisaggregatedParams:
         """The ``disaggregated_params`` of a context-only request that ran."""
         return context_only.context_result(
-            request, self._require_transceiver(), self.executor.hold_left_s(request.request_id)
+            request,
+            self._require_transceiver(),
+            self.executor.disagg.hold_left_s(request.request_id),
         )
 
     def release_pulled(self) -> int:

@@ -96,14 +96,14 @@ def build_rank(args: TorchLlmArgs, mapping: Mapping) -> RankEngine:
     executor.lockstep = in_lockstep(mapping)
     transceiver = None
     if args.cache_transceiver_config is not None:
-        executor.transfer_timeout_s = args.cache_transceiver_config.transfer_timeout_s
+        executor.disagg.transfer_timeout_s = args.cache_transceiver_config.transfer_timeout_s
         transceiver = KvCacheTransceiver(
             executor.kv_cache_manager,
             f"trtllm-{uuid.uuid4().hex[:12]}-rank{mapping.rank}",
             parallel=mapping.describe(),
             rank=mapping.rank,
         )
-        executor.on_hold = hold_in_step(transceiver, mapping)
+        executor.disagg.on_hold = hold_in_step(transceiver, mapping)
     return RankEngine(config, model, dtype, device, tokenizer, max_seq_len, executor, transceiver)
 
 

@@ -56,7 +56,7 @@ async def check_hold_room(llm: LLM, engine: EngineLoop, disagg: DisaggregatedPar
     if llm.transceiver is None:
         return
     executor = llm.executor
-    held = await asyncio.wrap_future(engine.call(executor.held_transfer_slots))
+    held = await asyncio.wrap_future(engine.call(executor.disagg.held_slots))
     total = executor.kv_cache_manager.get_max_resource_count()
     limit = llm.args.cache_transceiver_config.max_held_fraction * total
     if held >= limit:

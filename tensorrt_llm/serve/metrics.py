@@ -131,7 +131,7 @@ class _ExecutorCollector:
         yield GaugeMetricFamily(
             "trtllm_held_for_transfer",
             "Context-only requests whose KV waits for a pull",
-            value=len(executor.held_for_transfer),
+            value=len(executor.disagg.held),
         )
         worker = executor.spec_worker
         mode = "target only" if worker is None else worker.draft_kv_mode or "unresolved"

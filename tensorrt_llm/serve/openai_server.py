@@ -86,7 +86,7 @@ class OpenAIServer:
                         "cached": stats.num_cached_slots,
                         "live_requests": len(manager.impl.live_caches),
                     }
-                report["held_for_transfer"] = len(self.llm.executor.held_for_transfer)
+                report["held_for_transfer"] = len(self.llm.executor.disagg.held)
                 report["active_requests"] = len(self.llm.executor.active)
                 return report
 

@@ -2,7 +2,7 @@
 
 A context-only request prefills its prompt (target and drafter KV, first token, first drafts) and
 finishes with ``FinishReason.CONTEXT_DONE``; the executor then holds its slots (see
-``PyExecutor.release_transferred``) until a generation server's pull notification arrives or the
+``disaggregation/coordinator.py``) until a generation server's pull notification arrives or the
 transfer timeout passes.
 """
 

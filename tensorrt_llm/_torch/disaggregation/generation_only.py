@@ -125,7 +125,7 @@ class PromptKvPull:
             self.handle,
             num_blocks=math.ceil(request.prompt_len / tokens_per_block),
             start_block=reused // tokens_per_block,
-            timeout_s=self.executor.transfer_timeout_s,
+            timeout_s=self.executor.disagg.transfer_timeout_s,
             confirm=confirm,
         )
         return request.prompt_len - reused

@@ -69,8 +69,10 @@ class AttentionDpExecutor:
         return self.local.spec_worker
 
     @property
-    def held_for_transfer(self) -> dict:
-        return self.local.held_for_transfer
+    def disagg(self):
+        """Rank 0's disaggregation state (a context server is not attention-DP; a generation
+        server's waiting requests are per rank)."""
+        return self.local.disagg
 
     @property
     def active(self) -> list[LlmRequest]:
@@ -93,7 +95,7 @@ class AttentionDpExecutor:
     def rank_loads(self) -> list[int]:
         """Unfinished requests per rank."""
         loads = [0] * self.mapping.dp_size
-        loads[0] = len(self.local.active) + len(self.local.waiting_generation_only)
+        loads[0] = len(self.local.active) + len(self.local.disagg.waiting)
         for remote in self._remote.values():
             loads[remote.rank] += 1
         return loads
@@ -129,9 +131,6 @@ class AttentionDpExecutor:
 
     def release_transferred(self, request_ids=None, revoke=None) -> int:
         return self.local.release_transferred(request_ids, revoke)
-
-    def hold_left_s(self, request_id: int) -> float:
-        return self.local.hold_left_s(request_id)
 
     def cancel_request(self, request_id: int) -> bool:
         remote = self._remote.pop(request_id, None)

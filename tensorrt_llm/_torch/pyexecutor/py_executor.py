@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
+from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv, abandon
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.logits_processing import process_logits
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
@@ -82,10 +81,8 @@ class PyExecutor:
         self.max_seq_len = max_seq_len
         self.detokenize = detokenize
         self.active: list[LlmRequest] = []
-        self.held_for_transfer: dict[int, tuple[LlmRequest, float]] = {}
-        # generation-only requests waiting for the KV they need (enqueue_generation_only)
-        self.waiting_generation_only: list[tuple[LlmRequest, Callable[[LlmRequest], int]]] = []
-        self.transfer_timeout_s = DEFAULT_TRANSFER_TIMEOUT_S  # how long held KV waits for a pull
+        # held context-only KV, and generation-only requests waiting for theirs
+        self.disagg = DisaggCoordinator(resource_manager)
         self._admitted: set[int] = set()
         self.stats = ExecutorStats()
         # Rank 0 under tensor parallelism: told of every submit, cancel and release, and called
@@ -94,9 +91,6 @@ class PyExecutor:
         # Every rank under tensor parallelism: generation-only requests are admitted (and pull
         # their KV) inside a step only, at the same point on every rank.
         self.lockstep = False
-        # Called once per step with the context-only requests whose KV started waiting for a
-        # pull (``disaggregation/parallel.py``: ``hold_in_step``).
-        self.on_hold: Callable[[list[int]], None] | None = None
 
     @property
     def kv_cache_manager(self):
@@ -104,7 +98,7 @@ class PyExecutor:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.active or self.waiting_generation_only)
+        return bool(self.active or self.disagg.waiting)
 
     def enqueue_request(self, request: LlmRequest) -> None:
         self.check_request(request)
@@ -131,14 +125,10 @@ class PyExecutor:
 
     def cancel_request(self, request_id: int) -> bool:
         """Finish a request now and free its KV. Returns False if it is not active or waiting."""
-        for i, (req, load_kv) in enumerate(self.waiting_generation_only):
-            if req.request_id == request_id:
-                del self.waiting_generation_only[i]
-                _abandon(load_kv)
-                req.finish(FinishReason.CANCELLED)
-                if self.rank_sync is not None:
-                    self.rank_sync.cancelled(request_id)
-                return True
+        if self.disagg.cancel_waiting(request_id, FinishReason.CANCELLED) is not None:
+            if self.rank_sync is not None:
+                self.rank_sync.cancelled(request_id)
+            return True
         for req in self.active:
             if req.request_id == request_id:
                 req.finish(FinishReason.CANCELLED)
@@ -157,34 +147,13 @@ class PyExecutor:
         """Free context-only requests that were pulled (``request_ids``) or (``expire``) waited
         past the transfer timeout, calling ``revoke(request_id)`` before each one's slots are
         freed. Returns how many were freed."""
-        now, pulled = time.monotonic(), set(request_ids or ())
-        done = [
-            rid
-            for rid, (_, deadline) in self.held_for_transfer.items()
-            if expire and deadline < now or rid in pulled
-        ]
+        done = self.disagg.due(request_ids or (), expire)
         if done and self.rank_sync is not None:
             self.rank_sync.released(done)
-        for rid in done:
-            req, _ = self.held_for_transfer.pop(rid)
-            if revoke is not None:
-                revoke(rid)
-            self.resource_manager.free_resources(req)
+        self.disagg.free(done, revoke)
         return len(done)
 
-    def held_transfer_slots(self) -> int:
-        """KV slots held for pulls that have not come (context-only requests that finished)."""
-        kv = self.kv_cache_manager
-        return sum(kv.get_cache(rid).num_blocks for rid in self.held_for_transfer)
-
-    def hold_left_s(self, request_id: int) -> float:
-        """Seconds until a held context-only request's KV is freed unpulled (0 if not held)."""
-        held = self.held_for_transfer.get(request_id)
-        return max(0.0, held[1] - time.monotonic()) if held is not None else 0.0
-
-    def enqueue_generation_only(
-        self, request: LlmRequest, load_kv: Callable[[LlmRequest], int]
-    ) -> None:
+    def enqueue_generation_only(self, request: LlmRequest, load_kv: LoadKv) -> None:
         """Start a request at its first generation step: its prompt's KV comes from ``load_kv``
         (which allocates and fills the slots, and returns the prompt tokens it did not compute), its
         first token and drafts from the context server. No prefill runs here.
@@ -198,9 +167,9 @@ class PyExecutor:
         try:
             self.check_request(request)  # it joins ``active`` once admitted
         except ValueError:
-            _abandon(load_kv)
+            abandon(load_kv)
             raise
-        self.waiting_generation_only.append((request, load_kv))
+        self.disagg.wait(request, load_kv)
         if self.rank_sync is not None:
             self.rank_sync.submitted_generation_only(request, load_kv.handle)
         if self.lockstep:
@@ -210,30 +179,20 @@ class PyExecutor:
             raise ValueError(str(request.stop_reason))
 
     def _admit_generation_only(self) -> None:
-        if not self.waiting_generation_only:
-            return
-        kv = self.kv_cache_manager
-        owed = owed_to_admitted(kv, self.active, self._admitted)
-        while self.waiting_generation_only:
-            request, load_kv = self.waiting_generation_only[0]
-            if owed + kv.get_needed_resource_to_completion(request) > kv.get_num_free_blocks():
-                return  # it waits for slots (no overtaking)
-            self.waiting_generation_only.pop(0)
-            try:
-                self.stats.num_transferred_tokens += load_kv(request)
-            except Exception as exc:  # this request ends; the others go on
-                _abandon(load_kv)
-                self.resource_manager.free_resources(request)
-                request.finish(FinishReason.ERROR, str(exc))
-                continue
-            request.context_current_position = request.prompt_len
-            request.state = LlmRequestState.GENERATION_IN_PROGRESS
-            admit(request, self._admitted)
-            self.active.append(request)
-            owed += kv.get_needed_resource_to_completion(request)  # what it still needs
-            self._check_stop(request, request.output_token_ids[-1])  # the first token may end it
-            if request.is_finished:
-                self._release(request)
+        if self.disagg.waiting:
+            owed = owed_to_admitted(self.kv_cache_manager, self.active, self._admitted)
+            self.disagg.admit(owed, self._start_generation)
+
+    def _start_generation(self, request: LlmRequest, num_loaded_tokens: int) -> None:
+        """A generation-only request whose prompt KV is loaded joins the batch."""
+        self.stats.num_transferred_tokens += num_loaded_tokens
+        request.context_current_position = request.prompt_len
+        request.state = LlmRequestState.GENERATION_IN_PROGRESS
+        admit(request, self._admitted)
+        self.active.append(request)
+        self._check_stop(request, request.output_token_ids[-1])  # the first token may end it
+        if request.is_finished:
+            self._release(request)
 
     def step(self) -> list[LlmRequest]:
         """Run one iteration; returns the requests that finished in it (already freed)."""
@@ -265,17 +224,12 @@ class PyExecutor:
         finished = [r for r in batch.all_requests if r.is_finished]
         for req in finished:
             self._release(req)
-        held = [r.request_id for r in finished if r.finish_reason is FinishReason.CONTEXT_DONE]
-        if held and self.on_hold is not None:
-            self.on_hold(held)
+        self.disagg.announce_holds(finished)
         return finished
 
     def end_all(self, reason: FinishReason) -> None:
         """Finish every request, active or waiting for its KV, with ``reason``, and free it."""
-        for req, load_kv in self.waiting_generation_only:
-            _abandon(load_kv)
-            req.finish(reason)
-        self.waiting_generation_only.clear()
+        self.disagg.end_waiting(reason)
         for req in list(self.active):
             req.finish(reason)
             self._release(req)
@@ -288,8 +242,7 @@ class PyExecutor:
 
     def _release(self, req: LlmRequest) -> None:
         if req.finish_reason is FinishReason.CONTEXT_DONE:  # its KV waits for a generation server
-            deadline = time.monotonic() + self.transfer_timeout_s
-            self.held_for_transfer[req.request_id] = (req, deadline)
+            self.disagg.hold(req)
         else:
             self.resource_manager.free_resources(req)
         self._admitted.discard(req.request_id)
@@ -391,10 +344,3 @@ class PyExecutor:
         req.text_limit = index
         req.finish(FinishReason.STOP, stop)
         return True
-
-
-def _abandon(load_kv: Callable[[LlmRequest], int]) -> None:
-    """``load_kv`` will not run (again): let it give up what it was waiting on, if it can."""
-    abandon = getattr(load_kv, "abandon", None)  # PromptKvPull has one; a plain function not
-    if abandon is not None:
-        abandon()

@@ -101,12 +101,12 @@ def test_a_request_cancelled_before_its_pull_frees_the_context_servers_hold(prom
     short = SamplingParams(max_tokens=24)
     for params in ctx.generate_context_only(prompts[:6], short):
         gen.executor.enqueue_generation_only(*gen.generation_only_request(params.to_json(), short))
-    waiting = [request for request, _ in gen.executor.waiting_generation_only]
-    assert waiting and len(ctx.executor.held_for_transfer) == 6
+    waiting = [request for request, _ in gen.executor.disagg.waiting]
+    assert waiting and len(ctx.executor.disagg.held) == 6
     for request in waiting:
         assert gen.executor.cancel_request(request.request_id)
     deadline = time.monotonic() + 10
-    while ctx.executor.held_for_transfer and time.monotonic() < deadline:
+    while ctx.executor.disagg.held and time.monotonic() < deadline:
         ctx.release_pulled()  # the pulls of the admitted ones, the releases of the others
         time.sleep(0.05)
-    assert not ctx.executor.held_for_transfer
+    assert not ctx.executor.disagg.held

@@ -1,12 +1,12 @@
 """The context server's reply to a context-only request, and releasing what was pulled."""
 
-import time
 from types import SimpleNamespace
 
 from disagg_helpers import SECRET, handle
 
 from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.context_only import context_result, release_pulled
+from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator
 from tensorrt_llm._torch.disaggregation.params import RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
@@ -66,11 +66,12 @@ def test_the_pulled_requests_are_the_ones_released():
 def test_a_hold_is_revoked_before_its_slots_are_freed():
     # the ticket must be gone before the slots can be given to another request (transceiver.py)
     events = []
-    held = {4: ("req4", time.monotonic() + 60), 5: ("req5", time.monotonic() - 1)}
-    executor = SimpleNamespace(
-        held_for_transfer=held,
-        rank_sync=None,
-        resource_manager=SimpleNamespace(free_resources=lambda r: events.append(("free", r))),
-    )
+    freeing = SimpleNamespace(free_resources=lambda r: events.append(("free", r.request_id)))
+    coordinator = DisaggCoordinator(freeing, transfer_timeout_s=60)
+    coordinator.hold(SimpleNamespace(request_id=4))
+    coordinator.transfer_timeout_s = -1  # request 5's hold has expired
+    coordinator.hold(SimpleNamespace(request_id=5))
+    executor = SimpleNamespace(disagg=coordinator, rank_sync=None)
     assert PyExecutor.release_transferred(executor, [4], lambda r: events.append(("revoke", r)))
-    assert events == [("revoke", 4), ("free", "req4"), ("revoke", 5), ("free", "req5")]
+    assert events == [("revoke", 4), ("free", 4), ("revoke", 5), ("free", 5)]
+    assert not coordinator.held

@@ -1,0 +1,143 @@
+"""DisaggCoordinator: a server's disaggregated-serving state, beside the executor's step.
+
+- **Context side.** A context-only request that finished its prefill (``FinishReason.CONTEXT_DONE``)
+  keeps its slots (``held``) until a generation server has pulled them or the transfer timeout
+  passes; ``due`` names those to free, ``free`` frees them.
+- **Generation side.** A request resumed from a context server waits (``waiting``), in arrival
+  order, until the KV it needs to completion fits beside what the admitted requests are owed; then
+  its ``load_kv`` pulls the prompt's KV and it joins the batch (``admit``).
+
+The executor calls it at fixed points of its step: ``admit`` before scheduling, ``hold`` instead
+of freeing a finished context-only request, ``announce_holds`` after the step (the ranks' hook,
+``disaggregation/parallel.py``). The executor keeps the step and the requests; this object keeps
+only what waits on another server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
+from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
+
+
+class LoadKv(Protocol):
+    """Allocates and fills a generation-only request's prompt slots; returns the prompt tokens it
+    did not compute (``generation_only.PromptKvPull``)."""
+
+    def __call__(self, request: LlmRequest) -> int: ...
+
+
+@dataclass
+class _Held:
+    request: LlmRequest
+    deadline: float  # time.monotonic() past which its KV is freed unpulled
+
+
+class DisaggCoordinator:
+    def __init__(
+        self,
+        resource_manager: ResourceManager,
+        transfer_timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S,
+    ) -> None:
+        self.resource_manager = resource_manager
+        self.transfer_timeout_s = transfer_timeout_s  # how long held KV waits for a pull
+        self.held: dict[int, _Held] = {}
+        self.waiting: list[tuple[LlmRequest, LoadKv]] = []
+        # Called once per step with the context-only requests whose KV started waiting for a
+        # pull (``disaggregation/parallel.py``: ``hold_in_step``).
+        self.on_hold: Callable[[list[int]], None] | None = None
+
+    def _kv(self):
+        return self.resource_manager.get_resource_manager(ResourceManagerType.KV_CACHE_MANAGER)
+
+    # ---- context side ---------------------------------------------------------------------------
+    def hold(self, request: LlmRequest) -> None:
+        """Keep a finished context-only request's slots for a generation server's pull."""
+        self.held[request.request_id] = _Held(request, time.monotonic() + self.transfer_timeout_s)
+
+    def announce_holds(self, finished: Iterable[LlmRequest]) -> None:
+        held = [r.request_id for r in finished if r.finish_reason is FinishReason.CONTEXT_DONE]
+        if held and self.on_hold is not None:
+            self.on_hold(held)
+
+    def due(self, pulled: Iterable[int] = (), expire: bool = True) -> list[int]:
+        """The held requests to free: those ``pulled``, and (``expire``) those past their
+        deadline."""
+        now, pulled = time.monotonic(), set(pulled)
+        return [
+            rid
+            for rid, held in self.held.items()
+            if rid in pulled or expire and held.deadline < now
+        ]
+
+    def free(self, request_ids: list[int], revoke: Callable[[int], None] | None = None) -> None:
+        """Free held requests, calling ``revoke(request_id)`` before each one's slots go."""
+        for rid in request_ids:
+            held = self.held.pop(rid)
+            if revoke is not None:
+                revoke(rid)
+            self.resource_manager.free_resources(held.request)
+
+    def held_slots(self) -> int:
+        """KV slots held for pulls that have not come."""
+        kv = self._kv()
+        return sum(kv.get_cache(rid).num_blocks for rid in self.held)
+
+    def hold_left_s(self, request_id: int) -> float:
+        """Seconds until a held request's KV is freed unpulled (0 if it is not held)."""
+        held = self.held.get(request_id)
+        return max(0.0, held.deadline - time.monotonic()) if held is not None else 0.0
+
+    # ---- generation side ------------------------------------------------------------------------
+    def wait(self, request: LlmRequest, load_kv: LoadKv) -> None:
+        self.waiting.append((request, load_kv))
+
+    def admit(self, owed: int, start: Callable[[LlmRequest, int], None]) -> None:
+        """Load the waiting requests that fit, in arrival order (none overtakes another), with
+        ``owed`` slots already promised to the admitted requests; ``start(request, loaded)``
+        hands each loaded one to the executor. One that fails to load ends with
+        ``FinishReason.ERROR``; the others go on."""
+        kv = self._kv()
+        while self.waiting:
+            request, load_kv = self.waiting[0]
+            need = kv.get_needed_resource_to_completion(request)
+            if owed + need > kv.get_num_free_blocks():
+                return
+            self.waiting.pop(0)
+            try:
+                loaded = load_kv(request)
+            except Exception as exc:  # this request ends; the others go on
+                abandon(load_kv)
+                self.resource_manager.free_resources(request)
+                request.finish(FinishReason.ERROR, str(exc))
+                continue
+            start(request, loaded)
+            owed += kv.get_needed_resource_to_completion(request)  # what it still needs
+
+    def cancel_waiting(self, request_id: int, reason: FinishReason) -> LlmRequest | None:
+        """End a waiting request (its KV never loaded); None if it is not waiting."""
+        for i, (request, load_kv) in enumerate(self.waiting):
+            if request.request_id == request_id:
+                del self.waiting[i]
+                abandon(load_kv)
+                request.finish(reason)
+                return request
+        return None
+
+    def end_waiting(self, reason: FinishReason) -> None:
+        for request, load_kv in self.waiting:
+            abandon(load_kv)
+            request.finish(reason)
+        self.waiting.clear()
+
+
+def abandon(load_kv: LoadKv) -> None:
+    """``load_kv`` will not run (again): let it give up what it was waiting on, if it can."""
+    give_up = getattr(load_kv, "abandon", None)  # PromptKvPull has one; a plain function not
+    if give_up is not None:
+        give_up()
