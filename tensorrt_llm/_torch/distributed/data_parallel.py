@@ -23,10 +23,10 @@ from collections.abc import Callable
 import torch
 
 from tensorrt_llm._torch.distributed.affinity import PrefixAffinity, choose_rank
+from tensorrt_llm._torch.distributed.commands import CancelCommand, RankCommand
 from tensorrt_llm._torch.distributed.communicator import gather_json
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.distributed.ranks import (
-    cancel_command,
     generation_only_command,
     send_step_commands,
     submit_command,
@@ -47,7 +47,7 @@ class AttentionDpExecutor:
         self.local = local  # rank 0's own executor
         self.mapping = mapping
         self._lost = lost  # names a rank whose process is gone
-        self._outbox: list[dict] = []
+        self._outbox: list[RankCommand] = []
         self._remote: dict[int, _Remote] = {}
         self._remote_stats: dict[int, ExecutorStats] = {}
         self._affinity = PrefixAffinity(local.kv_cache_manager.tokens_per_block)
@@ -133,11 +133,17 @@ class AttentionDpExecutor:
         return self.local.release_transferred(request_ids, revoke)
 
     def cancel_request(self, request_id: int) -> bool:
+        return self.finish_request(request_id, FinishReason.CANCELLED)
+
+    def finish_request(
+        self, request_id: int, reason: FinishReason, stop_reason: int | str | None = None
+    ) -> bool:
+        """End a request here, or its shadow here and the request on its rank (cancelled there)."""
         remote = self._remote.pop(request_id, None)
         if remote is None:
-            return self.local.cancel_request(request_id)
-        remote.request.finish(FinishReason.CANCELLED)
-        self._outbox.append(cancel_command(request_id, remote.rank))
+            return self.local.finish_request(request_id, reason, stop_reason)
+        remote.request.finish(reason, stop_reason)
+        self._outbox.append(CancelCommand(remote.rank, request_id))
         return True
 
     def step(self) -> list[LlmRequest]:
@@ -225,7 +231,6 @@ def progress_update(request: LlmRequest, num_sent: int) -> dict:
         "num_reused_tokens": request.num_reused_tokens,
         "finish_reason": None if request.finish_reason is None else request.finish_reason.value,
         "stop_reason": request.stop_reason,
-        "text_limit": request.text_limit,
     }
 
 
@@ -237,7 +242,6 @@ def apply_update(shadow: LlmRequest, update: dict) -> None:
     shadow.num_decode_iterations = update["num_decode_iterations"]
     shadow.num_accepted_draft_tokens = update["num_accepted_draft_tokens"]
     shadow.num_reused_tokens = update["num_reused_tokens"]
-    shadow.text_limit = update["text_limit"]
     if shadow.output_token_ids and shadow.state is LlmRequestState.CONTEXT_INIT:
         shadow.state = LlmRequestState.GENERATION_IN_PROGRESS
     if update["finish_reason"] is not None:

@@ -1,9 +1,9 @@
 """Keeping several ranks' executors in step: rank 0 takes the requests, the others follow.
 
 Every rank runs its own ``PyExecutor``. Rank 0 (the process the user or the server talks to)
-records what changes its requests between steps (``submit``, ``cancel``) and, at the start of
-every step, broadcasts those commands as JSON over the control group; each other rank applies the
-same commands to its executor and steps it (``follow``).
+records what changes its requests between steps (``submit``, ``cancel``: typed commands,
+``commands.py``) and, at the start of every step, broadcasts them as JSON over the control group;
+each other rank applies the same commands to its executor and steps it (``follow``).
 
 - Tensor parallelism: every rank runs every request. Scheduling and KV bookkeeping are
   deterministic, the logits are gathered to every rank and sampling is seeded (rank 0 draws a seed
@@ -29,6 +29,16 @@ import torch
 from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
 from tensorrt_llm._torch.disaggregation.parallel import pull_options
 from tensorrt_llm._torch.disaggregation.params import TransferHandle
+from tensorrt_llm._torch.distributed import commands as cmd
+from tensorrt_llm._torch.distributed.commands import (
+    EVERY_RANK,
+    CancelCommand,
+    GenerationOnlyCommand,
+    RankCommand,
+    ReleaseCommand,
+    ShutdownCommand,
+    SubmitCommand,
+)
 from tensorrt_llm._torch.distributed.communicator import broadcast_bytes
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
@@ -39,19 +49,19 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
     from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 
-SHUTDOWN = {"kind": "shutdown"}
-
 
 class RanksLostError(RuntimeError):
     """Another rank is gone (its process exited): nothing can run until the LLM is restarted."""
 
 
-def broadcast_commands(commands: list[dict] | None) -> list[dict]:
+def broadcast_commands(commands: list[RankCommand] | None) -> list[RankCommand]:
     """Rank 0's ``commands`` on every rank (the others pass ``None``). Most steps have none: then
     only their count (zero) crosses, one small broadcast."""
-    data = None if commands is None else (json.dumps(commands).encode() if commands else b"")
+    data = None
+    if commands is not None:
+        data = json.dumps([cmd.to_json(c) for c in commands]).encode() if commands else b""
     received = broadcast_bytes(data)
-    return json.loads(received) if received else []
+    return [cmd.from_json(c) for c in json.loads(received)] if received else []
 
 
 def request_to_json(request: LlmRequest) -> dict:
@@ -89,40 +99,44 @@ def seed_for_ranks(request: LlmRequest) -> None:
         request.generator = torch.Generator().manual_seed(random.getrandbits(63))
 
 
-def submit_command(request: LlmRequest, rank: int) -> dict:
+def _request_for_ranks(request: LlmRequest) -> dict:
     seed_for_ranks(request)
     data = request_to_json(request)
     if request.generator is not None and request.sampling_params.seed is None:
         data["sampling_params"]["seed"] = request.generator.initial_seed()
-    return {"kind": "submit", "rank": rank, "request": data}
+    return data
 
 
-def cancel_command(request_id: int, rank: int) -> dict:
-    return {"kind": "cancel", "rank": rank, "request_id": request_id}
+def submit_command(request: LlmRequest, rank: int) -> SubmitCommand:
+    return SubmitCommand(rank, _request_for_ranks(request))
 
 
-def generation_only_command(request: LlmRequest, handle: TransferHandle, rank: int) -> dict:
+def generation_only_command(
+    request: LlmRequest, handle: TransferHandle, rank: int
+) -> GenerationOnlyCommand:
     """What another rank needs to start ``request`` (resumed from a context server) there."""
-    command = submit_command(request, rank)
-    command.update(
-        kind="generation_only",
-        output_token_ids=list(request.output_token_ids),
-        draft_tokens=list(request.py_draft_tokens),
-        handle=handle.model_dump(mode="json"),
+    return GenerationOnlyCommand(
+        rank,
+        _request_for_ranks(request),
+        list(request.output_token_ids),
+        list(request.py_draft_tokens),
+        handle.model_dump(mode="json"),
     )
-    return command
 
 
 def start_generation_only(
-    executor: PyExecutor, transceiver: KvCacheTransceiver, mapping: Mapping, command: dict
+    executor: PyExecutor,
+    transceiver: KvCacheTransceiver,
+    mapping: Mapping,
+    command: GenerationOnlyCommand,
 ) -> LlmRequest:
     """A follower's side of ``generation_only_command`` (rank 0 checked the request and its
     signature). A request that cannot start ends with ``FinishReason.ERROR``."""
-    request = request_from_json(command["request"])
-    request.output_token_ids = list(command["output_token_ids"])
-    request.py_draft_tokens = list(command["draft_tokens"])
+    request = request_from_json(command.request)
+    request.output_token_ids = list(command.output_token_ids)
+    request.py_draft_tokens = list(command.draft_tokens)
     try:
-        handle = TransferHandle.model_validate(command["handle"])
+        handle = TransferHandle.model_validate(command.handle)
         load_kv = PromptKvPull(executor, transceiver, handle, **pull_options(mapping))
         executor.enqueue_generation_only(request, load_kv)
     except ValueError as exc:
@@ -131,11 +145,7 @@ def start_generation_only(
     return request
 
 
-def release_command(request_ids: list[int]) -> dict:
-    return {"kind": "release", "rank": -1, "request_ids": list(request_ids)}
-
-
-def send_step_commands(commands: list[dict], lost: Callable[[], str | None]) -> None:
+def send_step_commands(commands: list[RankCommand], lost: Callable[[], str | None]) -> None:
     """Rank 0's broadcast at the start of a step; ``RanksLostError`` when a rank is gone (checked
     first, and any failure of the broadcast itself), so that no step waits on a dead rank."""
     reason = lost()
@@ -154,19 +164,19 @@ class TensorParallelLeader:
 
     def __init__(self, lost: Callable[[], str | None]) -> None:
         self._lost = lost
-        self._outbox: list[dict] = []
+        self._outbox: list[RankCommand] = []
 
     def submitted(self, request: LlmRequest) -> None:
-        self._outbox.append(submit_command(request, rank=-1))
+        self._outbox.append(submit_command(request, EVERY_RANK))
 
     def submitted_generation_only(self, request: LlmRequest, handle: TransferHandle) -> None:
-        self._outbox.append(generation_only_command(request, handle, rank=-1))
+        self._outbox.append(generation_only_command(request, handle, EVERY_RANK))
 
     def cancelled(self, request_id: int) -> None:
-        self._outbox.append(cancel_command(request_id, rank=-1))
+        self._outbox.append(CancelCommand(EVERY_RANK, request_id))
 
     def released(self, request_ids: list[int]) -> None:
-        self._outbox.append(release_command(request_ids))
+        self._outbox.append(ReleaseCommand(list(request_ids)))
 
     def start_step(self) -> None:
         commands, self._outbox = self._outbox, []
@@ -176,32 +186,33 @@ class TensorParallelLeader:
 def stop_followers(lost: Callable[[], str | None]) -> None:
     """Rank 0's last command: the other ranks leave their loops (unless one is gone already)."""
     if lost() is None:
-        broadcast_commands([SHUTDOWN])
+        broadcast_commands([ShutdownCommand()])
 
 
 def apply_commands(
     executor: PyExecutor,
-    commands: list[dict],
+    commands: list[RankCommand],
     mapping: Mapping,
     transceiver: KvCacheTransceiver | None = None,
 ) -> list[LlmRequest] | None:
-    """Apply rank 0's commands meant for ``mapping.rank`` (``rank: -1``: every rank); returns the
-    requests they started here, None at shutdown."""
+    """Apply rank 0's commands meant for ``mapping.rank``; returns the requests they started
+    here, None at shutdown."""
     started = []
     for command in commands:
-        if command["kind"] == "shutdown":
+        if isinstance(command, ShutdownCommand):
             return None
-        if command["rank"] not in (-1, mapping.rank):
+        if not cmd.is_for(command, mapping.rank):
             continue
-        if command["kind"] == "submit":
-            started.append(request_from_json(command["request"]))
-            executor.enqueue_request(started[-1])
-        elif command["kind"] == "cancel":
-            executor.cancel_request(command["request_id"])
-        elif command["kind"] == "generation_only":
-            started.append(start_generation_only(executor, transceiver, mapping, command))
-        elif command["kind"] == "release":  # rank 0 decided: pulled, or timed out there
-            executor.release_transferred(command["request_ids"], transceiver.revoke, expire=False)
+        match command:
+            case SubmitCommand(request=data):
+                started.append(request_from_json(data))
+                executor.enqueue_request(started[-1])
+            case CancelCommand(request_id=request_id):
+                executor.cancel_request(request_id)
+            case GenerationOnlyCommand():
+                started.append(start_generation_only(executor, transceiver, mapping, command))
+            case ReleaseCommand(request_ids=ids):  # rank 0 decided: pulled, or timed out there
+                executor.release_transferred(ids, transceiver.revoke, expire=False)
     return started
 
 

@@ -1,12 +1,13 @@
 """The Mapping's arithmetic, the weight shards of the parallel linears, and the JSON commands that
 carry requests to the other ranks."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tensorrt_llm._torch.distributed import data_parallel
+from tensorrt_llm._torch.distributed import commands, data_parallel
 from tensorrt_llm._torch.distributed.affinity import PrefixAffinity, choose_rank
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.distributed.ranks import request_from_json, submit_command
@@ -62,9 +63,12 @@ def test_a_request_crosses_to_another_rank_intact_and_a_sampled_one_with_a_seed(
     )
     request = LlmRequest(7, [1, 2, 3], 9, params, end_ids=(2,), cache_salt="s")
     command = submit_command(request, rank=1)
-    assert command["rank"] == 1
-    copy = request_from_json(command["request"])
-    seed = command["request"]["sampling_params"]["seed"]
+    assert command.rank == 1
+    wire = json.loads(json.dumps(commands.to_json(command)))  # as the control group carries it
+    received = commands.from_json(wire)
+    assert isinstance(received, commands.SubmitCommand) and received.rank == 1
+    copy = request_from_json(received.request)
+    seed = command.request["sampling_params"]["seed"]
     assert isinstance(seed, int) and request.generator.initial_seed() == seed
     assert copy.sampling_params.logit_bias == {3: 1.5}
     assert (copy.request_id, copy.prompt_token_ids, copy.end_ids, copy.cache_salt) == (
@@ -77,7 +81,21 @@ def test_a_request_crosses_to_another_rank_intact_and_a_sampled_one_with_a_seed(
     draws = [torch.rand(4, generator=r.generator) for r in (request, copy)]
     assert torch.equal(*draws)
     greedy = LlmRequest(8, [1], 4, SamplingParams(max_tokens=4))
-    assert submit_command(greedy, rank=0)["request"]["sampling_params"]["seed"] is None
+    assert submit_command(greedy, rank=0).request["sampling_params"]["seed"] is None
+
+
+def test_every_rank_command_crosses_as_json_and_a_bad_one_is_an_error_naming_it():
+    sent = [
+        commands.CancelCommand(1, 7),
+        commands.ReleaseCommand([3, 4]),
+        commands.ShutdownCommand(),
+    ]
+    assert [commands.from_json(json.loads(json.dumps(commands.to_json(c)))) for c in sent] == sent
+    assert [commands.is_for(c, 0) for c in sent] == [False, True, True]
+    with pytest.raises(ValueError, match="rank command of kind 'reboot'; known: "):
+        commands.from_json({"kind": "reboot", "rank": 0})
+    with pytest.raises(ValueError, match="rank command 'cancel': .*request_id"):
+        commands.from_json({"kind": "cancel", "rank": 0})
 
 
 def test_prefix_affinity_finds_the_rank_of_the_longest_block_aligned_prefix():
