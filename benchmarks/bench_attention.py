@@ -10,7 +10,12 @@ at (batch, context) = (8, 32K), (64, 8K), (256, 4K). Each shape is timed four wa
 - ``SDPA``: ``torch.nn.functional.scaled_dot_product_attention`` over the same KV stored contiguously.
 
 Effective bandwidth counts the K and V bytes each call must read (batch x context x 4 heads x 128 x
-2 bytes x 2); the table gives it and its ratio to SDPA's. The KV lives in a real
+2 bytes x 2); the table gives it and its ratio to SDPA's. Each path is one call replayed from a
+CUDA graph, as the engine's decode steps run it (a call's host work is not what is measured:
+eagerly, at 8 x 32K it is as long as the kernel and the timings swing), the paths timed in turn
+in three rounds
+after a warm-up (the median round counts), so a GPU that idled while the caches were built is not
+measured cold. The KV lives in a real
 ``MiniMaxM3KVCacheManagerV2`` of the M3-shaped benchmark model (its draft sub-pages are 32 tokens
 of a 128-token slot that also holds 8 target layers). Needs a CUDA device.
 
@@ -20,12 +25,19 @@ of a 128-token slot that also holds 8 target layers). Needs a CUDA device.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import time
 
 import torch
 import torch.nn.functional as F
-from bench_common import bench_eagle3_config, bench_target_config, machine_name, time_us
+from bench_common import (
+    bench_eagle3_config,
+    bench_target_config,
+    graphed,
+    machine_name,
+    time_us,
+)
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.triton.addressing import (
@@ -100,55 +112,51 @@ def decode_metadata(manager, batch: int, context: int) -> AttentionMetadata:
     return AttentionMetadata(manager, ids, [1] * batch, [context - 1] * batch, 0, "cuda")
 
 
-def time_paths(batch: int, context: int, q: torch.Tensor, iters: int) -> list[tuple[str, float]]:
-    """The Triton kernel through the view (expanded table, in-kernel addressing) and through
-    128-token pages; the first two are checked equal."""
+def paths(batch: int, context: int, q: torch.Tensor) -> dict:
+    """The calls to time, by path: the Triton kernel through the view (expanded table, in-kernel
+    addressing; checked equal) and through 128-token pages, and SDPA over contiguous KV."""
     scale = 1 / math.sqrt(HEAD_DIM)
     target = unified_manager(batch, context)
     view = target.draft_subpage_view
     layer = view.draft_layer_ids[0]
     view_md = decode_metadata(view, batch, context)
     slot_md = decode_metadata(target, batch, context)
-    paths = {
-        "view, expanded": plain_paged_kv(view, layer, view_md.kv_cache_block_offsets),
-        "view, in-kernel": draft_subpage_kv(view, layer, target, slot_md.kv_cache_block_offsets),
-    }
+    expanded = plain_paged_kv(view, layer, view_md.kv_cache_block_offsets)
+    in_kernel = draft_subpage_kv(view, layer, target, slot_md.kv_cache_block_offsets)
     step = StepBatch.from_metadata(view_md)
     torch.testing.assert_close(
-        paged_attention(q, paths["view, in-kernel"], step, scale),
-        paged_attention(q, paths["view, expanded"], step, scale),
+        paged_attention(q, in_kernel, step, scale), paged_attention(q, expanded, step, scale)
     )
-    rows = [
-        (name, time_us(lambda kv=kv: paged_attention(q, kv, step, scale), iters))
-        for name, kv in paths.items()
-    ]
     plain = plain_manager(batch, context)
     plain_md = decode_metadata(plain, batch, context)
     pages = plain_paged_kv(plain, 0, plain_md.kv_cache_block_offsets)
     plain_step = StepBatch.from_metadata(plain_md)
-    rows.append(
-        ("128-token pages", time_us(lambda: paged_attention(q, pages, plain_step, scale), iters))
-    )
-    return rows
-
-
-def time_sdpa(batch: int, context: int, q: torch.Tensor, iters: int) -> float:
     k, v = (
         torch.randn(batch, KV_HEADS, context, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
         for _ in range(2)
     )
     q4 = q[:, :, None, :]  # [batch, heads, 1, head_dim]
-    scale = 1 / math.sqrt(HEAD_DIM)
-    return time_us(
-        lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True), iters
-    )
+    return {
+        "view, expanded": lambda: paged_attention(q, expanded, step, scale),
+        "view, in-kernel": lambda: paged_attention(q, in_kernel, step, scale),
+        "128-token pages": lambda: paged_attention(q, pages, plain_step, scale),
+        "SDPA, contiguous": lambda: F.scaled_dot_product_attention(
+            q4, k, v, scale=scale, enable_gqa=True
+        ),
+    }
 
 
-def measure(batch: int, context: int, iters: int) -> list[tuple[str, float]]:
+def measure(batch: int, context: int, iters: int, rounds: int = 3) -> list[tuple[str, float]]:
+    """Each path's median over ``rounds`` rounds that take the paths in turn, after a warm-up
+    right before (building the caches leaves the GPU idle, and its clocks drop)."""
     q = torch.randn(batch, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    rows = time_paths(batch, context, q, iters)
-    torch.cuda.empty_cache()
-    return [*rows, ("SDPA, contiguous", time_sdpa(batch, context, q, iters))]
+    calls = {name: graphed(call) for name, call in paths(batch, context, q).items()}
+    warm_up_gpu(1.0)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            times[name].append(time_us(call, iters))
+    return [(name, sorted(t)[len(t) // 2]) for name, t in times.items()]
 
 
 def main() -> None:
@@ -165,6 +173,7 @@ def main() -> None:
         batch, context = (int(x) for x in shape.split("x"))
         kv_bytes = batch * context * KV_HEADS * HEAD_DIM * 2 * 2
         rows = measure(batch, context, args.iters)
+        gc.collect()
         sdpa_gbs = kv_bytes / rows[-1][1] / 1e3
         for path, us in rows:
             gbs = kv_bytes / us / 1e3

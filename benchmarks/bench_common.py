@@ -180,6 +180,22 @@ def copy_bandwidth(device: str, num_bytes: int, repeats: int = 10) -> float:
     return 2 * num_bytes / statistics.median(samples)
 
 
+def graphed(fn, *args):
+    """``fn(*args)`` captured in a CUDA graph (after two eager runs on a side stream, which compile
+    the kernels); returns its replay. Timing a replay measures the device's work without the
+    host's launch cost, as the engine's CUDA-graph steps run."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(*args)
+    return graph.replay
+
+
 def time_us(fn, iters: int) -> float:
     """Median per-call time of ``fn`` over ``iters`` calls, in microseconds (CUDA events)."""
     for _ in range(3):

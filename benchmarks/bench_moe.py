@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from bench_common import copy_bandwidth, machine_name, time_us
+from bench_common import copy_bandwidth, graphed, machine_name, time_us
 
 from tensorrt_llm._torch.modules.fp8.block import quantize_weight
 from tensorrt_llm._torch.modules.fp8.ops import fp8_block_linear
@@ -118,20 +118,6 @@ def grouped_mm_experts(x, w13, w2, weights, ids, glu) -> torch.Tensor:
     per_slot = torch.empty_like(down, dtype=torch.float32)
     per_slot[order] = down.float() * weights.reshape(-1)[order, None]
     return per_slot.view(*ids.shape, -1).sum(1)
-
-
-def graphed(fn, x: torch.Tensor):
-    """``fn(x)`` captured in a CUDA graph; returns its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn(x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(x)
-    return graph.replay
 
 
 def main() -> None:

@@ -23,6 +23,10 @@ from tensorrt_llm._torch.attention_backend.triton.step import StepBatch
 MIN_KV_PER_SPLIT = 256  # a split reads at least this many keys (else its setup dominates)
 MAX_SPLITS = 64
 PROGRAMS_PER_SM = 8
+# Dense decode: splits of 128-key tiles, about 2 programs per SM (on an H200, 8 x 32K of the draft
+# geometry through the view: 8 splits 0.95 of SDPA, against 0.92 with 33 splits of 64-key tiles and
+# 0.80 with 16 of 128; benchmarks/bench_attention.py)
+DECODE_PROGRAMS_PER_SM = 2
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -90,7 +94,7 @@ def paged_attention(
     tiles = attention_tiles(batch.max_query_len, group, head_dim, q.element_size())
     if num_splits is None:
         num_programs = batch.num_seqs * tiles.num_query_tiles * kv.num_kv_heads
-        num_splits = choose_num_splits(num_programs, batch.max_kv_len, num_sms(q.device))
+        num_splits = decode_num_splits(num_programs, batch.max_kv_len, num_sms(q.device))
     elif not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits={num_splits!r} must be a positive int")
     if num_splits > 1:
@@ -98,11 +102,13 @@ def paged_attention(
     return launch_paged_attention(q, kv, batch, scale, num_splits, tiles)
 
 
-def choose_num_splits(num_programs: int, max_kv_len: int, num_sms: int) -> int:
+def choose_num_splits(
+    num_programs: int, max_kv_len: int, num_sms: int, programs_per_sm: int = PROGRAMS_PER_SM
+) -> int:
     """KV partitions per sequence for a launch of ``num_programs`` (sequences x query tiles x KV
     heads) on ``num_sms`` multiprocessors.
 
-    Enough splits for about ``PROGRAMS_PER_SM`` programs per multiprocessor, but never a split of
+    Enough splits for about ``programs_per_sm`` programs per multiprocessor, but never a split of
     fewer than ``MIN_KV_PER_SPLIT`` keys and never more than ``MAX_SPLITS``; 1 when the launch
     already fills the device. So prefill and large decode batches run unsplit, and a long-context
     decode at small batch is spread across the GPU (on an H200, one 32k-token sequence of 8 KV
@@ -111,8 +117,15 @@ def choose_num_splits(num_programs: int, max_kv_len: int, num_sms: int) -> int:
     """
     if num_programs >= num_sms:
         return 1
-    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, max(num_programs, 1))
+    wanted = triton.cdiv(programs_per_sm * num_sms, max(num_programs, 1))
     return max(1, min(wanted, triton.cdiv(max_kv_len, MIN_KV_PER_SPLIT), MAX_SPLITS))
+
+
+def decode_num_splits(num_programs: int, max_kv_len: int, num_sms: int) -> int:
+    """``choose_num_splits`` at ``DECODE_PROGRAMS_PER_SM``, rounded down to a power of two (a
+    long context then splits into equal runs of whole 128-key tiles)."""
+    wanted = choose_num_splits(num_programs, max_kv_len, num_sms, DECODE_PROGRAMS_PER_SM)
+    return 1 << (wanted.bit_length() - 1)
 
 
 @functools.cache

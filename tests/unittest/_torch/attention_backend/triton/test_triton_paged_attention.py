@@ -12,7 +12,9 @@ from tensorrt_llm._torch.attention_backend.triton.addressing import (  # noqa: E
     PagedKV,
 )
 from tensorrt_llm._torch.attention_backend.triton.ops import (  # noqa: E402
+    DECODE_PROGRAMS_PER_SM,
     choose_num_splits,
+    decode_num_splits,
     paged_attention,
     write_kv_pages,
 )
@@ -76,6 +78,10 @@ def test_the_split_count_follows_the_shape():
     # ... but never a split of fewer than 256 keys
     assert choose_num_splits(num_programs=8, max_kv_len=1000, num_sms=132) == 4
     assert choose_num_splits(num_programs=8, max_kv_len=200, num_sms=132) == 1
+    # dense decode asks for about two programs per multiprocessor, a power of two of splits
+    assert choose_num_splits(32, 32768, 132, programs_per_sm=DECODE_PROGRAMS_PER_SM) == 9
+    assert decode_num_splits(32, 32768, 132) == 8  # 8 x 32K, 4 KV heads
+    assert decode_num_splits(64, 32768, 132) == 4 and decode_num_splits(300, 32768, 132) == 1
 
 
 def test_bad_arguments_are_errors_naming_the_value():
