@@ -17,6 +17,7 @@ def __getattr__(name: str):
         "TorchLlmArgs",
         "RequestOutput",
         "CompletionOutput",
+        "GenerationRequest",
     }:
         from tensorrt_llm import llmapi
 
@@ -28,6 +29,7 @@ __all__ = [
     "LLM",
     "CudaGraphConfig",
     "Eagle3DecodingConfig",
+    "GenerationRequest",
     "KvCacheConfig",
     "QuantConfig",
     "SamplingParams",

@@ -96,7 +96,7 @@ def run_multiturn_copy(
     for t in range(4):
         for history, conv in zip(histories, convs, strict=True):
             history.append(conv[2 * t])
-        before = llm.executor.stats.num_reused_tokens
+        before = llm.get_stats()["num_reused_tokens"]
         outputs = llm.generate([llm.tokenizer.apply_chat_template(h) for h in histories], GREEDY)
         exact = [
             o.outputs[0].text == c[2 * t + 1]["content"]
@@ -105,7 +105,7 @@ def run_multiturn_copy(
         turn = TurnResult(
             al=_mean_al(outputs),
             exact=sum(exact) / len(exact),
-            reused_tokens=llm.executor.stats.num_reused_tokens - before,
+            reused_tokens=llm.get_stats()["num_reused_tokens"] - before,
             token_ids=[o.outputs[0].token_ids for o in outputs],
             texts=[o.outputs[0].text for o in outputs],
         )

@@ -9,7 +9,7 @@ from tensorrt_llm.llmapi.llm_args import (
 
 def __getattr__(name: str):
     # LLM pulls in the whole runtime; load it on first use so config imports stay light.
-    if name in {"LLM", "CompletionOutput", "RequestOutput"}:
+    if name in {"LLM", "CompletionOutput", "GenerationRequest", "RequestOutput"}:
         from tensorrt_llm.llmapi import llm
 
         return getattr(llm, name)
@@ -21,6 +21,7 @@ __all__ = [
     "CompletionOutput",
     "CudaGraphConfig",
     "Eagle3DecodingConfig",
+    "GenerationRequest",
     "KvCacheConfig",
     "QuantConfig",
     "RequestOutput",

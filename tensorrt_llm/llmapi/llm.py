@@ -4,51 +4,51 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import torch
-
-from tensorrt_llm._torch.disaggregation import context_only, generation_only
-from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
-from tensorrt_llm._torch.disaggregation.parallel import pull_options
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
-from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
 from tensorrt_llm._torch.distributed.communicator import init_distributed, shutdown_distributed
 from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
 from tensorrt_llm._torch.distributed.ranks import TensorParallelLeader, stop_followers
 from tensorrt_llm._torch.models.config_utils import read_generation_config
+from tensorrt_llm._torch.pyexecutor.engine_loop import EngineLoop, Submit
+from tensorrt_llm._torch.pyexecutor.executor import Executor
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.bundled import bundled_target
+from tensorrt_llm.llmapi.disaggregated import DisaggregatedServing
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs, default_attn_backend
+from tensorrt_llm.llmapi.outputs import CompletionOutput, OutputTracker, RequestOutput
 from tensorrt_llm.llmapi.workers import Followers, build_rank, join_ranks, rank_device
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import GenerationDefaults, SamplingParams
 
+__all__ = ["LLM", "GenerationRequest", "RequestOutput", "CompletionOutput"]
+
 PromptInputs = str | list[int]
+OnUpdate = Callable[[RequestOutput], None]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What ``LLM.submit`` runs: a prompt (text or token ids), its sampling, and in a
+    disaggregated deployment its ``disaggregated_params`` (``LLM.disaggregated``)."""
+
+    prompt: PromptInputs
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    disaggregated_params: DisaggregatedParams | dict | None = None
 
 
 @dataclass
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: FinishReason | None = None
-    stop_reason: int | str | None = None
-    avg_decoded_tokens_per_iter: float | None = None
-    generation_logits: torch.Tensor | None = None  # [num_tokens, vocab] if requested
-    # per token of token_ids, if SamplingParams.logprobs: (its log-probability, [(token, lp)...])
-    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+class _Job:
+    """A validated request, ready for the engine loop."""
 
-
-@dataclass
-class RequestOutput:
-    request_id: int
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput] = field(default_factory=list)
-    finished: bool = False
+    request: LlmRequest
+    tracker: OutputTracker
+    load_kv: object | None = None  # a generation-only request's PromptKvPull
 
 
 class LLM:
@@ -94,14 +94,19 @@ class LLM:
             read_generation_config(args.model), f"{args.model}/generation_config.json"
         )
         self.max_seq_len = engine.max_seq_len
-        self._rank_executor = engine.executor  # this rank's
-        self.executor: PyExecutor | AttentionDpExecutor = engine.executor
+        self.rank_executor: PyExecutor = engine.executor  # this rank's
+        self.executor: Executor = engine.executor
         if self.mapping.enable_attention_dp and self.mapping.world_size > 1:
             self.executor = AttentionDpExecutor(engine.executor, self.mapping, self.lost_rank)
         elif self.mapping.world_size > 1:
             self.executor.rank_sync = TensorParallelLeader(self.lost_rank)
         self.kv_cache_manager = self.executor.kv_cache_manager
-        self.transceiver: KvCacheTransceiver | None = engine.transceiver
+        self._loop = EngineLoop(self.executor)
+        self.disaggregated = DisaggregatedServing(
+            engine.transceiver, self.executor, self.rank_executor, self.mapping, self.between_steps
+        )
+        if self.disaggregated.enabled:  # between steps, free the KV generation servers pulled
+            self._loop.housekeeping = self.disaggregated.release_pulled
         self._ids = itertools.count()
         logger.info(
             "LLM ready: %s on %s (%s, %s), %d KV slots of %d tokens%s",
@@ -114,9 +119,107 @@ class LLM:
             " per rank" if self.mapping.world_size > 1 else "",
         )
 
-    def _make_request(
-        self, prompt: PromptInputs, params: SamplingParams
-    ) -> tuple[LlmRequest, str | None]:
+    # ---- the front door --------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest, on_update: OnUpdate) -> int:
+        """Start ``request`` on the LLM's engine loop (a background thread, started by the first
+        call) and return its id. ``on_update(output)`` is called on that thread after every step
+        that touched it, the last time with ``output.finished``. A request that cannot run raises
+        ``ValueError`` or ``TypeError`` here, naming what is wrong, and takes nothing."""
+        job = self._prepare(request)
+        self._loop.start()
+        self._dispatch(job, on_update)
+        return job.request.request_id
+
+    def cancel(self, request_id: int) -> None:
+        """End a submitted request with ``FinishReason.CANCELLED`` and free its KV (between steps;
+        its ``on_update`` then gets its last output). Unknown or finished ids are ignored."""
+        self._loop.cancel(request_id)
+
+    def kv_cache_report(self) -> dict:
+        """Every KV manager's slot counts (free, used, cached, live requests), checked with
+        ``check_integrity()``, and the requests active and held for pulls; taken between steps.
+        Raises ``AssertionError`` naming a broken invariant."""
+
+        def report() -> dict:
+            out = {}
+            for kind, manager in self.executor.resource_manager.resource_managers.items():
+                manager.check_integrity()
+                stats = manager.get_kv_cache_stats()
+                out[kind.value] = {
+                    "free": stats.num_free_slots,
+                    "used": stats.num_used_slots,
+                    "cached": stats.num_cached_slots,
+                    "live_requests": stats.num_live_sequences,
+                }
+            out["held_for_transfer"] = len(self.executor.disagg.held)
+            out["active_requests"] = len(self.executor.active)
+            return out
+
+        return self.between_steps(report)
+
+    def get_stats(self) -> dict:
+        """The executor's counts (steps, prompt tokens computed, reused and transferred, tokens
+        generated, decode iterations, accepted drafts: every rank's under attention DP), the
+        requests active and held for pulls, the KV slots, and where the drafter's KV was found."""
+
+        def stats() -> dict:
+            executor = self.executor
+            kv = self.kv_cache_manager.get_kv_cache_stats()
+            worker = executor.spec_worker
+            return {
+                **dataclasses.asdict(executor.stats),
+                "avg_decoded_tokens_per_iter": executor.stats.avg_decoded_tokens_per_iter,
+                "active_requests": len(executor.active),
+                "held_for_transfer": len(executor.disagg.held),
+                "kv_free_slots": kv.num_free_slots,
+                "kv_used_slots": kv.num_used_slots,
+                "kv_cached_slots": kv.num_cached_slots,
+                "kv_reused_blocks": kv.num_reused_blocks,
+                "kv_total_slots": self.kv_cache_manager.blocks_in_primary_pool,
+                "speculative": worker is not None,
+                "draft_kv_mode": worker.draft_kv_mode if worker is not None else None,
+            }
+
+        return self.between_steps(stats)
+
+    def between_steps(self, fn: Callable[[], object]):
+        """``fn()`` where no step runs: on the engine loop's thread while it runs, else here."""
+        if self._loop.running and not self._loop.on_loop_thread:
+            return self._loop.call(fn).result()
+        return fn()
+
+    def generate(
+        self,
+        inputs: PromptInputs | list[PromptInputs],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        disaggregated_params: DisaggregatedParams | dict | list | None = None,
+    ) -> RequestOutput | list[RequestOutput]:
+        """Generate for one prompt or a batch (continuous batching inside); outputs in input
+        order. ``disaggregated_params`` (one, or one per prompt): see ``LLM.disaggregated``."""
+        single = isinstance(inputs, str) or (
+            isinstance(inputs, list) and inputs and isinstance(inputs[0], int)
+        )
+        prompts = [inputs] if single else list(inputs)
+        params = sampling_params or SamplingParams()
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        disagg = disaggregated_params
+        disagg_list = disagg if isinstance(disagg, list) else [disagg] * len(prompts)
+        for name, given in (
+            ("sampling_params", params_list),
+            ("disaggregated_params", disagg_list),
+        ):
+            if len(given) != len(prompts):
+                raise ValueError(f"{len(given)} {name} for {len(prompts)} prompts")
+        jobs = [  # validate all first
+            self._prepare(GenerationRequest(p, sp, d))
+            for p, sp, d in zip(prompts, params_list, disagg_list, strict=True)
+        ]
+        outputs = self._run(jobs)
+        return outputs[0] if single else outputs
+
+    # ---- requests --------------------------------------------------------------------------------
+    def _prepare(self, request: GenerationRequest) -> _Job:
+        prompt = request.prompt
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("skip_tokenizer_init=True: prompts must be lists of token ids")
@@ -136,134 +239,58 @@ class LLM:
             raise ValueError(
                 f"prompt of {len(token_ids)} tokens exceeds max_seq_len={self.max_seq_len} (leaving no room to generate)"
             )
-        params = self.generation_defaults.apply(params)
+        params = self.generation_defaults.apply(request.sampling_params)
         if self.tokenizer is None:
             if params.stop:
                 raise ValueError("skip_tokenizer_init=True: stop strings need a tokenizer")
-            params = dataclasses.replace(params, detokenize=False)
-        request = LlmRequest(
+            params = replace(params, detokenize=False)
+        llm_request = LlmRequest(
             request_id=next(self._ids),
             prompt_token_ids=token_ids,
             max_new_tokens=min(params.max_tokens, self.max_seq_len - len(token_ids)),
             sampling_params=params,
             end_ids=(params.end_id,) if params.end_id is not None else self.eos_token_ids,
         )
-        return request, text
+        load_kv = None
+        if request.disaggregated_params is not None:
+            load_kv = self.disaggregated.prepare(llm_request, request.disaggregated_params)
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        return _Job(llm_request, OutputTracker(llm_request, text, decode), load_kv)
 
-    def generate(
-        self,
-        inputs: PromptInputs | list[PromptInputs],
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
-    ) -> RequestOutput | list[RequestOutput]:
-        """Generate for one prompt or a batch (continuous batching inside); outputs in input order."""
-        single = isinstance(inputs, str) or (
-            isinstance(inputs, list) and inputs and isinstance(inputs[0], int)
-        )
-        prompts = [inputs] if single else list(inputs)
-        params = sampling_params or SamplingParams()
-        params_list = params if isinstance(params, list) else [params] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"{len(params_list)} sampling_params for {len(prompts)} prompts")
-        made = [
-            self._make_request(p, sp) for p, sp in zip(prompts, params_list)
-        ]  # validate all first
-        for request, _ in made:
-            self.executor.enqueue_request(request)
-        while self.executor.has_work:
-            self.executor.step()
-        outputs = [self._output(request, text) for request, text in made]
-        return outputs[0] if single else outputs
+    def _dispatch(self, job: _Job, on_update: OnUpdate) -> None:
+        def update(request: LlmRequest, finished: bool) -> None:  # on the engine loop's thread
+            stop = job.tracker.consume()  # the output side: text, stop strings
+            if stop is not None:
+                if not request.is_finished:
+                    self.executor.finish_request(request.request_id, FinishReason.STOP, stop)
+                elif request.finish_reason is FinishReason.LENGTH:  # the string came first
+                    request.finish(FinishReason.STOP, stop)
+            finished = finished or request.is_finished
+            reply = self.disaggregated.reply(request) if finished else None
+            on_update(job.tracker.output(finished, reply))
 
-    # ---- disaggregated serving ------------------------------------------------------------------
-    def _require_transceiver(self) -> KvCacheTransceiver:
-        if self.transceiver is None:
-            raise ValueError("disaggregated serving needs cache_transceiver_config (backend: NIXL)")
-        return self.transceiver
+        self._loop.submit(Submit(job.request, update, job.load_kv))
 
-    def generate_context_only(
-        self, inputs: list[PromptInputs], sampling_params: SamplingParams | None = None
-    ) -> list[DisaggregatedParams]:
-        """Prefill each prompt (target and drafter KV, first token, first drafts) and keep its KV
-        for a generation server; returns the ``disaggregated_params`` per prompt."""
-        self._require_transceiver()
-        made = [self._make_request(p, sampling_params or SamplingParams())[0] for p in inputs]
-        for request in made:
-            request.context_only = True
-            self.executor.enqueue_request(request)
-        while self.executor.has_work:
-            self.executor.step()
-        return [self.context_result(request) for request in made]
+    def _run(self, jobs: list[_Job]) -> list[RequestOutput]:
+        """Run ``jobs`` to their end: on this thread, or through the engine loop's while it runs."""
+        results: dict[int, RequestOutput] = {}
+        done = threading.Event()
 
-    def context_result(self, request: LlmRequest) -> DisaggregatedParams:
-        """The ``disaggregated_params`` of a context-only request that ran."""
-        return context_only.context_result(
-            request,
-            self._require_transceiver(),
-            self.executor.disagg.hold_left_s(request.request_id),
-        )
+        def collect(output: RequestOutput) -> None:
+            if output.finished:
+                results[output.request_id] = output
+                if len(results) == len(jobs):
+                    done.set()
 
-    def release_pulled(self) -> int:
-        """Free context-only requests whose KV a generation server has pulled (or timed out)."""
-        return context_only.release_pulled(self.executor, self._require_transceiver())
-
-    def generation_only_request(
-        self, disaggregated_params: DisaggregatedParams | dict, sampling_params: SamplingParams
-    ) -> tuple[LlmRequest, PromptKvPull]:
-        """A request resuming after a context server's prefill, and the ``load_kv`` that pulls its
-        prompt KV when the executor admits it (see ``generation_only.resume_from_context``)."""
-        transceiver = self._require_transceiver()
-        params = DisaggregatedParams.model_validate(disaggregated_params)
-        generation_only.check_resumable(params)
-        request, _ = self._make_request(list(params.prompt_token_ids), sampling_params)
-        load_kv = generation_only.resume_from_context(
-            request, params, self._rank_executor, transceiver, **pull_options(self.mapping)
-        )
-        return request, load_kv
-
-    def generate_from_context(
-        self,
-        disaggregated_params: list[DisaggregatedParams | dict],
-        sampling_params: SamplingParams | None = None,
-    ) -> list[RequestOutput]:
-        """Decode requests whose prompts a context server prefilled (see ``generation_only_request``)."""
-        made = []
-        for params in disaggregated_params:
-            request, load_kv = self.generation_only_request(
-                params, sampling_params or SamplingParams()
-            )
-            self.executor.enqueue_generation_only(request, load_kv)
-            made.append(request)
-        while self.executor.has_work:
-            self.executor.step()
-        return [self._output(r, None) for r in made]
-
-    def _output(self, request: LlmRequest, prompt: str | None) -> RequestOutput:
-        tokens = list(request.output_token_ids)
-        visible = (
-            tokens[:-1]
-            if request.finish_reason is FinishReason.STOP and isinstance(request.stop_reason, int)
-            else tokens
-        )
-        text = self.tokenizer.decode(visible) if request.sampling_params.detokenize else ""
-        if request.text_limit is not None:
-            text = text[: request.text_limit]
-        completion = CompletionOutput(
-            index=0,
-            text=text,
-            token_ids=tokens,
-            finish_reason=request.finish_reason,
-            stop_reason=request.stop_reason,
-            avg_decoded_tokens_per_iter=request.avg_decoded_tokens_per_iter,
-            generation_logits=torch.stack(request.py_generation_logits)
-            if request.py_generation_logits
-            else None,
-            logprobs=list(request.py_logprobs)
-            if request.sampling_params.logprobs is not None
-            else None,
-        )
-        return RequestOutput(
-            request.request_id, prompt, request.prompt_token_ids, [completion], finished=True
-        )
+        for job in jobs:
+            self._dispatch(job, collect)
+        if not self._loop.running:
+            self._loop.run_until(done.is_set)
+        elif self._loop.on_loop_thread:
+            raise RuntimeError("LLM.generate cannot run inside an on_update callback")
+        else:
+            done.wait()
+        return [results[job.request.request_id] for job in jobs]
 
     def lost_rank(self) -> str | None:
         """With several ranks: which one's process is gone (None while all run). Every step
@@ -274,7 +301,8 @@ class LLM:
         """Free the KV cache; with several ranks, stop the others and leave torch.distributed."""
         if self._followers is not None:
             stop_followers(self.lost_rank)
-        self._rank_executor.shutdown()
+        self._loop.shutdown()  # first: its thread is the one that talks to the other ranks
+        self.rank_executor.shutdown()
         if self._followers is not None:
             shutdown_distributed()  # with the followers: NCCL's teardown waits for every rank
             self._followers.stop()

@@ -92,7 +92,7 @@ def build_rank(args: TorchLlmArgs, mapping: Mapping) -> RankEngine:
     executor_config = args.to_executor_config(
         max_seq_len, str(dtype).removeprefix("torch."), str(device), mapping
     )
-    executor = create_py_executor(model, executor_config, detokenize=tokenizer and tokenizer.decode)
+    executor = create_py_executor(model, executor_config)
     executor.lockstep = in_lockstep(mapping)
     transceiver = None
     if args.cache_transceiver_config is not None:

@@ -10,7 +10,6 @@ from fastapi.responses import JSONResponse
 
 from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
-from tensorrt_llm.llmapi.engine_loop import EngineLoop
 from tensorrt_llm.llmapi.llm import LLM
 from tensorrt_llm.serve.errors import ServerError
 
@@ -35,10 +34,9 @@ def check_ranks(llm: LLM) -> None:
 def check_disagg_access(llm: LLM, request: Request, disagg: DisaggregatedParams | None) -> None:
     """A server with a transceiver takes ``disaggregated_params`` only with the deployment's
     secret in ``trust.DISAGG_AUTH_HEADER`` (the router's); 403 otherwise."""
-    transceiver = llm.transceiver
-    if disagg is None or transceiver is None:
+    if disagg is None or not llm.disaggregated.enabled:
         return
-    if not trust.authorized(request.headers.get(trust.DISAGG_AUTH_HEADER), transceiver.secret):
+    if not llm.disaggregated.authorized(request.headers.get(trust.DISAGG_AUTH_HEADER)):
         raise ServerError(
             403,
             "disaggregated_params are taken only from this deployment's router (the "
@@ -48,16 +46,15 @@ def check_disagg_access(llm: LLM, request: Request, disagg: DisaggregatedParams 
         )
 
 
-async def check_hold_room(llm: LLM, engine: EngineLoop, disagg: DisaggregatedParams | None) -> None:
+async def check_hold_room(llm: LLM, disagg: DisaggregatedParams | None) -> None:
     """A 429 for a context-only request while KV held for pulls fills ``max_held_fraction`` of the
-    slots (counted on the engine's thread, between steps)."""
+    slots (counted between steps)."""
     if disagg is None or disagg.request_type is not RequestType.CONTEXT_ONLY:
         return
-    if llm.transceiver is None:
+    if not llm.disaggregated.enabled:
         return
-    executor = llm.executor
-    held = await asyncio.wrap_future(engine.call(executor.disagg.held_slots))
-    total = executor.kv_cache_manager.get_max_resource_count()
+    held = await asyncio.to_thread(llm.disaggregated.held_slots)
+    total = llm.disaggregated.total_slots
     limit = llm.args.cache_transceiver_config.max_held_fraction * total
     if held >= limit:
         raise ServerError(

@@ -97,44 +97,38 @@ class _ExecutorCollector:
         self.llm = llm
 
     def collect(self):
-        executor = self.llm.executor
-        stats = executor.stats
-        kv = self.llm.kv_cache_manager.get_kv_cache_stats()
+        stats = self.llm.get_stats()  # between steps
         counters = {
-            "trtllm_generation_tokens": ("Output tokens", stats.num_generated_tokens),
+            "trtllm_generation_tokens": ("Output tokens", stats["num_generated_tokens"]),
             "trtllm_prefix_reuse_hits": (
                 "KV blocks reused from the prefix cache",
-                kv.num_reused_blocks,
+                stats["kv_reused_blocks"],
             ),
-            "trtllm_prefix_reused_tokens": ("Prompt tokens reused", stats.num_reused_tokens),
+            "trtllm_prefix_reused_tokens": ("Prompt tokens reused", stats["num_reused_tokens"]),
             "trtllm_context_tokens_computed": (
                 "Prompt tokens prefilled here",
-                stats.num_context_tokens_computed,
+                stats["num_context_tokens_computed"],
             ),
-            "trtllm_transferred_tokens": ("Prompt tokens pulled", stats.num_transferred_tokens),
+            "trtllm_transferred_tokens": ("Prompt tokens pulled", stats["num_transferred_tokens"]),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)
         yield GaugeMetricFamily(
             "trtllm_acceptance_length",
             "Tokens emitted per generation step, over the server's life",
-            value=stats.avg_decoded_tokens_per_iter or 1.0,
+            value=stats["avg_decoded_tokens_per_iter"] or 1.0,
         )
         slots = GaugeMetricFamily("trtllm_kv_cache_slots", "KV slots by state", labels=["state"])
-        for state, value in (
-            ("free", kv.num_free_slots),
-            ("used", kv.num_used_slots),
-            ("cached", kv.num_cached_slots),
-        ):
-            slots.add_metric([state], value)
+        for state in ("free", "used", "cached"):
+            slots.add_metric([state], stats[f"kv_{state}_slots"])
         yield slots
         yield GaugeMetricFamily(
             "trtllm_held_for_transfer",
             "Context-only requests whose KV waits for a pull",
-            value=len(executor.disagg.held),
+            value=stats["held_for_transfer"],
         )
-        worker = executor.spec_worker
-        mode = "target only" if worker is None else worker.draft_kv_mode or "unresolved"
+        mode = stats["draft_kv_mode"]
+        mode = "target only" if not stats["speculative"] else mode or "unresolved"
         modes = GaugeMetricFamily("trtllm_draft_kv_mode", "The drafter's KV cache", labels=["mode"])
         modes.add_metric([mode], 1)
         yield modes

@@ -1,8 +1,10 @@
 """An OpenAI-compatible HTTP server over an ``LLM``: /v1/models, /v1/completions,
 /v1/chat/completions (streaming SSE or not), /health and /metrics (Prometheus text).
 
-Requests are batched continuously by an ``EngineLoop``. A client that disconnects mid-stream
-cancels its request, which frees its KV slots. Errors are OpenAI-style error objects.
+It drives the ``LLM`` only through its public calls: ``submit`` (requests run on the LLM's engine
+loop, batched continuously), ``cancel``, ``kv_cache_report``, ``get_stats`` and
+``LLM.disaggregated``. A client that disconnects mid-stream cancels its request, which frees its
+KV slots. Errors are OpenAI-style error objects.
 """
 
 from __future__ import annotations
@@ -15,15 +17,13 @@ from dataclasses import dataclass, replace
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
-from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
-from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
-from tensorrt_llm.llmapi.engine_loop import EngineLoop
-from tensorrt_llm.llmapi.llm import LLM
+from tensorrt_llm._torch.disaggregation.params import RequestType
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
+from tensorrt_llm.llmapi.llm import LLM, GenerationRequest, RequestOutput
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
 from tensorrt_llm.serve import guards
-from tensorrt_llm.serve.choices import ChoiceStream, Renderer, Snapshot, merged
+from tensorrt_llm.serve.choices import ChoiceStream, Renderer, merged
 from tensorrt_llm.serve.errors import ServerError, error_response, install_error_handling
 from tensorrt_llm.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from tensorrt_llm.serve.metrics import RequestTimer, ServerMetrics
@@ -44,22 +44,13 @@ class OpenAIServer:
         """``api_key``: when set, every path but ``/health`` needs ``Authorization: Bearer``."""
         self.llm = llm
         self.model_name = model_name
-        self.engine = EngineLoop(
-            llm.executor, llm.release_pulled if llm.transceiver is not None else None
-        )
         self.metrics = ServerMetrics(llm)
         self.app = FastAPI(title="trtllm-serve")
         install_error_handling(self.app, api_key)
         self._routes()
 
-    def shutdown(self) -> None:
-        """Stop the engine loop (the LLM stays usable)."""
-        self.engine.shutdown()
-
     def close(self) -> None:
-        """Stop the engine loop, then the LLM: the loop's thread is the one that talks to the
-        LLM's other ranks, so it stops first."""
-        self.shutdown()
+        """Shut the LLM down (its engine loop first)."""
         self.llm.shutdown()
 
     # ---- routes -------------------------------------------------------------------------------
@@ -74,24 +65,8 @@ class OpenAIServer:
         async def kv_cache():
             """KV slot counts and ``check_integrity()`` of every manager, taken between steps."""
 
-            def inspect():
-                managers = self.llm.executor.resource_manager.resource_managers
-                report = {}
-                for kind, manager in managers.items():
-                    manager.check_integrity()
-                    stats = manager.get_kv_cache_stats()
-                    report[kind.value] = {
-                        "free": stats.num_free_slots,
-                        "used": stats.num_used_slots,
-                        "cached": stats.num_cached_slots,
-                        "live_requests": len(manager.impl.live_caches),
-                    }
-                report["held_for_transfer"] = len(self.llm.executor.disagg.held)
-                report["active_requests"] = len(self.llm.executor.active)
-                return report
-
             try:
-                return await asyncio.wrap_future(self.engine.call(inspect))
+                return await asyncio.to_thread(self.llm.kv_cache_report)
             except AssertionError as exc:
                 return error_response(500, f"KV cache integrity: {exc}", "server_error")
 
@@ -111,7 +86,8 @@ class OpenAIServer:
 
         @app.get("/metrics")
         async def metrics():
-            return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+            text = await asyncio.to_thread(self.metrics.render)  # read between steps
+            return Response(text, media_type=METRICS_CONTENT_TYPE)
 
         @app.post("/v1/completions")
         async def completions(body: CompletionRequest, request: Request):
@@ -172,35 +148,15 @@ class OpenAIServer:
             )
         return bias or None
 
-    def _llm_request(
-        self, body, token_ids: list[int], params: SamplingParams
-    ) -> tuple[LlmRequest, PromptKvPull | None]:
-        """The request to run, and for a ``generation_only`` one the ``load_kv`` of its prompt."""
-        disagg: DisaggregatedParams | None = body.disaggregated_params
-        if disagg is None:
-            return self.llm._make_request(token_ids, params)[0], None
-        if self.llm.transceiver is None:
+    def _request(self, body, token_ids: list[int], params: SamplingParams) -> GenerationRequest:
+        disagg = body.disaggregated_params
+        if disagg is not None and not self.llm.disaggregated.enabled:
             raise ServerError(
                 400,
                 "this server has no cache_transceiver_config; it cannot serve disaggregated requests",
                 param="disaggregated_params",
             )
-        if disagg.request_type is RequestType.GENERATION_ONLY:
-            if disagg.prompt_token_ids != token_ids:
-                raise ValueError(
-                    "the request's prompt is not the one the context server prefilled "
-                    "(disaggregated_params.prompt_token_ids)"
-                )
-            return self.llm.generation_only_request(disagg, params)
-        if disagg.request_type is not RequestType.CONTEXT_ONLY:
-            raise ValueError(
-                f"disaggregated_params.request_type={disagg.request_type.value!r}: a server takes "
-                "'context_only' or 'generation_only'"
-            )
-        llm_request, _ = self.llm._make_request(token_ids, params)
-        llm_request.context_only = True
-        body.stream = False  # a context server answers once, with the KV handle
-        return llm_request, None
+        return GenerationRequest(token_ids, params, disagg)
 
     async def _serve(
         self, body, prompts: list[list[int]], request: Request, timer: RequestTimer, chat: bool
@@ -213,34 +169,37 @@ class OpenAIServer:
                 "%s: ignoring unknown field(s) %s", request.url.path, body.ignored_fields()
             )
         params = self._params(body)
-        await guards.check_hold_room(self.llm, self.engine, body.disaggregated_params)
-        jobs = self._jobs(body, prompts, params, chat)
+        await guards.check_hold_room(self.llm, body.disaggregated_params)
+        jobs = self._jobs(body, prompts, params)
+        param = (
+            "disaggregated_params"
+            if body.disaggregated_params
+            else "messages"
+            if chat
+            else "prompt"
+        )
+        streams, ids = self._streams(jobs, timer, shared_prefix=body.n > 1, param=param)
         usage = _Usage(sum(len(p) for p in prompts))
         self.metrics.requests.inc()
         self.metrics.prompt_tokens.inc(usage.prompt_tokens)
         rid = new_id("chatcmpl" if chat else "cmpl")
-        streams = self._streams(jobs, request, timer, shared_prefix=body.n > 1)
         renderer = Renderer(self.llm.tokenizer, chat)
         if body.stream:
             return StreamingResponse(
                 self._sse(rid, streams, renderer, params, usage, body),
                 media_type="text/event-stream",
             )
-        lasts = await asyncio.gather(
-            *(
-                self._until_finished(s, request, req.request_id)
-                for s, (req, _) in zip(streams, jobs)
-            )
-        )
+        lasts = await asyncio.gather(*(self._until_finished(s, request, ids) for s in streams))
         if any(last is None for last in lasts):  # the client went away: nobody to answer
             return JSONResponse({}, status_code=499)
         for last in lasts:
-            if last.finish_reason is FinishReason.ERROR:
+            out = last.outputs[0]
+            if out.finish_reason is FinishReason.ERROR:
                 self.metrics.errors.inc()
-                refused = isinstance(last.stop_reason, str)  # admission refused it (a ValueError)
+                refused = isinstance(out.stop_reason, str)  # admission refused it (a ValueError)
                 raise ServerError(
                     400 if refused else 500,
-                    str(last.stop_reason or "generation failed"),
+                    str(out.stop_reason or "generation failed"),
                     "invalid_request_error" if refused else "server_error",
                 )
         reply = {
@@ -249,90 +208,102 @@ class OpenAIServer:
             "created": now(),
             "model": self.model_name,
             "choices": [renderer.whole(last, i) for i, last in enumerate(lasts)],
-            "usage": usage.of(sum(len(last.token_ids) for last in lasts)),
+            "usage": usage.of(sum(len(last.outputs[0].token_ids) for last in lasts)),
         }
         if lasts[0].disaggregated_params is not None:
             reply["disaggregated_params"] = lasts[0].disaggregated_params.to_json()
         return reply
 
-    def _jobs(self, body, prompts: list[list[int]], params: SamplingParams, chat: bool) -> list:
-        """``(LlmRequest, load_kv)`` per choice: prompt-major, ``n`` samples each (sample i of a
+    def _jobs(self, body, prompts: list[list[int]], params: SamplingParams) -> list:
+        """A ``GenerationRequest`` per choice: prompt-major, ``n`` samples each (sample i of a
         seeded request draws with ``seed + i``)."""
         if body.disaggregated_params is not None and (body.n > 1 or len(prompts) > 1):
             raise ServerError(
                 400, "a disaggregated request has one prompt and n=1", param="disaggregated_params"
             )
-        jobs = []
-        for token_ids in prompts:
-            for i in range(body.n):
-                sample = params if params.seed is None else replace(params, seed=params.seed + i)
-                try:
-                    jobs.append(self._llm_request(body, token_ids, sample))
-                except (ValueError, TypeError) as exc:
-                    param = "messages" if chat else "prompt"
-                    if body.disaggregated_params is not None:
-                        param = "disaggregated_params"
-                    raise ServerError(400, str(exc), param=param) from None
-        return jobs
-
-    def _streams(self, jobs, request: Request, timer: RequestTimer, shared_prefix: bool) -> list:
-        """Each job's snapshots. With ``shared_prefix`` (n samples of one prompt) the others are
-        submitted once the first has prefilled, so they reuse its prompt KV from the cache."""
-        streams = [self._run(req, request, kv, timer.fork()) for req, kv in jobs]
-        if not shared_prefix or len(streams) < 2:
-            return streams
-        prefilled = asyncio.Event()
-        return [_signal_first(streams[0], prefilled)] + [_after(prefilled, s) for s in streams[1:]]
-
-    async def _run(
-        self, llm_request: LlmRequest, request: Request, load_kv, timer: RequestTimer
-    ) -> AsyncIterator[Snapshot]:
-        """Submit, then yield a snapshot after every step that touched the request. Leaving early
-        (a disconnected client, a cancelled task) cancels the request and frees its slots."""
-        loop = asyncio.get_running_loop()
-        updates: asyncio.Queue[Snapshot] = asyncio.Queue()
-
-        def on_update(req: LlmRequest, finished: bool) -> None:  # on the engine thread
-            result = self.llm.context_result(req) if finished and req.context_only else None
-            snap = Snapshot(
-                list(req.output_token_ids),
-                finished,
-                req.finish_reason,
-                req.stop_reason,
-                req.text_limit,
-                req.avg_decoded_tokens_per_iter,
-                result,
-                req.admitted_at,
-                list(req.py_logprobs) if req.sampling_params.logprobs is not None else None,
+        disagg = body.disaggregated_params
+        if disagg is not None and disagg.request_type is RequestType.CONTEXT_ONLY:
+            body.stream = False  # a context server answers once, with the KV handle
+        return [
+            self._request(
+                body,
+                token_ids,
+                params if params.seed is None else replace(params, seed=params.seed + i),
             )
-            loop.call_soon_threadsafe(updates.put_nowait, snap)
+            for token_ids in prompts
+            for i in range(body.n)
+        ]
 
-        if load_kv is None:
-            self.engine.submit(llm_request, on_update)
-        else:
-            self.engine.submit_generation_only(llm_request, load_kv, on_update)
+    def _streams(
+        self, jobs: list, timer: RequestTimer, shared_prefix: bool, param: str
+    ) -> tuple[list, list[int]]:
+        """Each job's outputs, and the ids of the requests submitted. Every job is submitted
+        here (one the LLM refuses is a 400, and the ones before it are cancelled), except that
+        with ``shared_prefix`` (n samples of one prompt) the others wait until the first has
+        prefilled, so they reuse its prompt KV from the cache."""
+        now_jobs = jobs[:1] if shared_prefix else jobs
+        started = []
+        try:
+            for job in now_jobs:
+                started.append(self._start(job))
+        except (ValueError, TypeError) as exc:
+            for running in started:
+                self.llm.cancel(running.request_id)
+            raise ServerError(400, str(exc), param=param) from None
+        ids = [running.request_id for running in started]
+        streams = [self._updates(running, timer.fork()) for running in started]
+        if len(jobs) == len(started):
+            return streams, ids
+        prefilled = asyncio.Event()
+        later = [_after(prefilled, self._later(job, timer.fork(), ids)) for job in jobs[1:]]
+        return [_signal_first(streams[0], prefilled), *later], ids
+
+    def _start(self, job: GenerationRequest) -> _Running:
+        """Submit ``job``; its outputs arrive in the returned queue (from the engine's thread)."""
+        loop = asyncio.get_running_loop()
+        running = _Running(asyncio.Queue())
+
+        def on_update(output: RequestOutput) -> None:  # on the engine loop's thread
+            loop.call_soon_threadsafe(running.outputs.put_nowait, output)
+
+        running.request_id = self.llm.submit(job, on_update)
+        return running
+
+    async def _later(self, job: GenerationRequest, timer: RequestTimer, ids: list[int]):
+        running = self._start(job)
+        ids.append(running.request_id)
+        async for output in self._updates(running, timer):
+            yield output
+
+    async def _updates(
+        self, running: _Running, timer: RequestTimer
+    ) -> AsyncIterator[RequestOutput]:
+        """A submitted request's outputs, one per step that touched it. Leaving early (a
+        disconnected client, a cancelled task) cancels the request and frees its slots."""
         finished = False
         try:
             while not finished:
-                snap = await updates.get()
-                finished = snap.finished
-                al = snap.avg_decoded_tokens_per_iter
-                timer.update(len(snap.token_ids), snap.admitted_at, finished, al)
-                yield snap
+                output = await running.outputs.get()
+                finished = output.finished
+                out = output.outputs[0]
+                al = out.avg_decoded_tokens_per_iter
+                timer.update(len(out.token_ids), output.admitted_at, finished, al)
+                yield output
         finally:
             if not finished:
-                self.engine.cancel(llm_request.request_id)
+                self.llm.cancel(running.request_id)
 
     async def _until_finished(
-        self, updates: AsyncIterator[Snapshot], request: Request, request_id: int
-    ) -> Snapshot | None:
-        """The last snapshot of a non-streamed request, or None if its client disconnected first
-        (then the request is cancelled and its KV freed at once, not when it would have ended)."""
+        self, outputs: AsyncIterator[RequestOutput], request: Request, ids: list[int]
+    ) -> RequestOutput | None:
+        """The last output of a non-streamed request, or None if its client disconnected first
+        (then every request of the reply is cancelled and its KV freed at once, not when it
+        would have ended)."""
 
-        async def last() -> Snapshot:
+        async def last() -> RequestOutput:
             final = None
-            async for snap in updates:
-                final = snap
+            async for output in outputs:
+                final = output
             return final
 
         task = asyncio.ensure_future(last())
@@ -340,7 +311,8 @@ class OpenAIServer:
             await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
             if not task.done() and await request.is_disconnected():
                 task.cancel()
-                self.engine.cancel(request_id)
+                for request_id in ids:
+                    self.llm.cancel(request_id)
                 return None
         return task.result()
 
@@ -357,9 +329,10 @@ class OpenAIServer:
         head = {"id": rid, "object": kind, "model": self.model_name}
         choices = [ChoiceStream(renderer, i, params.stop) for i in range(len(streams))]
         async for index, snap in merged(streams):
-            if snap.finish_reason is FinishReason.ERROR:
+            if snap.outputs[0].finish_reason is FinishReason.ERROR:
                 self.metrics.errors.inc()
-                error = ErrorInfo(message=str(snap.stop_reason), type="server_error", code=500)
+                message = str(snap.outputs[0].stop_reason)
+                error = ErrorInfo(message=message, type="server_error", code=500)
                 yield f"data: {json.dumps(ErrorResponse(error=error).model_dump())}\n\n"
                 break
             choice = choices[index].chunk(snap)
@@ -369,6 +342,12 @@ class OpenAIServer:
             tokens = usage.of(sum(c.emitted for c in choices))
             yield f"data: {json.dumps(head | {'created': now(), 'choices': [], 'usage': tokens})}\n\n"
         yield "data: [DONE]\n\n"
+
+
+@dataclass
+class _Running:
+    outputs: asyncio.Queue[RequestOutput]
+    request_id: int = -1
 
 
 @dataclass(frozen=True)

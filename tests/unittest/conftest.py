@@ -51,4 +51,4 @@ def bundled_server():
     url, stop = _serve_in_thread(server.app)
     yield server, url
     stop()
-    server.shutdown()
+    server.close()

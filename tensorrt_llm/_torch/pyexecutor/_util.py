@@ -118,11 +118,7 @@ def _bytes_per_block(manager: KVCacheManagerV2) -> int:
     return sum(pool.slot_bytes for pool in manager.layout.pools)
 
 
-def create_py_executor(
-    model: torch.nn.Module,
-    executor_config: PyExecutorConfig,
-    detokenize=None,
-) -> PyExecutor:
+def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig) -> PyExecutor:
     config = model.config
     spec = executor_config.speculative
     device = torch.device(executor_config.device)
@@ -167,7 +163,6 @@ def create_py_executor(
         scheduler,
         sampler,
         executor_config.max_seq_len,
-        detokenize=detokenize,
         spec_worker=worker,
         cuda_graph_runner=runner,
     )

@@ -1,10 +1,12 @@
-"""EngineLoop: continuous batching on a background thread, for servers.
+"""EngineLoop: continuous batching, what ``LLM`` runs its requests on.
 
-Every call into the executor happens on the loop's thread. Other threads hand it commands (submit,
-cancel) through a queue and get progress back through a callback, invoked on the loop's thread
-after each step with the request (its tokens so far) and whether it finished. A step that raises
-ends (and frees) only the requests of that batch, with ``FinishReason.ERROR``; the loop keeps
-serving the others.
+The loop takes typed commands (``Submit``, ``Cancel``, ``Call``) from a queue, applies them
+between steps, steps the executor while it has work, and after every step calls each request's
+callback with the request (its tokens so far) and whether it finished. It runs on a background
+thread once ``start`` is called (``LLM.submit``, a server), or on the caller's thread for as long
+as ``run_until`` says (``LLM.generate`` with no server); either way every call into the executor
+happens on the one thread that runs the loop. A step that raises ends (and frees) only the
+requests of that batch, with ``FinishReason.ERROR``; the loop keeps serving the others.
 """
 
 from __future__ import annotations
@@ -14,98 +16,153 @@ import threading
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
-from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.logger import logger
+
+if TYPE_CHECKING:
+    from tensorrt_llm._torch.disaggregation.coordinator import LoadKv
+    from tensorrt_llm._torch.pyexecutor.executor import Executor
 
 Update = Callable[[LlmRequest, bool], None]
 
 
+@dataclass(frozen=True)
+class Submit:
+    """Start ``request``; ``load_kv`` (a generation-only request) pulls its prompt's KV from a
+    context server when the executor admits it."""
+
+    request: LlmRequest
+    on_update: Update
+    load_kv: LoadKv | None = None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: int
+
+
+@dataclass(frozen=True)
+class Call:
+    """Run ``fn`` between steps and set ``future`` to its result (or its exception)."""
+
+    fn: Callable[[], object]
+    future: Future
+
+
+@dataclass(frozen=True)
+class _Wake:
+    pass
+
+
+Command = Submit | Cancel | Call | _Wake
+
+
 class EngineLoop:
     def __init__(
-        self, executor: PyExecutor, housekeeping: Callable[[], object] | None = None
+        self, executor: Executor, housekeeping: Callable[[], object] | None = None
     ) -> None:
         self.executor = executor
-        self._housekeeping = housekeeping  # run every iteration (e.g. releasing pulled KV)
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.housekeeping = housekeeping  # run every iteration (e.g. releasing pulled KV)
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._watchers: dict[int, tuple[LlmRequest, Update]] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="trtllm-engine-loop", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
 
-    def submit(self, request: LlmRequest, on_update: Update) -> None:
-        """Queue a validated request; ``on_update(request, finished)`` follows its progress."""
-        self._commands.put(("submit", request, on_update))
+    def start(self) -> None:
+        """Run the loop on a background thread from now on (once)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="trtllm-engine-loop", daemon=True
+                )
+                self._thread.start()
 
-    def submit_generation_only(
-        self, request: LlmRequest, load_kv: Callable[[LlmRequest], int], on_update: Update
-    ) -> None:
-        """Queue a request whose prompt KV ``load_kv`` pulls from a context server."""
-        self._commands.put(("generation_only", (request, load_kv), on_update))
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def run_until(self, done: Callable[[], bool]) -> None:
+        """Run the loop on this thread until ``done()`` (only while no background thread runs)."""
+        if self.running:
+            raise RuntimeError("the engine loop runs on its own thread; submit to it instead")
+        while not done():
+            self._iterate(block=False)
+
+    def submit(self, command: Submit) -> None:
+        """Queue a validated request; ``command.on_update(request, finished)`` follows it."""
+        self._commands.put(command)
 
     def call(self, fn: Callable[[], object]) -> Future:
         """Run ``fn`` on the loop's thread between steps (a consistent view of the executor)."""
         future: Future = Future()
-        self._commands.put(("call", fn, future))
+        self._commands.put(Call(fn, future))
         return future
 
     def cancel(self, request_id: int) -> None:
-        self._commands.put(("cancel", request_id, None))
+        self._commands.put(Cancel(request_id))
+
+    @property
+    def on_loop_thread(self) -> bool:
+        return threading.current_thread() is self._thread
 
     def shutdown(self) -> None:
         self._stop.set()
-        self._commands.put(("wake", None, None))
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self._commands.put(_Wake())
+            self._thread.join(timeout=10)
+            self._thread = None
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            block = not self.executor.has_work
+            self._iterate(block=not self.executor.has_work)
+
+    def _iterate(self, block: bool) -> None:
+        """Apply the queued commands (waiting up to 0.5 s for one if ``block``), step once if
+        there is work, then the housekeeping."""
+        try:
+            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            command = None
+        while command is not None:
+            self._apply(command)
             try:
-                command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+                command = self._commands.get_nowait()
             except queue.Empty:
                 command = None
-            while command is not None:
-                self._apply(command)
-                try:
-                    command = self._commands.get_nowait()
-                except queue.Empty:
-                    command = None
-            if self.executor.has_work:
-                self._step()
-            if self._housekeeping is not None:
-                try:
-                    self._housekeeping()
-                except Exception:
-                    logger.error("engine housekeeping failed:\n%s", traceback.format_exc())
+        if self.executor.has_work:
+            self._step()
+        if self.housekeeping is not None:
+            try:
+                self.housekeeping()
+            except Exception:
+                logger.error("engine housekeeping failed:\n%s", traceback.format_exc())
 
-    def _apply(self, command) -> None:
-        kind, payload, callback = command
-        if kind == "submit":
-            try:
-                self.executor.enqueue_request(payload)
-            except ValueError as exc:
-                payload.finish(FinishReason.ERROR, str(exc))
-                callback(payload, True)
-                return
-            self._watchers[payload.request_id] = (payload, callback)
-        elif kind == "generation_only":
-            request, load_kv = payload
-            try:
-                self.executor.enqueue_generation_only(request, load_kv)
-            except Exception as exc:  # a bad peer or no slots: this request ends, the loop goes on
-                request.finish(FinishReason.ERROR, str(exc))
-                callback(request, True)
-                return
-            self._watchers[request.request_id] = (request, callback)
-        elif kind == "call":
-            try:
-                callback.set_result(payload())
-            except Exception as exc:
-                callback.set_exception(exc)
-        elif kind == "cancel" and payload in self._watchers:
-            self.executor.cancel_request(payload)
-            self._notify(payload, finished=True)
+    def _apply(self, command: Command) -> None:
+        match command:
+            case Submit(request, on_update, load_kv):
+                try:
+                    if load_kv is None:
+                        self.executor.enqueue_request(request)
+                    else:
+                        self.executor.enqueue_generation_only(request, load_kv)
+                except Exception as exc:  # a bad request or peer: it ends, the loop goes on
+                    if not request.is_finished:
+                        request.finish(FinishReason.ERROR, str(exc))
+                    self._callback(request, on_update, finished=True)
+                    return
+                self._watchers[request.request_id] = (request, on_update)
+            case Call(fn, future):
+                try:
+                    future.set_result(fn())
+                except Exception as exc:
+                    future.set_exception(exc)
+            case Cancel(request_id) if request_id in self._watchers:
+                self.executor.cancel_request(request_id)
+                self._notify(request_id, finished=True)
 
     def _step(self) -> None:
         try:
@@ -120,9 +177,17 @@ class EngineLoop:
         request, callback = self._watchers[request_id]
         if finished:
             del self._watchers[request_id]
+        self._callback(request, callback, finished)
+        if request.is_finished:  # the callback may end it (a stop string): no more updates
+            self._watchers.pop(request_id, None)
+
+    @staticmethod
+    def _callback(request: LlmRequest, callback: Update, finished: bool) -> None:
         try:
             callback(request, finished)
         except Exception:
             logger.error(
-                "update callback of request %d failed:\n%s", request_id, traceback.format_exc()
+                "update callback of request %d failed:\n%s",
+                request.request_id,
+                traceback.format_exc(),
             )

@@ -49,9 +49,6 @@ class LlmRequest:
     num_reused_tokens: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
-    text_limit: int | None = (
-        None  # characters of the decoded output to keep (a stop string was hit)
-    )
     num_decode_iterations: int = 0  # generation steps (each verifies the previous drafts)
     num_accepted_draft_tokens: int = 0
     py_draft_probs: list[torch.Tensor] = field(default_factory=list)  # q of each draft, if sampled

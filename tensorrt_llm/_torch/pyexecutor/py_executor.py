@@ -68,7 +68,6 @@ class PyExecutor:
         scheduler: GuaranteedNoEvictScheduler,
         sampler: TorchSampler,
         max_seq_len: int,
-        detokenize: Callable[[list[int]], str] | None = None,
         spec_worker: Eagle3OneModelWorker | None = None,
         cuda_graph_runner: CUDAGraphRunner | None = None,
     ) -> None:
@@ -79,7 +78,6 @@ class PyExecutor:
         self.scheduler = scheduler
         self.sampler = sampler
         self.max_seq_len = max_seq_len
-        self.detokenize = detokenize
         self.active: list[LlmRequest] = []
         # held context-only KV, and generation-only requests waiting for theirs
         self.disagg = DisaggCoordinator(resource_manager)
@@ -125,18 +123,23 @@ class PyExecutor:
 
     def cancel_request(self, request_id: int) -> bool:
         """Finish a request now and free its KV. Returns False if it is not active or waiting."""
-        if self.disagg.cancel_waiting(request_id, FinishReason.CANCELLED) is not None:
-            if self.rank_sync is not None:
-                self.rank_sync.cancelled(request_id)
-            return True
-        for req in self.active:
-            if req.request_id == request_id:
-                req.finish(FinishReason.CANCELLED)
-                self._release(req)
-                if self.rank_sync is not None:
-                    self.rank_sync.cancelled(request_id)
-                return True
-        return False
+        return self.finish_request(request_id, FinishReason.CANCELLED)
+
+    def finish_request(
+        self, request_id: int, reason: FinishReason, stop_reason: int | str | None = None
+    ) -> bool:
+        """End a request with ``reason`` between steps and free its KV (the other ranks cancel
+        their copy). Returns False if it is not active or waiting."""
+        request = self.disagg.cancel_waiting(request_id, reason)
+        if request is None:
+            request = next((r for r in self.active if r.request_id == request_id), None)
+            if request is None:
+                return False
+            request.finish(reason, stop_reason)
+            self._release(request)
+        if self.rank_sync is not None:
+            self.rank_sync.cancelled(request_id)
+        return True
 
     def release_transferred(
         self,
@@ -324,23 +327,14 @@ class PyExecutor:
                 req.finish(FinishReason.CONTEXT_DONE)
 
     def _check_stop(self, req: LlmRequest, token: int) -> None:
+        """The token-level ends: an end or stop token, the length. Stop strings are the output
+        side's (the detokenizer, above this package), which ends a request through
+        ``finish_request``."""
         params = req.sampling_params
         if token in req.end_ids and not params.ignore_eos or token in params.stop_token_ids:
             req.finish(FinishReason.STOP, token)
-        elif params.stop and self.detokenize is not None and self._hit_stop_string(req):
-            return
         elif (
             len(req.output_token_ids) >= req.max_new_tokens
             or req.get_num_tokens() >= self.max_seq_len
         ):
             req.finish(FinishReason.LENGTH)
-
-    def _hit_stop_string(self, req: LlmRequest) -> bool:
-        text = self.detokenize(req.output_token_ids)
-        hits = [(text.find(s), s) for s in req.sampling_params.stop if s in text]
-        if not hits:
-            return False
-        index, stop = min(hits)
-        req.text_limit = index
-        req.finish(FinishReason.STOP, stop)
-        return True

@@ -39,6 +39,7 @@ class KVCacheStats:
     num_lookup_blocks: int  # blocks looked up in the radix tree by create_kv_cache
     num_reused_blocks: int  # of which were found
     num_evicted_slots: int
+    num_live_sequences: int  # sequences holding slots now
 
 
 class KVCacheManager:
@@ -149,6 +150,7 @@ class KVCacheManager:
             num_lookup_blocks=self._num_lookup_blocks,
             num_reused_blocks=self._num_reused_blocks,
             num_evicted_slots=self._pool.num_evicted_total,
+            num_live_sequences=len(self._caches),
         )
 
     def describe(self) -> str:

@@ -35,7 +35,7 @@ def test_a_batch_of_mixed_lengths_generates_what_each_prompt_generates_alone(tin
         )
     stats = llm.kv_cache_manager.get_kv_cache_stats()
     assert stats.num_used_slots == 0
-    llm.kv_cache_manager.check_integrity()
+    llm.kv_cache_report()  # checks integrity
 
 
 def test_chunked_prefill_equals_single_prefill(tiny_checkpoint):
@@ -43,7 +43,7 @@ def test_chunked_prefill_equals_single_prefill(tiny_checkpoint):
     whole = make_llm(tiny_checkpoint).generate(prompt, GREEDY)
     chunked_llm = make_llm(tiny_checkpoint, max_num_tokens=13)  # the 110-token prompt takes 9 steps
     chunked = chunked_llm.generate(prompt, GREEDY)
-    assert chunked_llm.executor.stats.num_steps == 9 + 11
+    assert chunked_llm.get_stats()["num_steps"] == 9 + 11
     assert chunked.outputs[0].token_ids == whole.outputs[0].token_ids
     torch.testing.assert_close(
         chunked.outputs[0].generation_logits,
@@ -58,13 +58,13 @@ def test_a_prefix_reused_run_equals_a_cold_run_and_skips_the_reused_tokens(tiny_
     cold = make_llm(tiny_checkpoint).generate(second, GREEDY)
     llm = make_llm(tiny_checkpoint)
     llm.generate(first, GREEDY)
-    before = llm.executor.stats.num_context_tokens_computed
+    before = llm.get_stats()["num_context_tokens_computed"]
     warm = llm.generate(second, GREEDY)
-    computed = llm.executor.stats.num_context_tokens_computed - before
+    computed = llm.get_stats()["num_context_tokens_computed"] - before
     # The second prompt shares the first one's 110 tokens: 13 full blocks of 8 (104 tokens) are
     # reused; block 13 also holds tokens the first turn generated, so it differs.
     assert len(llm.tokenizer.encode(first)) == 110
-    assert llm.executor.stats.num_reused_tokens == 104
+    assert llm.get_stats()["num_reused_tokens"] == 104
     assert computed == len(warm.prompt_token_ids) - 104
     assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
     torch.testing.assert_close(
@@ -153,9 +153,9 @@ def test_a_prompt_longer_than_max_seq_len_is_rejected_and_nothing_leaks(tiny_che
     llm = make_llm(tiny_checkpoint, max_seq_len=64)
     with pytest.raises(ValueError, match="prompt of 70 tokens exceeds max_seq_len=64"):
         llm.generate(["ok", "x" * 70], GREEDY)
-    assert not llm.executor.has_work
+    assert llm.get_stats()["active_requests"] == 0
     assert llm.generate("ok", GREEDY).outputs[0].finish_reason == "length"
-    assert llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
+    assert llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == 0
 
 
 def copy_checkpoint(src, dst, config_changes=None, generation_config=None):
@@ -198,16 +198,14 @@ def test_generation_config_gives_the_sampling_defaults(tiny_checkpoint, tmp_path
     request leaves unset; without it requests stay greedy."""
     sampled = {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
     llm = make_llm(copy_checkpoint(tiny_checkpoint, tmp_path / "s", generation_config=sampled))
-    request, _ = llm._make_request("ab", SamplingParams(max_tokens=4, top_p=0.5))
-    params = request.sampling_params
+    params = llm.generation_defaults.apply(SamplingParams(max_tokens=4, top_p=0.5))
     assert (params.temperature, params.top_p, params.top_k) == (0.7, 0.5, 50)  # the request wins
     defaults = llm.generation_defaults  # the server's unset temperature too
     assert (defaults.openai_temperature(None), defaults.openai_temperature(0.2)) == (0.7, 0.2)
     for name, greedy in (("g", {"do_sample": False, "temperature": 0.7}), ("n", {"top_k": 3})):
         llm = make_llm(copy_checkpoint(tiny_checkpoint, tmp_path / name, generation_config=greedy))
-        request, _ = llm._make_request("ab", SamplingParams(max_tokens=4))
-        assert request.sampling_params.temperature is None  # greedy by default
-        assert request.sampling_params.top_k is None
+        params = llm.generation_defaults.apply(SamplingParams(max_tokens=4))
+        assert params.temperature is None and params.top_k is None  # greedy by default
     bad = {"do_sample": True, "temperature": -1}
     with pytest.raises(ValueError, match=r"generation_config.json: SamplingParams.temperature=-1"):
         make_llm(copy_checkpoint(tiny_checkpoint, tmp_path / "b", generation_config=bad))
@@ -224,3 +222,47 @@ def test_without_a_tokenizer_prompts_are_token_ids(tiny_checkpoint):
         llm.generate("ab")
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         llm.generate([3, 4], SamplingParams(stop="x"))
+
+
+def test_submit_streams_outputs_cancel_frees_the_slots_and_bad_input_takes_nothing(tiny_checkpoint):
+    """The front door a server uses: ``submit`` with a callback (on the engine loop's thread),
+    ``cancel``, ``kv_cache_report``; a request that cannot run raises at once."""
+    import threading
+
+    from tensorrt_llm.llmapi import GenerationRequest
+
+    llm = make_llm(tiny_checkpoint)
+    expected = llm.generate(PROMPTS[1], GREEDY).outputs[0].token_ids
+    seen: dict[int, list] = {}
+    done = threading.Event()
+    ids: list[int] = []
+
+    def on_update(output):
+        seen.setdefault(output.request_id, []).append(output)
+        if len(ids) == 2 and output.request_id == ids[1] and not output.finished:
+            llm.cancel(ids[1])  # once it has its first token
+        if len(ids) == 2 and all(seen.get(i) and seen[i][-1].finished for i in ids):
+            done.set()
+
+    endless = SamplingParams(max_tokens=500, ignore_eos=True)
+    ids += [llm.submit(GenerationRequest(PROMPTS[1], GREEDY), on_update)]
+    ids += [llm.submit(GenerationRequest(PROMPTS[2], endless), on_update)]
+    assert done.wait(60)
+    whole, cancelled = seen[ids[0]], seen[ids[1]]
+    assert (
+        whole[-1].outputs[0].token_ids == expected
+        and whole[-1].outputs[0].finish_reason == "length"
+    )
+    lengths = [len(o.outputs[0].token_ids) for o in whole]
+    assert lengths == sorted(lengths) and lengths[-1] == 12 and len(whole) > 2  # step by step
+    assert cancelled[-1].outputs[0].finish_reason == "cancelled"
+    assert len(cancelled[-1].outputs[0].token_ids) < 500
+    with pytest.raises(ValueError, match="prompt token ids must be in"):
+        llm.submit(GenerationRequest([10**6], GREEDY), on_update)
+    with pytest.raises(TypeError, match="a prompt must be a str or a list of token ids"):
+        llm.submit(GenerationRequest(3.5, GREEDY), on_update)
+    report = llm.kv_cache_report()
+    assert report["KV_CACHE_MANAGER"]["used"] == 0 and report["active_requests"] == 0
+    # generate() goes through the running loop now, and gives the same tokens
+    assert llm.generate(PROMPTS[1], GREEDY).outputs[0].token_ids == expected
+    llm.shutdown()

@@ -12,6 +12,7 @@ from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.disaggregation.params import RequestType
 from tensorrt_llm.bundled import BUNDLED_DRAFT
 from tensorrt_llm.evaluate.tasks import gsm8k_tiny
+from tensorrt_llm.llmapi.llm import GenerationRequest
 from tensorrt_llm.llmapi.llm_args import CacheTransceiverConfig, Eagle3DecodingConfig, KvCacheConfig
 
 pytest.importorskip("nixl")
@@ -37,6 +38,21 @@ def prompts():
     return [llm.tokenizer.apply_chat_template(gsm8k_tiny(rng)[0][:1]) for _ in range(12)]
 
 
+CONTEXT_ONLY = {"request_type": "context_only"}
+
+
+def prefill(ctx, prompts, params):
+    """The context server's part: each prompt prefilled and its KV held; the replies."""
+    outputs = ctx.generate(prompts, params, disaggregated_params=CONTEXT_ONLY)
+    return [o.disaggregated_params for o in outputs]
+
+
+def resume(gen, replies, params):
+    """The generation server's part, from the replies as a router carries them (JSON)."""
+    wire = [json.loads(json.dumps(p.to_json())) for p in replies]
+    return gen.generate([p["prompt_token_ids"] for p in wire], params, disaggregated_params=wire)
+
+
 def al(outputs):
     return sum(o.outputs[0].avg_decoded_tokens_per_iter for o in outputs) / len(outputs)
 
@@ -45,17 +61,16 @@ def al(outputs):
 def test_generation_server_decodes_what_the_aggregated_llm_decodes(prompts, mode):
     aggregated = make(mode, False).generate(prompts, GREEDY)
     ctx, gen = make(mode, True), make(mode, True)
-    params = ctx.generate_context_only(prompts, GREEDY)
+    params = prefill(ctx, prompts, GREEDY)
     assert all(p.request_type is RequestType.CONTEXT_ONLY for p in params)
-    wire = [json.loads(json.dumps(p.to_json())) for p in params]  # as a router would carry them
-    outputs = gen.generate_from_context(wire, GREEDY)
+    outputs = resume(gen, params, GREEDY)
     assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in aggregated]
-    assert gen.executor.stats.num_context_tokens_computed == 0  # no prefill on the generation side
-    assert gen.executor.stats.num_transferred_tokens == sum(len(p.prompt_token_ids) for p in params)
-    assert ctx.release_pulled() == len(prompts)
+    assert gen.get_stats()["num_context_tokens_computed"] == 0  # no prefill on the generation side
+    assert gen.get_stats()["num_transferred_tokens"] == sum(len(p.prompt_token_ids) for p in params)
+    assert ctx.disaggregated.release_pulled() == len(prompts)
     for llm in (ctx, gen):
-        assert llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
-        llm.kv_cache_manager.check_integrity()
+        assert llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == 0
+        llm.kv_cache_report()  # checks integrity
     if mode == "unified":
         assert abs(al(outputs) - al(aggregated)) <= 0.05
     else:
@@ -79,11 +94,10 @@ def test_generation_only_requests_wait_for_slots_instead_of_failing(prompts):
     )
     short = SamplingParams(max_tokens=24)
     wanted = [o.outputs[0].token_ids for o in make("unified", False).generate(prompts[:6], short)]
-    params = ctx.generate_context_only(prompts[:6], short)
-    outputs = gen.generate_from_context([p.to_json() for p in params], short)
+    outputs = resume(gen, prefill(ctx, prompts[:6], short), short)
     assert [o.outputs[0].token_ids for o in outputs] == wanted
     assert all(o.outputs[0].finish_reason == "length" for o in outputs)
-    assert gen.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
+    assert gen.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == 0
 
 
 def test_a_request_cancelled_before_its_pull_frees_the_context_servers_hold(prompts):
@@ -99,14 +113,26 @@ def test_a_request_cancelled_before_its_pull_frees_the_context_servers_hold(prom
         cache_transceiver_config=CacheTransceiverConfig(),
     )
     short = SamplingParams(max_tokens=24)
-    for params in ctx.generate_context_only(prompts[:6], short):
-        gen.executor.enqueue_generation_only(*gen.generation_only_request(params.to_json(), short))
-    waiting = [request for request, _ in gen.executor.disagg.waiting]
-    assert waiting and len(ctx.executor.disagg.held) == 6
-    for request in waiting:
-        assert gen.executor.cancel_request(request.request_id)
+    replies = prefill(ctx, prompts[:6], short)
+    assert len(ctx.kv_cache_report()) and ctx.get_stats()["held_for_transfer"] == 6
+    # the first request's KV to completion fills the generation server's cache (a long answer:
+    # seconds of decoding), so the other five wait for slots, unpulled, until cancelled
+    long = SamplingParams(max_tokens=200, ignore_eos=True)
+    finished = {}
+    submitted = [
+        gen.submit(
+            GenerationRequest(reply.prompt_token_ids, long if i == 0 else short, reply.to_json()),
+            lambda out: finished.update({out.request_id: out}) if out.finished else None,
+        )
+        for i, reply in enumerate(replies)
+    ]
+    for request_id in submitted[1:]:
+        gen.cancel(request_id)
     deadline = time.monotonic() + 10
-    while ctx.executor.disagg.held and time.monotonic() < deadline:
-        ctx.release_pulled()  # the pulls of the admitted ones, the releases of the others
+    while ctx.get_stats()["held_for_transfer"] and time.monotonic() < deadline:
+        ctx.disaggregated.release_pulled()  # the first one's pull, the releases of the others
         time.sleep(0.05)
-    assert not ctx.executor.disagg.held
+    assert ctx.get_stats()["held_for_transfer"] == 0
+    assert [finished[i].outputs[0].finish_reason for i in submitted[1:]] == ["cancelled"] * 5
+    gen.cancel(submitted[0])
+    gen.shutdown()

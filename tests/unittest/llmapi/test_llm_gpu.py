@@ -23,7 +23,7 @@ def test_batch_equals_alone_on_gpu(tiny_checkpoint, dtype):
     llm = make()
     assert llm.kv_cache_manager.pools[0].is_cuda
     # before any request: with CUDA graphs (the default here) the padding sequence holds a slot
-    held = llm.kv_cache_manager.get_kv_cache_stats().num_used_slots
+    held = llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"]
     assert held == (0 if llm.executor.cuda_graph_runner is None else 1)
     batched = llm.generate(PROMPTS, GREEDY)
     cpu = LLM(
@@ -42,7 +42,7 @@ def test_batch_equals_alone_on_gpu(tiny_checkpoint, dtype):
                 rtol=1e-3,
                 atol=1e-3,
             )
-    assert llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == held  # nothing leaked
+    assert llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == held  # nothing leaked
 
 
 @pytest.mark.parametrize("mode", ["unified", "separate"])

@@ -30,7 +30,7 @@ def client():
     server = OpenAIServer(llm, "m3-tiny")
     with TestClient(server.app) as client:
         yield client, llm
-    server.shutdown()
+    llm.shutdown()
 
 
 @pytest.mark.parametrize("header", [None, "not-the-deployment-secret"], ids=["none", "wrong"])
@@ -41,7 +41,7 @@ def test_disaggregated_params_without_the_secret_are_refused(client, header):
     error = reply.json()["error"]
     assert reply.status_code == 403 and error["type"] == "permission_error"
     assert error["param"] == "disaggregated_params" and DISAGG_AUTH_HEADER in error["message"]
-    assert not llm.executor.disagg.held  # nothing prefilled, nothing held
+    assert llm.get_stats()["held_for_transfer"] == 0  # nothing prefilled, nothing held
 
 
 def test_the_router_with_the_secret_gets_a_signed_handle(client):
@@ -51,7 +51,7 @@ def test_the_router_with_the_secret_gets_a_signed_handle(client):
     params = reply.json()["disaggregated_params"]
     assert reply.status_code == 200 and params["request_type"] == "context_only"
     assert len(params["signature"]) == 64 and len(params["transfer_handle"]["transfer_id"]) >= 16
-    assert len(llm.executor.disagg.held) == 1
+    assert llm.get_stats()["held_for_transfer"] == 1
 
 
 def test_holds_that_fill_max_held_fraction_refuse_new_context_requests():
@@ -67,8 +67,8 @@ def test_holds_that_fill_max_held_fraction_refuse_new_context_requests():
     headers = {DISAGG_AUTH_HEADER: os.environ["TRTLLM_DISAGG_SECRET"]}
     with TestClient(server.app) as client:
         codes = [client.post("/v1/completions", json=BODY, headers=headers) for _ in range(3)]
-    server.shutdown()
     assert [r.status_code for r in codes] == [200, 200, 429]  # 2 of 8 slots held: the limit
     error = codes[2].json()["error"]
     assert error["type"] == "rate_limit_error" and "max_held_fraction" in error["message"]
-    assert llm.executor.disagg.held_slots() == 2
+    assert llm.disaggregated.held_slots() == 2
+    llm.shutdown()

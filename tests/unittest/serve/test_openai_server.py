@@ -81,9 +81,9 @@ def test_a_disconnected_stream_frees_its_slots_and_metrics_report(server):
         for _ in response.iter_lines():
             break  # leave after the first event
     deadline = time.time() + 20
-    while time.time() < deadline and srv.llm.kv_cache_manager.get_kv_cache_stats().num_used_slots:
+    while time.time() < deadline and srv.llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"]:
         time.sleep(0.1)
-    assert srv.llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
+    assert srv.llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == 0
     text = httpx.get(url + "/metrics").text
     assert 'trtllm_draft_kv_mode{mode="target manager\'s draft sub-page view"} 1' in text
     assert "trtllm_acceptance_length" in text and 'trtllm_kv_cache_slots{state="used"} 0' in text
@@ -96,9 +96,9 @@ def test_a_disconnected_non_streamed_request_is_cancelled(server):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + "/v1/completions", json=body, timeout=httpx.Timeout(5.0, read=1.0))
     deadline = time.time() + 5  # the 900 tokens alone take far longer on the CPU
-    while time.time() < deadline and srv.llm.kv_cache_manager.get_kv_cache_stats().num_used_slots:
+    while time.time() < deadline and srv.llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"]:
         time.sleep(0.1)
-    assert srv.llm.kv_cache_manager.get_kv_cache_stats().num_used_slots == 0
+    assert srv.llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == 0
 
 
 @pytest.mark.parametrize(
@@ -254,7 +254,7 @@ def test_n_samples_and_prompt_lists(server, client):
     # issue 12, acceptance 2: greedy n=3 gives three identical answers; the samples after the
     # first reuse its prompt KV from the prefix cache
     srv, _ = server
-    reused = srv.llm.executor.stats.num_reused_tokens
+    reused = srv.llm.get_stats()["num_reused_tokens"]
     long_question = " ".join([QUESTION] * 4)  # over two 128-token blocks (reuse is per block)
     chat = client.chat.completions.create(
         model="target",
@@ -269,7 +269,7 @@ def test_n_samples_and_prompt_lists(server, client):
         len(srv.llm.tokenizer.encode(c.message.content)) + (c.finish_reason == "stop")
         for c in chat.choices
     )
-    assert srv.llm.executor.stats.num_reused_tokens > reused
+    assert srv.llm.get_stats()["num_reused_tokens"] > reused
     sampled = client.completions.create(
         model="target", prompt=QUESTION, max_tokens=12, temperature=1.0, seed=5, n=3
     )

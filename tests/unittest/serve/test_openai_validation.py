@@ -15,7 +15,7 @@ def client():
     with TestClient(server.app) as client:
         client.server = server
         yield client
-    server.shutdown()
+    server.close()
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,6 @@ def keyed(llm):
     server = OpenAIServer(llm, "m", api_key=KEY)
     with TestClient(server.app) as client:
         yield client
-    server.shutdown()
 
 
 @pytest.mark.parametrize(

@@ -3,18 +3,18 @@ Eagle3 with the unified and the separate draft cache), attention DP spreads the 
 decodes as one rank, and the ranks stay together through sampling and cancellations."""
 
 import random
+import threading
 import time
 
 import pytest
 
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
-from tensorrt_llm._torch.distributed.ranks import RanksLostError
 from tensorrt_llm._torch.speculative.utils import VIEW_MODE
 from tensorrt_llm.bundled import BUNDLED_DRAFT
 from tensorrt_llm.evaluate.runner import run_multiturn_copy
 from tensorrt_llm.evaluate.tasks import gsm8k_tiny
-from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
+from tensorrt_llm.llmapi import Eagle3DecodingConfig, GenerationRequest, KvCacheConfig
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(max_tokens=40, temperature=0)
@@ -103,18 +103,21 @@ def test_sampling_and_cancellations_keep_the_ranks_together(one_rank, parallel):
         assert all(len(o.outputs[0].token_ids) == 12 for o in first)
         assert llm.generate(texts[1], seeded).outputs[0].token_ids == first[1].outputs[0].token_ids
         # cancel one request mid-decode, as the server does for a client that went away
-        ids = []
-        for text in texts[:3]:
-            request, _ = llm._make_request(text, GREEDY)
-            llm.executor.enqueue_request(request)
-            ids.append(request)
-        for _ in range(3):
-            llm.executor.step()
-        assert llm.executor.cancel_request(ids[1].request_id)
-        while llm.executor.has_work:
-            llm.executor.step()
-        assert ids[1].finish_reason == "cancelled"
-        assert [r.output_token_ids for r in (ids[0], ids[2])] == [
+        ids, outputs, done = [], {}, threading.Event()
+
+        def follow(output):  # on the engine loop's thread, between steps
+            outputs[output.request_id] = output
+            mid_decode = output.outputs[0].token_ids and not output.finished
+            if len(ids) == 3 and output.request_id == ids[1] and mid_decode:
+                llm.cancel(ids[1])  # (once more for each step until it lands: a no-op)
+            if len(ids) == 3 and all(i in outputs and outputs[i].finished for i in ids):
+                done.set()
+
+        ids += [llm.submit(GenerationRequest(text, GREEDY), follow) for text in texts[:3]]
+        assert done.wait(60)
+        final = [outputs[i].outputs[0] for i in ids]
+        assert final[1].finish_reason == "cancelled" and len(final[1].token_ids) < 12
+        assert [final[0].token_ids, final[2].token_ids] == [
             one_rank["unified"][0][0],
             one_rank["unified"][2][0],
         ]
@@ -138,18 +141,23 @@ def test_heads_that_do_not_split_evenly_are_a_clear_error():
 @pytest.mark.parametrize("parallel", [{}, {"enable_attention_dp": True}], ids=["tp2", "adp2"])
 def test_a_rank_that_dies_ends_the_requests_with_an_error_not_a_hang(parallel):
     llm = make_llm(tensor_parallel_size=2, **parallel)
-    requests = [llm._make_request(text, GREEDY)[0] for text in prompts(llm, 4)]
-    for request in requests:
-        llm.executor.enqueue_request(request)
-    llm.executor.step()
     follower = llm._followers._processes[0]
-    follower.kill()
-    follower.join()
+    outputs, done = {}, threading.Event()
+
+    def follow(output):  # on the engine loop's thread, between steps
+        if not outputs:  # after the first step: rank 1 dies
+            follower.kill()
+            follower.join()
+        outputs[output.request_id] = output
+        if len(outputs) == 4 and all(o.finished for o in outputs.values()):
+            done.set()
+
+    for text in prompts(llm, 4):
+        llm.submit(GenerationRequest(text, GREEDY), follow)
+    assert done.wait(60)
     assert llm.lost_rank() == "rank 1 exited (code -9)"
-    with pytest.raises(RanksLostError, match=r"rank 1 exited \(code -9\)"):
-        llm.executor.step()
-    assert [r.finish_reason for r in requests] == ["error"] * 4
-    assert not llm.executor.has_work and not llm.executor.active
+    assert [o.outputs[0].finish_reason for o in outputs.values()] == ["error"] * 4
+    assert llm.get_stats()["active_requests"] == 0
     started = time.monotonic()
     llm.shutdown()
     assert time.monotonic() - started < 10

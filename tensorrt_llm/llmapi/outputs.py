@@ -1,0 +1,164 @@
+"""What ``LLM`` hands back: ``RequestOutput`` per request, and the output side that makes it.
+
+The executor produces tokens; the output side turns them into text, incrementally (each step
+decodes only a short window of tokens, not the whole output), and finds the stop strings there.
+A request whose text reaches a stop string is ended through the executor's ``finish_request``
+(between steps, on the engine loop's thread), and its output stops at the token that completed
+the string; the text at the string's start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
+
+REPLACEMENT = "\ufffd"  # what a decoder shows for bytes of a character not yet complete
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    avg_decoded_tokens_per_iter: float | None = None
+    generation_logits: torch.Tensor | None = None  # [num_tokens, vocab] if requested
+    # per token of token_ids, if SamplingParams.logprobs: (its log-probability, [(token, lp)...])
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
+    # a context-only request's reply, once it finished (the handle to its held KV)
+    disaggregated_params: DisaggregatedParams | None = None
+    admitted_at: float | None = None  # time.monotonic() when the scheduler granted its KV
+
+
+class IncrementalDetokenizer:
+    """Text of a growing token list, decoding a window per token: the tokens from
+    ``prefix_offset`` on, against those up to ``read_offset`` (what was already shown), so a
+    character split over tokens is shown once whole and a tokenizer's spacing rules see context."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.tokens: list[int] = []
+        self.text = ""
+        self.prefix_offset = self.read_offset = 0
+
+    def add(self, token: int) -> str:
+        """Append ``token``; returns the text it completes (maybe empty)."""
+        self.tokens.append(token)
+        shown = self.decode(self.tokens[self.prefix_offset : self.read_offset])
+        full = self.decode(self.tokens[self.prefix_offset :])
+        if len(full) <= len(shown) or full.endswith(REPLACEMENT):
+            return ""
+        delta = full[len(shown) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        self.text += delta
+        return delta
+
+
+class OutputTracker:
+    """One request's output side: its text so far and the stop strings in it."""
+
+    def __init__(
+        self,
+        request: LlmRequest,
+        prompt: str | None,
+        decode: Callable[[list[int]], str] | None,
+    ) -> None:
+        self.request, self.prompt = request, prompt
+        params = request.sampling_params
+        self.detokenizer = IncrementalDetokenizer(decode) if params.detokenize else None
+        self.stops = list(params.stop or []) if self.detokenizer is not None else []
+        self.num_tokens = 0  # output tokens seen (after a stop string: those kept)
+        self.text_limit: int | None = None  # where the stop string starts in the text
+        self.stop_hit: str | None = None
+
+    def consume(self) -> str | None:
+        """Read the request's new tokens; returns the stop string they completed, if any (the
+        output then ends at the token that completed it)."""
+        tokens = self.request.output_token_ids
+        while self.num_tokens < len(tokens) and self.stop_hit is None:
+            token = tokens[self.num_tokens]
+            self.num_tokens += 1
+            if self.detokenizer is None or self._is_end_token(token):
+                continue
+            delta = self.detokenizer.add(token)
+            if delta and self.stops:
+                self._find_stop(len(delta))
+        return self.stop_hit
+
+    def _is_end_token(self, token: int) -> bool:
+        """An end token that stopped the request is not text."""
+        request = self.request
+        return (
+            request.finish_reason is FinishReason.STOP
+            and request.stop_reason == token
+            and self.num_tokens == len(request.output_token_ids)
+        )
+
+    def _find_stop(self, num_new_chars: int) -> None:
+        text = self.detokenizer.text
+        longest = max(len(s) for s in self.stops)
+        start = max(0, len(text) - num_new_chars - longest + 1)  # a string may span the delta
+        hits = [(i, s) for s in self.stops if (i := text.find(s, start)) >= 0]
+        if hits:
+            self.text_limit, self.stop_hit = min(hits)
+
+    def output(
+        self, finished: bool, disaggregated_params: DisaggregatedParams | None = None
+    ) -> RequestOutput:
+        request, n = self.request, self.num_tokens
+        text = ""
+        if self.detokenizer is not None:
+            text = self.detokenizer.text
+            if finished and self.stop_hit is None:  # whole, once: the tokenizer's own decode
+                text = self.detokenizer.decode(_visible(request, n))
+            if self.text_limit is not None:
+                text = text[: self.text_limit]
+        params = request.sampling_params
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=list(request.output_token_ids[:n]),
+            finish_reason=request.finish_reason,
+            stop_reason=request.stop_reason,
+            avg_decoded_tokens_per_iter=request.avg_decoded_tokens_per_iter,
+            generation_logits=torch.stack(request.py_generation_logits[:n])
+            if request.py_generation_logits
+            else None,
+            logprobs=list(request.py_logprobs[:n]) if params.logprobs is not None else None,
+        )
+        return RequestOutput(
+            request.request_id,
+            self.prompt,
+            request.prompt_token_ids,
+            [completion],
+            finished=finished,
+            disaggregated_params=disaggregated_params,
+            admitted_at=request.admitted_at,
+        )
+
+
+def _visible(request: LlmRequest, num_tokens: int) -> list[int]:
+    """The output tokens the text shows (an end token that stopped it is not shown)."""
+    tokens = request.output_token_ids[:num_tokens]
+    if (
+        request.finish_reason is FinishReason.STOP
+        and isinstance(request.stop_reason, int)
+        and num_tokens == len(request.output_token_ids)
+    ):
+        tokens = tokens[:-1]
+    return tokens
