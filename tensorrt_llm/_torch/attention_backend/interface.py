@@ -41,6 +41,8 @@ from typing import Protocol
 
 import torch
 
+from tensorrt_llm.runtime.staging import PinnedStaging
+
 
 class PagedKVCache(Protocol):
     """Every member an attention op (or a kernel launcher) may read from the manager attached to
@@ -84,11 +86,14 @@ PAGED_KV_CACHE_MEMBERS = (
 
 
 class MetadataBuffers:
-    """Persistent device tensors, one per name, handed out as views of the size a step needs."""
+    """Persistent device tensors, one per name, handed out as views of the size a step needs; on
+    CUDA each has a pinned host twin its contents are staged through (``put``), so the copy is
+    queued and the host goes on."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
         self._tensors: dict[str, torch.Tensor] = {}
+        self._twins: dict[str, PinnedStaging] = {}
 
     def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A ``shape`` view of buffer ``name`` (contents undefined); reallocated only to grow."""
@@ -103,7 +108,11 @@ class MetadataBuffers:
     def put(self, name: str, host: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Buffer ``name`` holding a copy of the host tensor ``host`` (as ``dtype``)."""
         dst = self.take(name, tuple(host.shape), dtype)
-        dst.copy_(host, non_blocking=dst.device.type == "cuda")
+        if dst.device.type != "cuda":
+            return dst.copy_(host)
+        twin = self._twins.setdefault(name, PinnedStaging())
+        staged = twin.take(host.numel(), dtype).view(host.shape)
+        twin.copy_to(dst, staged.copy_(host))
         return dst
 
 

@@ -62,7 +62,10 @@ class PyTorchModelEngine:
             device=self.device,
             buffers=self.buffers,
         )
-        return torch.tensor(tokens, dtype=torch.long, device=self.device), metadata, num_logits
+        input_ids = self.buffers.put(
+            "input_ids", torch.tensor(tokens, dtype=torch.long), torch.long
+        )
+        return input_ids, metadata, num_logits
 
     @torch.inference_mode()
     def forward(self, batch: ScheduledRequests) -> ForwardOutput:
@@ -71,11 +74,18 @@ class PyTorchModelEngine:
         hidden, captured = self.model(
             input_ids, attn_metadata=metadata, capture_layers=self.capture_layers
         )
-        rows = []
-        for i, n in enumerate(num_logits):
-            end = metadata.cu_seqlens[i + 1]
-            rows.extend(range(end - n, end))
-        logits = self.model.compute_logits(
-            hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]
-        )
+        logits = self.model.compute_logits(hidden[self.logits_rows(metadata, num_logits)])
         return ForwardOutput(logits, num_logits, hidden, metadata, captured)
+
+    def logits_rows(self, metadata: AttentionMetadata, num_logits: list[int]) -> torch.Tensor:
+        """The token rows that get logits (the last ``num_logits[i]`` of sequence ``i``), derived
+        on the device from the query offsets: only the counts cross from the host."""
+        counts = self.buffers.put("num_logits", torch.tensor(num_logits), torch.long)  # [num_seqs]
+        ends = metadata.cu_seqlens_q[1:].long()
+        total = sum(num_logits)
+        seq = torch.repeat_interleave(  # [total]: each row's sequence
+            torch.arange(len(num_logits), device=counts.device), counts, output_size=total
+        )
+        first_of_seq = torch.cumsum(counts, 0) - counts  # row index where each sequence's begin
+        index = torch.arange(total, device=counts.device)
+        return (ends - counts)[seq] + index - first_of_seq[seq]

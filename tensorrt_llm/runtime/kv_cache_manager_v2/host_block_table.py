@@ -9,15 +9,18 @@ Layout (upstream's ``host_kv_cache_block_offsets``)::
 Entries past a row's last block hold 0. A row belongs to one sequence from ``add`` to ``remove``;
 rows outnumber the batch when sequences wait outside it (held for a disaggregated transfer, say),
 so the table doubles when it runs out. Only the rows of a scheduled batch are ever copied to a
-device (``copy_batch``). Owners: the KV cache manager writes rows; views (the Eagle3 draft sub-page
+device (``copy_batch``: gathered into pinned staging, then one queued copy). Owners: the KV cache manager writes rows; views (the Eagle3 draft sub-page
 view) read them through ``batch_slot_rows``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
+
+from tensorrt_llm.runtime.staging import PinnedStaging
 
 
 class HostBlockTable:
@@ -32,6 +35,7 @@ class HostBlockTable:
         self._rows: dict[int, int] = {}
         self._lengths: dict[int, int] = {}  # blocks mirrored into each row
         self._free_rows = list(range(num_rows - 1, -1, -1))
+        self._staging = PinnedStaging()  # the batch's rows on their way to a device
 
     @property
     def num_pools(self) -> int:
@@ -115,8 +119,13 @@ class HostBlockTable:
         """Gather the batch's rows into ``dst[:, :n]`` (``[num_pools, >= n, 2, max_blocks_per_seq]``)
         in one indexed copy."""
         rows = self.batch_rows(seq_ids, beam_width, num_seqs)
-        src = self.table.index_select(1, rows)
-        dst[:, : rows.numel()].copy_(src, non_blocking=dst.device.type == "cuda")
+        if dst.device.type != "cuda":
+            dst[:, : rows.numel()].copy_(self.table.index_select(1, rows))
+            return
+        shape = (self.table.shape[0], rows.numel(), *self.table.shape[2:])
+        staged = self._staging.take(math.prod(shape), torch.int32).view(shape)
+        torch.index_select(self.table, 1, rows, out=staged)  # gathered straight into pinned memory
+        self._staging.copy_to(dst[:, : rows.numel()], staged)
 
     # ---- integrity ------------------------------------------------------------------------------
     def check(self, seq_id: int, block_table: Sequence[int]) -> None:

@@ -1,0 +1,35 @@
+"""PinnedStaging: pinned host memory for host-to-device copies, reused copy after copy.
+
+A copy from pageable host memory is not asynchronous (the host waits while the driver stages it);
+from pinned memory it is queued and the host goes on. A staging buffer must not be rewritten while
+the copy that reads it may still be in flight, so each copy records an event and the next ``take``
+waits for it (by then it has almost always completed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PinnedStaging:
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+        self._last_copy: torch.cuda.Event | None = None
+
+    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A flat pinned buffer of ``numel`` elements (contents undefined), once the last copy
+        from it is done; reallocated only to grow."""
+        if self._last_copy is not None:
+            self._last_copy.synchronize()
+            self._last_copy = None
+        buf = self._buffer
+        if buf is None or buf.dtype != dtype or buf.numel() < numel:
+            grown = 2 * buf.numel() if buf is not None and buf.dtype == dtype else 0
+            buf = self._buffer = torch.empty(max(numel, grown), dtype=dtype, pin_memory=True)
+        return buf[:numel]
+
+    def copy_to(self, dst: torch.Tensor, staged: torch.Tensor) -> None:
+        """Queue ``dst.copy_(staged)`` (``staged`` from ``take``) on the current stream."""
+        dst.copy_(staged, non_blocking=True)
+        self._last_copy = torch.cuda.Event()
+        self._last_copy.record()
