@@ -63,6 +63,7 @@ def resume_from_context(
         )
     request.output_token_ids = [params.first_token]
     request.py_draft_tokens = list(params.draft_tokens)
+    request.num_sampling_steps = 1  # the context server's step drew the first token
     return PromptKvPull(executor, transceiver, handle, **pull_options)
 
 

@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
-
-import torch
 
 from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
 from tensorrt_llm._torch.disaggregation.parallel import pull_options
@@ -92,18 +89,12 @@ def request_from_json(data: dict) -> LlmRequest:
     )
 
 
-def seed_for_ranks(request: LlmRequest) -> None:
-    """A sampled request without a seed gets one, so that every rank draws the same tokens."""
-    params = request.sampling_params
-    if not params.greedy and params.seed is None and request.generator is None:
-        request.generator = torch.Generator().manual_seed(random.getrandbits(63))
-
-
 def _request_for_ranks(request: LlmRequest) -> dict:
-    seed_for_ranks(request)
+    """``request_to_json``, with the seed rank 0 drew for a sampled request that has none, so
+    that every rank draws the same tokens."""
     data = request_to_json(request)
-    if request.generator is not None and request.sampling_params.seed is None:
-        data["sampling_params"]["seed"] = request.generator.initial_seed()
+    if not request.sampling_params.greedy:
+        data["sampling_params"]["seed"] = request.seed
     return data
 
 
@@ -135,6 +126,7 @@ def start_generation_only(
     request = request_from_json(command.request)
     request.output_token_ids = list(command.output_token_ids)
     request.py_draft_tokens = list(command.draft_tokens)
+    request.num_sampling_steps = 1  # as rank 0's (``generation_only.resume_from_context``)
     try:
         handle = TransferHandle.model_validate(command.handle)
         load_kv = PromptKvPull(executor, transceiver, handle, **pull_options(mapping))

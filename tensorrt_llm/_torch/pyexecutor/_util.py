@@ -28,7 +28,6 @@ from tensorrt_llm._torch.pyexecutor.resource_manager import (
     ResourceManagerType,
     get_pp_layers,
 )
-from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler
 from tensorrt_llm._torch.pyexecutor.scheduler import GuaranteedNoEvictScheduler
 from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 from tensorrt_llm._torch.speculative.utils import _should_create_separate_draft_kv_cache
@@ -143,11 +142,10 @@ def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig
     resources = ResourceManager(managers)
     kv_cache_manager = managers[ResourceManagerType.KV_CACHE_MANAGER]
     engine = PyTorchModelEngine(model, kv_cache_manager, device)
-    sampler = TorchSampler()
     worker = None
     if draft_model is not None:
         engine.capture_layers = _layers_to_capture(spec, draft_model, config.num_hidden_layers)
-        worker = Eagle3OneModelWorker(spec, draft_model, resources, sampler, config.vocab_size)
+        worker = Eagle3OneModelWorker(spec, draft_model, resources, config.vocab_size)
     scheduler = GuaranteedNoEvictScheduler(
         executor_config.max_batch_size,
         executor_config.max_num_tokens,
@@ -161,7 +159,6 @@ def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig
         engine,
         resources,
         scheduler,
-        sampler,
         executor_config.max_seq_len,
         spec_worker=worker,
         cuda_graph_runner=runner,

@@ -246,7 +246,7 @@ class CUDAGraphRunner:
             new_tokens = [row[: a + 1] for row, a in zip(target.tolist(), accepted, strict=True)]
             tokens = StepTokens(new_tokens, drafts.tolist(), accepted)
             for req in batch.generation_requests:
-                req.py_draft_probs = []
+                req.draft_probs = None  # greedy drafts
         return GraphStep(logits[: n * width], [width] * n, tokens)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import random
 from dataclasses import dataclass, field
 
 import torch
@@ -51,8 +52,13 @@ class LlmRequest:
     stop_reason: int | str | None = None
     num_decode_iterations: int = 0  # generation steps (each verifies the previous drafts)
     num_accepted_draft_tokens: int = 0
-    py_draft_probs: list[torch.Tensor] = field(default_factory=list)  # q of each draft, if sampled
-    generator: torch.Generator | None = None
+    # the drafter's distributions of the drafts ``[K, vocab]``, on the device, when they were
+    # sampled (the next step's rejection sampling reads them)
+    draft_probs: torch.Tensor | None = None
+    # the seed of the request's random numbers (``sampler.uniform``): SamplingParams.seed, else
+    # drawn here; and its sampling steps so far (each step's numbers are new)
+    seed: int = field(init=False)
+    num_sampling_steps: int = 0
     py_generation_logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] per token
     # per emitted token, when asked (SamplingParams.logprobs): its log-probability, and the
     # (token, log-probability) of the most likely tokens at its position
@@ -63,8 +69,8 @@ class LlmRequest:
     admitted_at: float | None = None  # time.monotonic() when the scheduler granted its KV
 
     def __post_init__(self) -> None:
-        if self.sampling_params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.sampling_params.seed)
+        seed = self.sampling_params.seed
+        self.seed = seed if seed is not None else random.getrandbits(63)
 
     @property
     def prompt_len(self) -> int:

@@ -13,7 +13,7 @@ from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest,
 from tensorrt_llm._torch.pyexecutor.logits_processing import process_logits
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
-from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler, token_logprobs
+from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, sample, token_logprobs
 from tensorrt_llm._torch.pyexecutor.scheduler import (
     GuaranteedNoEvictScheduler,
     ScheduledRequests,
@@ -66,7 +66,6 @@ class PyExecutor:
         model_engine: PyTorchModelEngine,
         resource_manager: ResourceManager,
         scheduler: GuaranteedNoEvictScheduler,
-        sampler: TorchSampler,
         max_seq_len: int,
         spec_worker: Eagle3OneModelWorker | None = None,
         cuda_graph_runner: CUDAGraphRunner | None = None,
@@ -76,7 +75,6 @@ class PyExecutor:
         self.model_engine = model_engine
         self.resource_manager = resource_manager
         self.scheduler = scheduler
-        self.sampler = sampler
         self.max_seq_len = max_seq_len
         self.active: list[LlmRequest] = []
         # held context-only KV, and generation-only requests waiting for theirs
@@ -253,16 +251,14 @@ class PyExecutor:
             self.active.remove(req)
 
     def _sample(self, batch: ScheduledRequests, output: ForwardOutput) -> StepTokens:
-        """Target-only decoding: one token per request that produced logits."""
+        """Target-only decoding: one token per request that produced logits, drawn on the
+        device for the whole batch (``sampler.sample``), one copy to the host."""
         requests = batch.all_requests
         sampled = [i for i, n in enumerate(output.num_logits) if n]
-        tokens = self.sampler.sample(
-            output.logits,
-            [requests[i].sampling_params for i in sampled],
-            [requests[i].generator for i in sampled],
-        ).tolist()
+        st = SamplingTensors.of([requests[i] for i in sampled], output.logits.device)
+        tokens, _ = sample(output.logits, st)
         new_tokens: list[list[int]] = [[] for _ in requests]
-        for i, token in zip(sampled, tokens, strict=True):
+        for i, token in zip(sampled, tokens.tolist(), strict=True):
             new_tokens[i] = [token]
         return StepTokens(new_tokens, [[] for _ in requests], [None] * len(requests))
 
@@ -303,6 +299,7 @@ class PyExecutor:
                 continue
             decoding = req.state is LlmRequestState.GENERATION_IN_PROGRESS
             req.state = LlmRequestState.GENERATION_IN_PROGRESS
+            req.num_sampling_steps += 1  # the next step's random numbers are new
             emitted, top = 0, req.sampling_params.logprobs
             logprobs = token_logprobs(rows[: len(tokens)], tokens, top) if top is not None else None
             for j, token in enumerate(tokens):

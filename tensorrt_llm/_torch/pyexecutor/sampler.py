@@ -1,47 +1,138 @@
-"""Token sampling: greedy, temperature, top-k, top-p, with a per-request seed."""
+"""Token sampling on the device, as tensor operations over the whole batch: no loop over the
+requests and no host sync, so the same code runs eagerly and inside a CUDA graph.
+
+Each row has its own temperature (0: greedy), top-k (0: all), top-p (1: all) and seed. A row's
+random numbers are a counter-based hash of ``(seed, counter, lane)``: the request's seed, its
+sampling step (``LlmRequest.num_sampling_steps``) times ``COUNTER_STRIDE`` plus the position within
+the step, and a lane per use (the target's token, the acceptance test, each draft). So a seeded
+request draws the same tokens whatever else is in its batch, eagerly or replayed from a graph,
+and no number is ever used twice::
+
+    u = splitmix64(seed * A + counter * B + lane * C) >> 11, / 2**53        in [0, 1)
+
+A token is drawn by inverse transform: the first index whose cumulative probability passes
+``u`` (one random number per draw, whatever the vocabulary).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
-from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+
+COUNTER_STRIDE = 64  # positions per sampling step (1 + drafts), at most
+LANE_TOKEN, LANE_ACCEPT, LANE_RESIDUAL, LANE_DRAFT = 0, 1, 2, 3  # drafts: LANE_DRAFT + k
+
+_MASK64 = (1 << 64) - 1
 
 
-def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """``logits [..., V]`` -> the probabilities ``params`` samples from (temperature, top-k, top-p)."""
-    logits = logits.float() / max(params.temperature or 1.0, 1e-6)
-    if params.top_k:
-        kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p is not None and params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= params.top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
-class TorchSampler:
-    def sample(
-        self,
-        logits: torch.Tensor,
-        params: list[SamplingParams],
-        generators: list[torch.Generator | None],
-    ) -> torch.Tensor:
-        """``logits [n, V]`` with one ``SamplingParams`` per row -> tokens ``[n]`` (on the CPU).
+_A, _B, _C = (_signed(0x9E3779B97F4A7C15), _signed(0xD1B54A32D192ED03), _signed(0x8CB92BA72F3D8DD7))
+_M1, _M2 = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
 
-        Greedy rows take the argmax in one op; sampled rows draw from their filtered distribution
-        with the request's generator (seeded requests are reproducible).
-        """
-        tokens = logits.argmax(dim=-1).cpu()
-        for row, (p, gen) in enumerate(zip(params, generators)):
-            if not p.greedy:
-                probs = filtered_probs(logits[row], p).cpu()
-                tokens[row] = torch.multinomial(probs, 1, generator=gen).item()
-        return tokens
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def uniform(seed: torch.Tensor, counter: torch.Tensor, lane: int | torch.Tensor) -> torch.Tensor:
+    """``[...]`` float32 in [0, 1) from int64 ``seed`` and ``counter`` (broadcast) and ``lane``."""
+    lane = torch.as_tensor(lane, dtype=torch.long, device=seed.device)
+    x = seed * _A + counter * _B + lane * _C  # int64, wrapping
+    x = (x ^ _shift_right(x, 30)) * _M1
+    x = (x ^ _shift_right(x, 27)) * _M2
+    x = x ^ _shift_right(x, 31)
+    return (_shift_right(x, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+@dataclass
+class SamplingTensors:
+    """One row per sequence of a batch, on the device."""
+
+    temperature: torch.Tensor  # [N] float32; 0: greedy
+    top_k: torch.Tensor  # [N] int64; 0: every token
+    top_p: torch.Tensor  # [N] float32; 1: every token
+    seed: torch.Tensor  # [N] int64
+    counter: torch.Tensor  # [N] int64: num_sampling_steps * COUNTER_STRIDE
+    all_greedy: bool  # (host) no row samples: argmax only
+
+    @classmethod
+    def of(cls, requests: Sequence[LlmRequest], device: torch.device) -> SamplingTensors:
+        params = [r.sampling_params for r in requests]
+        greedy = [p.greedy for p in params]
+        host = torch.tensor(
+            [
+                [0.0 if g else float(p.temperature) for p, g in zip(params, greedy, strict=True)],
+                [float(p.top_k or 0) for p in params],
+                [1.0 if p.top_p is None else float(p.top_p) for p in params],
+            ],
+            dtype=torch.float32,
+        )
+        ints = torch.tensor(
+            [
+                [r.seed for r in requests],
+                [r.num_sampling_steps * COUNTER_STRIDE for r in requests],
+            ],
+            dtype=torch.long,
+        )
+        host, ints = host.to(device, non_blocking=True), ints.to(device, non_blocking=True)
+        return cls(host[0], host[1].long(), host[2], ints[0], ints[1], all(greedy))
+
+    def expand(self, repeats: int) -> SamplingTensors:
+        """Each row ``repeats`` times (a row per position of its step), counters stepping by 1."""
+        step = torch.arange(repeats, device=self.seed.device)
+        return SamplingTensors(
+            self.temperature.repeat_interleave(repeats),
+            self.top_k.repeat_interleave(repeats),
+            self.top_p.repeat_interleave(repeats),
+            self.seed.repeat_interleave(repeats),
+            (self.counter[:, None] + step).flatten(),
+            self.all_greedy,
+        )
+
+
+def filtered_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """``logits [N, V]`` -> the probabilities each row samples from: temperature, then top-k, then
+    top-p (the smallest prefix of the sorted tokens whose mass reaches it; the first always stays).
+    Greedy rows come out at temperature 1 (their draws are not used)."""
+    temperature = torch.where(st.temperature > 0, st.temperature, 1.0)
+    scaled = logits.float() / temperature[:, None]
+    ordered, order = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(scaled.shape[-1], device=scaled.device)
+    keep = (st.top_k[:, None] <= 0) | (rank[None, :] < st.top_k[:, None])
+    probs = torch.softmax(ordered.masked_fill(~keep, float("-inf")), dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
+    probs = probs.masked_fill(before >= st.top_p[:, None], 0.0)
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(-1, order, probs)
+
+
+def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``[N]`` tokens, token ``t`` of row ``i`` with probability ``probs[i, t]`` for ``u`` uniform."""
+    cdf = probs.cumsum(dim=-1)
+    target = (u * cdf[:, -1]).unsqueeze(-1)
+    index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return index.clamp_(max=probs.shape[-1] - 1)
+
+
+def sample(
+    logits: torch.Tensor, st: SamplingTensors, lane: int = LANE_TOKEN
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``logits [N, V]`` -> (tokens ``[N]``, the distributions sampled ``[N, V]`` or None when all
+    rows are greedy). Greedy rows take the argmax."""
+    greedy = logits.argmax(dim=-1)
+    if st.all_greedy:
+        return greedy, None
+    probs = filtered_probs(logits, st)
+    drawn = draw(probs, uniform(st.seed, st.counter, lane))
+    return torch.where(st.temperature > 0, drawn, greedy), probs
 
 
 def token_logprobs(

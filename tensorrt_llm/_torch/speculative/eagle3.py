@@ -2,11 +2,10 @@
 
 Per step, after the target forward over [last token + drafts] (or a prompt chunk):
 
-1. **accept** (per request). Greedy: accept drafts while each equals the target's argmax at the
-   position before it, then add the target's argmax after the last accepted one (the bonus token);
-   the result is token-identical to target-only greedy decoding. Sampled (temperature > 0):
-   speculative rejection sampling, accepting draft d with probability min(1, p(d) / q(d)) and, at
-   the first rejection, sampling from normalize(max(p - q, 0)); the output follows p exactly.
+1. **accept** (``acceptance.verify``, for the whole batch on the device). Greedy: accept drafts
+   while each equals the target's argmax at the position before it, then the target's argmax after
+   the last accepted one (the bonus token); token-identical to target-only greedy decoding.
+   Sampled: speculative rejection sampling against the drafter's q; the output follows p exactly.
 2. **first draft step** over the same positions as the target step, inside the metadata's draft
    swap: position p gets token p+1 (the accepted tokens and the bonus) and the fused target features
    at p, so the drafter's KV for every accepted position is final; rows past the accepted ones write
@@ -20,54 +19,13 @@ import torch
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3DraftModel
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager
-from tensorrt_llm._torch.pyexecutor.sampler import TorchSampler, filtered_probs
+from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, sample
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+from tensorrt_llm._torch.speculative.acceptance import choose_drafts, verify
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig, StepTokens
 from tensorrt_llm._torch.speculative.utils import DraftKvModeTracker
-
-
-def greedy_accept(drafts: list[int], target_argmax: list[int]) -> list[int]:
-    """``target_argmax[j]`` is the target's choice after the input's j-th token (len = drafts + 1).
-    Returns the accepted drafts followed by the target's next token."""
-    accepted = 0
-    while accepted < len(drafts) and drafts[accepted] == target_argmax[accepted]:
-        accepted += 1
-    return drafts[:accepted] + [target_argmax[accepted]]
-
-
-def rejection_accept(
-    drafts: list[int],
-    draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
-    generator: torch.Generator | None,
-) -> list[int]:
-    """Speculative sampling. ``draft_probs [K, V]`` (q, what each draft was drawn from),
-    ``target_probs [K + 1, V]`` (p). Returns the accepted drafts and one token drawn from p (or from
-    the residual at the first rejection)."""
-    for j, d in enumerate(drafts):
-        p, q = target_probs[j, d], draft_probs[j, d]
-        if q > 0 and torch.rand((), generator=generator) < torch.clamp(p / q, max=1.0):
-            continue
-        residual = torch.clamp(target_probs[j] - draft_probs[j], min=0.0)
-        residual = residual / residual.sum() if residual.sum() > 0 else target_probs[j]
-        return drafts[:j] + [int(torch.multinomial(residual, 1, generator=generator))]
-    return drafts + [int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator))]
-
-
-def sample_match_accept(
-    drafts: list[int], target_probs: torch.Tensor, generator: torch.Generator | None
-) -> list[int]:
-    """Acceptance without the drafter's distribution (drafts made elsewhere, e.g. by a context
-    server): draw from p at each position and keep the draft while the draw equals it. The output
-    follows p exactly; acceptance is lower than rejection sampling's."""
-    for j, d in enumerate(drafts):
-        token = int(torch.multinomial(target_probs[j], 1, generator=generator))
-        if token != d:
-            return drafts[:j] + [token]
-    return drafts + [int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator))]
 
 
 class Eagle3OneModelWorker:
@@ -76,13 +34,11 @@ class Eagle3OneModelWorker:
         spec_config: Eagle3SpecConfig,
         draft_model: Eagle3DraftModel,
         resource_manager: ResourceManager,
-        sampler: TorchSampler,
         vocab_size: int,
     ) -> None:
         self.spec_config = spec_config
         self.draft_model = draft_model
         self.resource_manager = resource_manager
-        self.sampler = sampler
         self.vocab_size = vocab_size
         self._draft_kv = DraftKvModeTracker()
         # the draft chain's metadata tensors (apart from the target step's)
@@ -140,13 +96,13 @@ class Eagle3OneModelWorker:
         hidden, logits = hidden[rows], logits[rows]
         positions = md.position_ids_cpu[torch.tensor(picks)]
         drafting_reqs = [requests[i] for i in drafting]
-        for req in drafting_reqs:
-            req.py_draft_probs = []
+        st = SamplingTensors.of(drafting_reqs, hidden.device)
         chain_md: AttentionMetadata | None = None
+        chosen, probs = [], []
         for k in range(self.max_draft_len):
-            tokens = self._choose_drafts(logits, drafting_reqs)
-            for i, token in zip(drafting, tokens, strict=True):
-                next_drafts[i].append(token)
+            tokens, q = choose_drafts(logits, st, k, self.draft_model.to_target_ids, self._target_q)
+            chosen.append(tokens)
+            probs.append(q)
             if k + 1 == self.max_draft_len:
                 break
             # the draft just chosen sits at the next position; its successor is drafted from there
@@ -163,10 +119,17 @@ class Eagle3OneModelWorker:
                 self.prefetch_draft_table(chain_md, draft_manager)
             else:
                 chain_md.advance()
-            ids = torch.tensor(tokens, dtype=torch.long, device=hidden.device)
             with chain_md.swap_kv_cache_manager(draft_manager):
-                hidden, logits = self.draft_model(ids, hidden, chain_md.position_ids, chain_md)
+                hidden, logits = self.draft_model(tokens, hidden, chain_md.position_ids, chain_md)
+        for i, row in zip(drafting, torch.stack(chosen, dim=1).tolist(), strict=True):
+            next_drafts[i] = row
+        q = None if st.all_greedy else torch.stack(probs, dim=1)  # [rows, K, V]
+        for row, req in enumerate(drafting_reqs):  # what the next step's acceptance reads
+            req.draft_probs = None if q is None or req.sampling_params.greedy else q[row]
         return StepTokens(new_tokens, next_drafts, num_accepted)
+
+    def _target_q(self, draft_probs: torch.Tensor) -> torch.Tensor:
+        return self.draft_model.target_probs(draft_probs, self.vocab_size)
 
     def prefetch_draft_table(self, md: AttentionMetadata, draft_manager) -> None:
         """Copy the draft manager's rows into ``md`` once, if the drafter's backend reads them
@@ -228,48 +191,52 @@ class Eagle3OneModelWorker:
     def _accept(
         self, batch: ScheduledRequests, out: ForwardOutput
     ) -> tuple[list[list[int]], list[int | None]]:
-        new_tokens: list[list[int]] = []
-        num_accepted: list[int | None] = []
-        row = 0
-        for i, req in enumerate(batch.all_requests):
-            n = out.num_logits[i]
-            logits = out.logits[row : row + n]  # [n, vocab]
-            row += n
-            if n == 0:
-                new_tokens.append([])
-                num_accepted.append(None)
-            elif i < len(batch.context_requests):
-                new_tokens.append(
-                    self.sampler.sample(logits, [req.sampling_params], [req.generator]).tolist()
-                )
-                num_accepted.append(None)
-            else:
-                drafts = list(req.py_draft_tokens)
-                if req.sampling_params.greedy:
-                    tokens = greedy_accept(drafts, logits.argmax(dim=-1).tolist())
-                else:
-                    target = filtered_probs(logits, req.sampling_params).cpu()
-                    if len(req.py_draft_probs) == len(drafts):
-                        tokens = rejection_accept(
-                            drafts, torch.stack(req.py_draft_probs), target, req.generator
-                        )
-                    else:  # drafts made on a context server: their q stayed there
-                        tokens = sample_match_accept(drafts, target, req.generator)
-                new_tokens.append(tokens)
-                num_accepted.append(len(tokens) - 1)
+        """The step's new tokens per request: a first token for each prompt that finished, the
+        accepted drafts and one more for each generation request (``acceptance.verify``), all
+        on the device, then one copy of each to the host."""
+        requests, num_contexts = batch.all_requests, len(batch.context_requests)
+        new_tokens: list[list[int]] = [[] for _ in requests]
+        num_accepted: list[int | None] = [None] * len(requests)
+        starts = [0]
+        for n in out.num_logits:
+            starts.append(starts[-1] + n)
+        device = out.logits.device
+        first = [i for i in range(num_contexts) if out.num_logits[i]]
+        if first:
+            rows = torch.tensor([starts[i] for i in first], device=device)
+            st = SamplingTensors.of([requests[i] for i in first], device)
+            for i, token in zip(first, sample(out.logits[rows], st)[0].tolist(), strict=True):
+                new_tokens[i] = [token]
+        generating = list(range(num_contexts, len(requests)))
+        if not generating:
+            return new_tokens, num_accepted
+        reqs = [requests[i] for i in generating]
+        k = self.max_draft_len
+        drafts = [list(r.py_draft_tokens) + [0] * (k - len(r.py_draft_tokens)) for r in reqs]
+        # each request's 1 + drafts logits rows, padded to 1 + K with its last one
+        index = [
+            [starts[i] + min(j, out.num_logits[i] - 1) for j in range(k + 1)] for i in generating
+        ]
+        logits = out.logits[torch.tensor(index, device=device)]  # [G, K + 1, V]
+        has_q = [r.draft_probs is not None for r in reqs]
+        q = None
+        if any(has_q):
+            q = torch.stack(
+                [
+                    r.draft_probs
+                    if r.draft_probs is not None
+                    else logits.new_zeros(k, self.vocab_size)
+                    for r in reqs
+                ]
+            )
+        tokens, accepted = verify(
+            logits,
+            torch.tensor(drafts, device=device),
+            torch.tensor([len(r.py_draft_tokens) for r in reqs], device=device),
+            SamplingTensors.of(reqs, device),
+            q,
+            torch.tensor(has_q, device=device),
+        )
+        for i, row, a in zip(generating, tokens.tolist(), accepted.tolist(), strict=True):
+            new_tokens[i], num_accepted[i] = row[: a + 1], a
         return new_tokens, num_accepted
-
-    def _choose_drafts(self, draft_logits: torch.Tensor, requests: list[LlmRequest]) -> list[int]:
-        """One draft token (a target id) per request: greedy, or drawn from the request's filtered
-        draft distribution (kept for rejection sampling)."""
-        greedy = self.draft_model.to_target_ids(draft_logits.argmax(dim=-1)).tolist()
-        tokens = []
-        for row, req in enumerate(requests):
-            if req.sampling_params.greedy:
-                tokens.append(greedy[row])
-                continue
-            q = filtered_probs(draft_logits[row], req.sampling_params)
-            q = self.draft_model.target_probs(q, self.vocab_size).cpu()
-            tokens.append(int(torch.multinomial(q, 1, generator=req.generator)))
-            req.py_draft_probs.append(q)
-        return tokens
