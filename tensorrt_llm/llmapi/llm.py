@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 from tensorrt_llm._torch.distributed.communicator import init_distributed, shutdown_distributed
 from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
@@ -48,7 +49,7 @@ class _Job:
 
     request: LlmRequest
     tracker: OutputTracker
-    load_kv: object | None = None  # a generation-only request's PromptKvPull
+    load_kv: PromptKvPull | None = None  # a generation-only request's
 
 
 class LLM:
@@ -257,7 +258,10 @@ class LLM:
         decode = self.tokenizer.decode if self.tokenizer is not None else None
         return _Job(llm_request, OutputTracker(llm_request, text, decode), load_kv)
 
-    def _dispatch(self, job: _Job, on_update: OnUpdate) -> None:
+    def _dispatch(self, job: _Job, on_update: OnUpdate, final_only: bool = False) -> None:
+        """Hand ``job`` to the engine loop; ``on_update`` gets an output after every step, or
+        (``final_only``: ``generate``) only the last one, none being built before."""
+
         def update(request: LlmRequest, finished: bool) -> None:  # on the engine loop's thread
             stop = job.tracker.consume()  # the output side: text, stop strings
             if stop is not None:
@@ -266,8 +270,9 @@ class LLM:
                 elif request.finish_reason is FinishReason.LENGTH:  # the string came first
                     request.finish(FinishReason.STOP, stop)
             finished = finished or request.is_finished
-            reply = self.disaggregated.reply(request) if finished else None
-            on_update(job.tracker.output(finished, reply))
+            if finished or not final_only:
+                reply = self.disaggregated.reply(request) if finished else None
+                on_update(job.tracker.output(finished, reply))
 
         self._loop.submit(Submit(job.request, update, job.load_kv))
 
@@ -277,13 +282,12 @@ class LLM:
         done = threading.Event()
 
         def collect(output: RequestOutput) -> None:
-            if output.finished:
-                results[output.request_id] = output
-                if len(results) == len(jobs):
-                    done.set()
+            results[output.request_id] = output
+            if len(results) == len(jobs):
+                done.set()
 
         for job in jobs:
-            self._dispatch(job, collect)
+            self._dispatch(job, collect, final_only=True)
         if not self._loop.running:
             self._loop.run_until(done.is_set)
         elif self._loop.on_loop_thread:

@@ -125,7 +125,10 @@ class OutputTracker:
         if self.detokenizer is not None:
             text = self.detokenizer.text
             if finished and self.stop_hit is None:  # whole, once: the tokenizer's own decode
-                text = self.detokenizer.decode(_visible(request, n))
+                tokens = request.output_token_ids[:n]
+                text = self.detokenizer.decode(
+                    visible_tokens(tokens, request.finish_reason, request.stop_reason)
+                )
             if self.text_limit is not None:
                 text = text[: self.text_limit]
         params = request.sampling_params
@@ -152,13 +155,10 @@ class OutputTracker:
         )
 
 
-def _visible(request: LlmRequest, num_tokens: int) -> list[int]:
-    """The output tokens the text shows (an end token that stopped it is not shown)."""
-    tokens = request.output_token_ids[:num_tokens]
-    if (
-        request.finish_reason is FinishReason.STOP
-        and isinstance(request.stop_reason, int)
-        and num_tokens == len(request.output_token_ids)
-    ):
-        tokens = tokens[:-1]
-    return tokens
+def visible_tokens(
+    token_ids: list[int], finish_reason: FinishReason | None, stop_reason: int | str | None
+) -> list[int]:
+    """The output tokens the text shows: an end token that stopped the request is not shown."""
+    if finish_reason is FinishReason.STOP and isinstance(stop_reason, int):
+        return token_ids[:-1]
+    return token_ids

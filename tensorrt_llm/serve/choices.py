@@ -7,18 +7,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
-from tensorrt_llm.llmapi.outputs import CompletionOutput, RequestOutput
+from tensorrt_llm.llmapi.outputs import CompletionOutput, RequestOutput, visible_tokens
 from tensorrt_llm.serve.logprobs import chat_logprobs, completion_logprobs
 from tensorrt_llm.tokenizer import TransformersTokenizer
 
 
 def visible(out: CompletionOutput) -> list[int]:
-    """The output tokens the text shows (an end token that stopped it is not shown)."""
-    tokens = out.token_ids
-    if out.finish_reason is FinishReason.STOP and isinstance(out.stop_reason, int):
-        tokens = tokens[:-1]
-    return tokens
+    return visible_tokens(out.token_ids, out.finish_reason, out.stop_reason)
 
 
 class Renderer:

@@ -175,11 +175,9 @@ class EngineLoop:
 
     def _notify(self, request_id: int, finished: bool) -> None:
         request, callback = self._watchers[request_id]
-        if finished:
-            del self._watchers[request_id]
         self._callback(request, callback, finished)
-        if request.is_finished:  # the callback may end it (a stop string): no more updates
-            self._watchers.pop(request_id, None)
+        if finished or request.is_finished:  # (the callback may end it: a stop string)
+            del self._watchers[request_id]
 
     @staticmethod
     def _callback(request: LlmRequest, callback: Update, finished: bool) -> None:

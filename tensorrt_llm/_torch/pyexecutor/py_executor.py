@@ -256,7 +256,7 @@ class PyExecutor:
         requests = batch.all_requests
         sampled = [i for i, n in enumerate(output.num_logits) if n]
         st = SamplingTensors.of([requests[i] for i in sampled], output.logits.device)
-        tokens, _ = sample(output.logits, st)
+        tokens = sample(output.logits, st)
         new_tokens: list[list[int]] = [[] for _ in requests]
         for i, token in zip(sampled, tokens.tolist(), strict=True):
             new_tokens[i] = [token]

@@ -122,17 +122,13 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return index.clamp_(max=probs.shape[-1] - 1)
 
 
-def sample(
-    logits: torch.Tensor, st: SamplingTensors, lane: int = LANE_TOKEN
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``logits [N, V]`` -> (tokens ``[N]``, the distributions sampled ``[N, V]`` or None when all
-    rows are greedy). Greedy rows take the argmax."""
+def sample(logits: torch.Tensor, st: SamplingTensors, lane: int = LANE_TOKEN) -> torch.Tensor:
+    """``logits [N, V]`` -> tokens ``[N]``. Greedy rows take the argmax."""
     greedy = logits.argmax(dim=-1)
     if st.all_greedy:
-        return greedy, None
-    probs = filtered_probs(logits, st)
-    drawn = draw(probs, uniform(st.seed, st.counter, lane))
-    return torch.where(st.temperature > 0, drawn, greedy), probs
+        return greedy
+    drawn = draw(filtered_probs(logits, st), uniform(st.seed, st.counter, lane))
+    return torch.where(st.temperature > 0, drawn, greedy)
 
 
 def token_logprobs(

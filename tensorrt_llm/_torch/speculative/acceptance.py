@@ -49,7 +49,7 @@ def verify(
     k = width - 1
     argmax = logits.argmax(dim=-1)  # [B, T]
     valid = torch.arange(k, device=logits.device)[None, :] < num_drafts[:, None]  # [B, K]
-    greedy_accepted = _prefix_len((drafts == argmax[:, :k]) & valid)
+    greedy_accepted = greedy_accept(argmax, drafts, valid)
     if st.all_greedy:
         return argmax, greedy_accepted
     positions = st.expand(width)  # a row per (sequence, position): counters + j
@@ -81,6 +81,15 @@ def verify(
         torch.where(greedy[:, None], argmax, tokens),
         torch.where(greedy, greedy_accepted, accepted),
     )
+
+
+def greedy_accept(
+    argmax: torch.Tensor, drafts: torch.Tensor, valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[B]`` drafts accepted greedily: while each equals the target's argmax at the position
+    before it (``argmax [B, K + 1]``, ``drafts [B, K]``; ``valid [B, K]``: the drafts a row has)."""
+    match = drafts == argmax[:, : drafts.shape[1]]
+    return _prefix_len(match if valid is None else match & valid)
 
 
 def choose_drafts(

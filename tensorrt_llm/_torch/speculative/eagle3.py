@@ -23,7 +23,7 @@ from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager
 from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, sample
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-from tensorrt_llm._torch.speculative.acceptance import choose_drafts, verify
+from tensorrt_llm._torch.speculative.acceptance import choose_drafts, greedy_accept, verify
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig, StepTokens
 from tensorrt_llm._torch.speculative.utils import DraftKvModeTracker
 
@@ -157,12 +157,12 @@ class Eagle3OneModelWorker:
         tables must already be in ``md`` and ``chain_md`` (``prefetch_draft_table``). Returns the
         target's argmax ``[B, T]`` (the accepted tokens and the bonus are its first
         ``num_accepted + 1``), ``num_accepted [B]`` and the next drafts ``[B, max_draft_len]``:
-        the tokens ``greedy_accept`` and ``run`` give.
+        the tokens ``acceptance.verify`` and ``run`` give.
         """
         num_seqs, width = md.num_seqs, self.max_draft_len + 1
         target = logits.argmax(dim=-1).view(num_seqs, width)
         drafts = input_ids.view(num_seqs, width)[:, 1:]
-        num_accepted = (drafts == target[:, :-1]).int().cumprod(dim=1).sum(dim=1)
+        num_accepted = greedy_accept(target, drafts)
         cols = torch.arange(width, device=target.device)
         # position j of the step gets the token after it: the accepted ones, then the bonus
         following = target.gather(1, torch.minimum(cols[None, :], num_accepted[:, None]))
@@ -205,7 +205,7 @@ class Eagle3OneModelWorker:
         if first:
             rows = torch.tensor([starts[i] for i in first], device=device)
             st = SamplingTensors.of([requests[i] for i in first], device)
-            for i, token in zip(first, sample(out.logits[rows], st)[0].tolist(), strict=True):
+            for i, token in zip(first, sample(out.logits[rows], st).tolist(), strict=True):
                 new_tokens[i] = [token]
         generating = list(range(num_contexts, len(requests)))
         if not generating:

@@ -99,8 +99,8 @@ def test_greedy_and_sampled_rows_share_a_batch():
 def test_a_seed_draws_the_same_tokens_whatever_else_is_in_the_batch():
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(3))
     st = rows(6, temperature=0.9, top_p=0.95)
-    alone = [sample(logits[i : i + 1], rows_of(st, i))[0].item() for i in range(6)]
-    assert sample(logits, st)[0].tolist() == alone
+    alone = [sample(logits[i : i + 1], rows_of(st, i)).item() for i in range(6)]
+    assert sample(logits, st).tolist() == alone
     later = rows(6, temperature=0.9, top_p=0.95, step=1)  # the next step: new numbers
     assert not torch.equal(uniform(st.seed, st.counter, 0), uniform(later.seed, later.counter, 0))
 
