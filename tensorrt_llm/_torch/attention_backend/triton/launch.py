@@ -68,9 +68,9 @@ def attention_tiles(
 ) -> AttentionTiles:
     """Tiles for a step of ``itemsize``-byte inputs. Decode needs few query rows (``(1 + drafts) *
     group``): 16, 32 or 64 rows, by 128 keys, in 3 stages when a program reads a whole sequence
-    and 2 when it reads one split of it (``split``; on an H200, the draft geometry through the
-    32-token view, 8 x 32K in 9 splits: 0.96 of SDPA's bandwidth, against 0.91 with 64 keys in 33
-    splits). Prefill of 16-bit inputs takes 128 x 128 tiles on 8 warps
+    and 2 when it reads one split of it (``split``; with ``ops.decode_num_splits``, 8 x 32K of the
+    draft geometry through the 32-token view reads at 0.95 of SDPA's bandwidth on an H200:
+    ``benchmarks/bench_attention.py``). Prefill of 16-bit inputs takes 128 x 128 tiles on 8 warps
     (8k-token causal prefill: 301 TFLOP/s against 250 with 64 x 64 tiles); fp32 and head_dim
     above 128 keep smaller tiles and fewer stages to fit shared memory."""
     rows = max_query_len * group

@@ -24,8 +24,7 @@ MIN_KV_PER_SPLIT = 256  # a split reads at least this many keys (else its setup 
 MAX_SPLITS = 64
 PROGRAMS_PER_SM = 8
 # Dense decode: splits of 128-key tiles, about 2 programs per SM (on an H200, 8 x 32K of the draft
-# geometry through the view: 8 splits 0.95 of SDPA, against 0.92 with 33 splits of 64-key tiles and
-# 0.80 with 16 of 128; benchmarks/bench_attention.py)
+# geometry through the view in 8 splits: 0.95 of SDPA; benchmarks/bench_attention.py)
 DECODE_PROGRAMS_PER_SM = 2
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
