@@ -160,6 +160,9 @@ class TorchLlmArgs(StrictBaseModel):
     # CUDA graphs for decode steps (upstream's key); on by default where they can run (a CUDA
     # device with TRITON), None turns them off. Asked for explicitly where they cannot: an error.
     cuda_graph_config: CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)
+    # The overlap scheduler (upstream's key): the host schedules and prepares each step while the
+    # device runs the one before; a stop then lands one step late (its extra token is dropped).
+    disable_overlap_scheduler: bool = False
     # Ranks (one process and one GPU each) and how they split the work (upstream's keys): tensor
     # parallelism splits every layer's heads over them; with enable_attention_dp each rank runs
     # its own requests on replicated weights (see _torch/distributed/mapping.py).
@@ -214,6 +217,7 @@ class TorchLlmArgs(StrictBaseModel):
             attn_backend=attn_backend,
             device=device,
             cuda_graph=self._cuda_graph_options(attn_backend, device),
+            overlap_scheduler=not self.disable_overlap_scheduler,
             mapping=mapping or self.mapping(),
             load_format=self.load_format,
         )

@@ -31,8 +31,9 @@ from tensorrt_llm._torch.distributed.ranks import (
     send_step_commands,
     submit_command,
 )
+from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
-from tensorrt_llm._torch.pyexecutor.py_executor import ExecutorStats, PyExecutor
+from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.logger import logger
 
 

@@ -162,6 +162,7 @@ def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig
         executor_config.max_seq_len,
         spec_worker=worker,
         cuda_graph_runner=runner,
+        overlap=executor_config.overlap_scheduler,
     )
 
 

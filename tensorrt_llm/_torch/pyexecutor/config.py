@@ -159,5 +159,7 @@ class PyExecutorConfig:
     attn_backend: str = "VANILLA"
     device: str = "cpu"
     cuda_graph: CudaGraphOptions | None = None  # None: every step runs eagerly
+    # the host prepares step n+1 while the device runs step n (``PyExecutor.step``)
+    overlap_scheduler: bool = False
     mapping: Mapping = field(default_factory=Mapping)  # this rank, and how the ranks split work
     load_format: str = "auto"  # "dummy": random weights, no file read (the drafter's too)

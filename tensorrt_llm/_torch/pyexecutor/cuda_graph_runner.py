@@ -27,10 +27,10 @@ import torch
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
+from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens, on_device
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-from tensorrt_llm._torch.speculative.interface import StepTokens
 from tensorrt_llm.logger import logger
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class GraphStep:
 
     logits: torch.Tensor  # [num_requests * tokens_per_seq, vocab]
     num_logits: list[int]
-    tokens: StepTokens
+    tokens: DeviceTokens
 
 
 class CUDAGraphRunner:
@@ -196,6 +196,12 @@ class CUDAGraphRunner:
         tokens += [r.get_num_tokens() - 1 for r in requests] + [0] * pad
         bucket.staging.copy_(torch.tensor(tokens, dtype=torch.long))
         bucket.inputs.copy_(bucket.staging, non_blocking=True)
+        fed = [i for i, r in enumerate(requests) if batch.pending_tokens(r)]
+        if fed:  # from the launched step not yet read: the tokens, and the positions moved
+            ids, advance = batch.feed.take([requests[i].request_id for i in fed])
+            slots = on_device(fed, bucket.inputs.device)
+            bucket.input_ids.view(bucket.batch_size, -1)[slots] = ids
+            bucket.first_positions[slots] += advance
         bucket.md.rebind(request_ids)
         if self.spec_worker is not None:
             draft_manager = self.spec_worker.resolve_draft_kv()
@@ -233,20 +239,12 @@ class CUDAGraphRunner:
         logger.info("captured a CUDA graph for batch size %d", bucket.batch_size)
 
     def _result(self, bucket: _Bucket, batch: ScheduledRequests) -> GraphStep:
+        """The bucket's outputs, for the batch's rows (views: the next replay rewrites them)."""
         n, width = len(batch.generation_requests), self.tokens_per_seq
         logits, target, *spec = bucket.outputs
-        target = target[:n].cpu()
-        new_tokens: list[list[int]]
-        if not spec:
-            new_tokens = target.tolist()
-            tokens = StepTokens(new_tokens, [[] for _ in range(n)], [None] * n)
-        else:
-            num_accepted, drafts = (t[:n].cpu() for t in spec)
-            accepted = num_accepted.tolist()
-            new_tokens = [row[: a + 1] for row, a in zip(target.tolist(), accepted, strict=True)]
-            tokens = StepTokens(new_tokens, drafts.tolist(), accepted)
-            for req in batch.generation_requests:
-                req.draft_probs = None  # greedy drafts
+        tokens = DeviceTokens(list(range(n)), target[:n], *(t[:n] for t in spec))
+        for req in batch.generation_requests:
+            req.draft_probs = None  # greedy drafts
         return GraphStep(logits[: n * width], [width] * n, tokens)
 
 

@@ -3,14 +3,47 @@ rank 0's ``AttentionDpExecutor`` (``distributed/data_parallel.py``) alike."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv
-    from tensorrt_llm._torch.pyexecutor.py_executor import ExecutorStats
     from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager
+
+
+@dataclass
+class ExecutorStats:
+    num_steps: int = 0
+    num_context_tokens_computed: int = 0  # prompt tokens that went through a forward
+    num_reused_tokens: int = 0  # prompt tokens whose KV came from the prefix cache instead
+    num_generated_tokens: int = 0
+    num_decode_iterations: int = 0
+    num_accepted_draft_tokens: int = 0
+    num_transferred_tokens: int = 0  # prompt tokens whose KV a generation-only request pulled
+
+    @property
+    def avg_decoded_tokens_per_iter(self) -> float | None:
+        """Iteration-weighted acceptance length over every request so far."""
+        if not self.num_decode_iterations:
+            return None
+        return 1.0 + self.num_accepted_draft_tokens / self.num_decode_iterations
+
+
+class RankSync(Protocol):
+    """What rank 0's executor tells the other ranks under tensor parallelism
+    (``distributed/ranks.py``: ``TensorParallelLeader``)."""
+
+    def submitted(self, request: LlmRequest) -> None: ...
+
+    def submitted_generation_only(self, request: LlmRequest, handle) -> None: ...
+
+    def cancelled(self, request_id: int) -> None: ...
+
+    def released(self, request_ids: list[int]) -> None: ...
+
+    def start_step(self) -> None: ...
 
 
 class Executor(Protocol):

@@ -226,16 +226,16 @@ class KVCacheManagerV2(BaseResourceManager):
         return result
 
     def commit_sequence(
-        self, request_id: int, num_final_tokens: int, tokens: Sequence[int]
+        self, request_id: int, num_final_tokens: int, tokens: Sequence[int], shrink: bool = True
     ) -> None:
-        """Commit ``tokens[num_committed : num_final_tokens]`` and give back the blocks past
-        ``num_final_tokens`` (the rejected drafts' and the draft chain's). Capacity inside the last
-        kept block stays reserved: the next step reuses it without a resize."""
+        """Commit ``tokens[num_committed : num_final_tokens]`` and (``shrink``) give back the
+        blocks past ``num_final_tokens`` (the rejected drafts' and the draft chain's). Capacity
+        inside the last kept block stays reserved: the next step reuses it without a resize."""
         cache = self._caches[request_id]
         new = tokens[cache.num_committed_tokens : num_final_tokens]
         if len(new):
             cache.commit(new)
-        if -(-num_final_tokens // self.tokens_per_block) < cache.num_blocks:
+        if shrink and -(-num_final_tokens // self.tokens_per_block) < cache.num_blocks:
             cache.resize(num_final_tokens)
             self.host_block_table.sync(request_id, cache.block_table)
 
@@ -264,7 +264,12 @@ class KVCacheManagerV2(BaseResourceManager):
             if not self._prepare_context(req, scheduled_batch):
                 paused.append(req)
         for req in scheduled_batch.generation_requests:
-            capacity = req.get_num_tokens() + len(req.py_draft_tokens) + self._draft_chain_tokens
+            capacity = (
+                req.get_num_tokens()
+                + scheduled_batch.pending_tokens(req)
+                + len(req.py_draft_tokens)
+                + self._draft_chain_tokens
+            )
             if not self._reserve(req.request_id, capacity):
                 paused.append(req)
         if paused:
@@ -306,11 +311,23 @@ class KVCacheManagerV2(BaseResourceManager):
         return bool(self.resize_sequence(request_id, max(capacity, whole)))
 
     def update_resources(self, scheduled_batch: ScheduledRequests) -> None:
-        """Commit what the step made final; drop the slots of rejected drafts."""
+        """Commit what the step made final; drop the slots of rejected drafts (not those a later
+        launched step holds: ``scheduled_batch.keep_capacity``)."""
+        keep = scheduled_batch.keep_capacity
         for req in scheduled_batch.context_requests:
-            self.commit_sequence(req.request_id, req.context_current_position, req.prompt_token_ids)
+            self.commit_sequence(
+                req.request_id,
+                req.context_current_position,
+                req.prompt_token_ids,
+                shrink=req.request_id not in keep,
+            )
         for req in scheduled_batch.generation_requests:
-            self.commit_sequence(req.request_id, req.get_num_tokens() - 1, req.get_tokens())
+            self.commit_sequence(
+                req.request_id,
+                req.get_num_tokens() - 1,
+                req.get_tokens(),
+                shrink=req.request_id not in keep,
+            )
 
     def free_resources(self, request: LlmRequest) -> None:
         self.free_sequence(request.request_id)

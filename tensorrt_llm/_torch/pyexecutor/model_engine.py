@@ -8,6 +8,7 @@ import torch
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
+from tensorrt_llm._torch.pyexecutor.launched_step import on_device
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 
 
@@ -47,11 +48,17 @@ class PyTorchModelEngine:
             seq_lens.append(len(chunk))
             cached.append(start)
             num_logits.append(1 if req.is_last_context_chunk else 0)
+        fed: list[int] = []  # requests whose inputs come from the launched step not yet read
+        fed_at: list[int] = []  # where their inputs start
         for req in batch.generation_requests:
+            pending = batch.pending_tokens(req)
+            if pending:
+                fed.append(req.request_id)
+                fed_at.append(len(tokens))
             step = [req.get_tokens()[-1], *req.py_draft_tokens]
             tokens += step
             seq_lens.append(len(step))
-            cached.append(req.get_num_tokens() - 1)
+            cached.append(req.get_num_tokens() - 1 + pending)
             num_logits.append(len(step))
         metadata = AttentionMetadata(
             kv_cache_manager=self.kv_cache_manager,
@@ -65,6 +72,11 @@ class PyTorchModelEngine:
         input_ids = self.buffers.put(
             "input_ids", torch.tensor(tokens, dtype=torch.long), torch.long
         )
+        if fed:
+            ids, _ = batch.feed.take(fed)
+            if ids.shape[1] != 1:
+                raise RuntimeError("an eager step takes one fed token per request (target-only)")
+            input_ids[on_device(fed_at, input_ids.device)] = ids[:, 0]
         return input_ids, metadata, num_logits
 
     @torch.inference_mode()

@@ -2,62 +2,34 @@
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
-
-import torch
+from typing import TYPE_CHECKING
 
 from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv, abandon
+from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats, RankSync
+from tensorrt_llm._torch.pyexecutor.launched_step import (
+    DeviceTokens,
+    LaunchedStep,
+    apply_tokens,
+    check_stop,
+)
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.logits_processing import process_logits
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
-from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, sample, token_logprobs
+from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, sample
 from tensorrt_llm._torch.pyexecutor.scheduler import (
     GuaranteedNoEvictScheduler,
     ScheduledRequests,
     admit,
     owed_to_admitted,
 )
-from tensorrt_llm._torch.speculative.interface import StepTokens
+from tensorrt_llm.logger import logger
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
-
-
-@dataclass
-class ExecutorStats:
-    num_steps: int = 0
-    num_context_tokens_computed: int = 0  # prompt tokens that went through a forward
-    num_reused_tokens: int = 0  # prompt tokens whose KV came from the prefix cache instead
-    num_generated_tokens: int = 0
-    num_decode_iterations: int = 0
-    num_accepted_draft_tokens: int = 0
-    num_transferred_tokens: int = 0  # prompt tokens whose KV a generation-only request pulled
-
-    @property
-    def avg_decoded_tokens_per_iter(self) -> float | None:
-        """Iteration-weighted acceptance length over every request so far."""
-        if not self.num_decode_iterations:
-            return None
-        return 1.0 + self.num_accepted_draft_tokens / self.num_decode_iterations
-
-
-class RankSync(Protocol):
-    """What rank 0's executor tells the other ranks under tensor parallelism
-    (``distributed/ranks.py``: ``TensorParallelLeader``)."""
-
-    def submitted(self, request: LlmRequest) -> None: ...
-
-    def submitted_generation_only(self, request: LlmRequest, handle) -> None: ...
-
-    def cancelled(self, request_id: int) -> None: ...
-
-    def released(self, request_ids: list[int]) -> None: ...
-
-    def start_step(self) -> None: ...
 
 
 class PyExecutor:
@@ -69,8 +41,12 @@ class PyExecutor:
         max_seq_len: int,
         spec_worker: Eagle3OneModelWorker | None = None,
         cuda_graph_runner: CUDAGraphRunner | None = None,
+        overlap: bool = False,
     ) -> None:
         self.spec_worker = spec_worker
+        # The overlap scheduler: step n+1 is launched before step n is read (``step``).
+        self.overlap = overlap
+        self._unread: list[LaunchedStep] = []  # launched steps not yet read, oldest first
         self.cuda_graph_runner = cuda_graph_runner
         self.model_engine = model_engine
         self.resource_manager = resource_manager
@@ -94,7 +70,7 @@ class PyExecutor:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.active or self.disagg.waiting)
+        return bool(self.active or self.disagg.waiting or self._unread)
 
     def enqueue_request(self, request: LlmRequest) -> None:
         self.check_request(request)
@@ -191,12 +167,22 @@ class PyExecutor:
         request.state = LlmRequestState.GENERATION_IN_PROGRESS
         admit(request, self._admitted)
         self.active.append(request)
-        self._check_stop(request, request.output_token_ids[-1])  # the first token may end it
+        check_stop(
+            request, request.output_token_ids[-1], self.max_seq_len
+        )  # the first token may end it
         if request.is_finished:
             self._release(request)
 
     def step(self) -> list[LlmRequest]:
-        """Run one iteration; returns the requests that finished in it (already freed)."""
+        """Run one iteration; returns the requests that finished in it (already freed).
+
+        Without the overlap: schedule, launch, read. With it, the step launched last time is read
+        only after this one is launched, so the host's scheduling and preparing run while the
+        device computes. The requests that go on take their inputs from the launched step's
+        tokens on the device (``batch.feed``); a stop lands one step late, its extra token never
+        emitted, and the request's KV is freed once the step that still writes it is read. The
+        launched step is read first when this batch cannot be fed from the device (Eagle3 outside
+        the CUDA graphs, penalties, which read the output on the host)."""
         if self.rank_sync is not None:
             try:
                 self.rank_sync.start_step()
@@ -205,28 +191,112 @@ class PyExecutor:
                 raise
         self._admit_generation_only()
         batch = self.scheduler.schedule(self.active, self._admitted)
-        if batch.batch_size == 0:
-            return []
+        finished: list[LlmRequest] = []
+        if self._unread and batch.batch_size:
+            batch.feed = self._unread[-1].feed()
+            self._hold_back(batch)
+            if batch.batch_size and not self._can_feed(batch):
+                finished += self._read(self._unread[-1])
+                batch.feed = None
+                batch.pause([r for r in batch.all_requests if r.is_finished])
+        launched = bool(batch.batch_size)
+        if launched:
+            self._launch(batch)
+        while self._unread and (
+            not launched  # nothing runs behind it: nothing to overlap
+            or len(self._unread) > 1
+            or not self._unread[0].overlappable
+            or self._unread[0].all_finished
+        ):
+            finished += self._read(self._unread[0])
+        return finished
+
+    def _hold_back(self, batch: ScheduledRequests) -> None:
+        """Leave out of ``batch`` the requests the launched step may end by length: they wait
+        for it to be read (nothing is computed past a length that is known)."""
+        wait = []
+        for req in batch.generation_requests:
+            pending = batch.pending_tokens(req)
+            if pending and (
+                len(req.output_token_ids) + pending >= req.max_new_tokens
+                or req.get_num_tokens() + pending >= self.max_seq_len
+            ):
+                wait.append(req)
+        if wait:
+            batch.pause(wait)
+
+    def _can_feed(self, batch: ScheduledRequests) -> bool:
+        """Whether ``batch`` can launch with the launched step's tokens still on the device."""
+        fed = [r for r in batch.generation_requests if batch.pending_tokens(r)]
+        if any(r.sampling_params.processes_logits for r in fed):
+            return False
+        if not fed or self.spec_worker is None:
+            return True
+        runner = self.cuda_graph_runner  # Eagle3 moves the positions on the device: graphs only
+        return runner is not None and runner.bucket_size(batch) is not None
+
+    def _launch(self, batch: ScheduledRequests) -> None:
+        """Prepare the batch's KV and queue its step; on failure the batch's requests end (after
+        what is already launched is read)."""
         try:
             self.resource_manager.prepare_resources(batch)
             for req in batch.context_requests:
                 if req.request_id in batch.reused_tokens:
                     req.skip_reused_prefix(batch.reused_tokens[req.request_id])
                     self.stats.num_reused_tokens += req.num_reused_tokens
-            self._forward_and_update(batch)
-            self.resource_manager.update_resources(batch)
+            self._unread.append(self._forward(batch))
         except Exception:
             for req in batch.all_requests:  # never leak a slot: the batch's requests end here
                 req.finish(FinishReason.ERROR)
                 self._release(req)
+            self._drain()
             raise
         self.stats.num_steps += 1
         self.stats.num_context_tokens_computed = self.model_engine.num_context_tokens_computed
-        finished = [r for r in batch.all_requests if r.is_finished]
-        for req in finished:
-            self._release(req)
-        self.disagg.announce_holds(finished)
-        return finished
+        for req, n in zip(batch.all_requests, self._unread[-1].num_logits, strict=True):
+            if req.is_context_init_state:  # what the host knows of the step before it runs
+                req.context_current_position += req.context_chunk_size
+            if n:
+                req.num_sampling_steps += 1  # the next step's random numbers are new
+                if not req.context_only:
+                    req.state = LlmRequestState.GENERATION_IN_PROGRESS
+
+    def _read(self, step: LaunchedStep) -> list[LlmRequest]:
+        """Bring a launched step's tokens to its requests; returns those that finished. Requests
+        ended before the read are skipped; on failure the step's requests end."""
+        try:
+            live = [r for r in step.batch.all_requests if not r.is_finished]
+            try:
+                apply_tokens(step, step.read(), live, self.stats, self.max_seq_len)
+                later = self._unread[self._unread.index(step) + 1 :]
+                done = ScheduledRequests(
+                    [r for r in step.batch.context_requests if r in live],
+                    [r for r in step.batch.generation_requests if r in live],
+                    keep_capacity={r.request_id for s in later for r in s.batch.all_requests},
+                )
+                self.resource_manager.update_resources(done)
+            except Exception:
+                for req in live:
+                    if not req.is_finished:
+                        req.finish(FinishReason.ERROR)
+                raise
+            finished = [r for r in live if r.is_finished]
+            for req in finished:
+                self._release(req)
+            self.disagg.announce_holds(finished)
+            return finished
+        finally:
+            self._unread.remove(step)
+            for req in step.deferred:
+                self._free(req)
+
+    def _drain(self) -> None:
+        """Read every launched step (a failure is logged: its requests have ended)."""
+        while self._unread:
+            try:
+                self._read(self._unread[0])
+            except Exception:
+                logger.error("reading a launched step failed:\n%s", traceback.format_exc())
 
     def end_all(self, reason: FinishReason) -> None:
         """Finish every request, active or waiting for its KV, with ``reason``, and free it."""
@@ -234,104 +304,74 @@ class PyExecutor:
         for req in list(self.active):
             req.finish(reason)
             self._release(req)
+        self._drain()
 
     def shutdown(self) -> None:
         """Drop the CUDA graphs and free the KV cache."""
+        self._drain()
         if self.cuda_graph_runner is not None:
             self.cuda_graph_runner.release()
         self.resource_manager.shutdown()
 
     def _release(self, req: LlmRequest) -> None:
-        if req.finish_reason is FinishReason.CONTEXT_DONE:  # its KV waits for a generation server
-            self.disagg.hold(req)
+        """A finished request leaves the batch; its KV is freed now, or once the last launched
+        step that still holds it is read."""
+        holder = next((s for s in reversed(self._unread) if s.holds(req)), None)
+        if holder is not None:
+            holder.deferred.append(req)
         else:
-            self.resource_manager.free_resources(req)
+            self._free(req)
         self._admitted.discard(req.request_id)
         if req in self.active:
             self.active.remove(req)
 
-    def _sample(self, batch: ScheduledRequests, output: ForwardOutput) -> StepTokens:
+    def _free(self, req: LlmRequest) -> None:
+        if req.finish_reason is FinishReason.CONTEXT_DONE:  # its KV waits for a generation server
+            self.disagg.hold(req)
+        else:
+            self.resource_manager.free_resources(req)
+
+    def _sample(self, batch: ScheduledRequests, output: ForwardOutput) -> DeviceTokens:
         """Target-only decoding: one token per request that produced logits, drawn on the
-        device for the whole batch (``sampler.sample``), one copy to the host."""
+        device for the whole batch (``sampler.sample``)."""
         requests = batch.all_requests
         sampled = [i for i, n in enumerate(output.num_logits) if n]
         st = SamplingTensors.of([requests[i] for i in sampled], output.logits.device)
-        tokens = sample(output.logits, st)
-        new_tokens: list[list[int]] = [[] for _ in requests]
-        for i, token in zip(sampled, tokens.tolist(), strict=True):
-            new_tokens[i] = [token]
-        return StepTokens(new_tokens, [[] for _ in requests], [None] * len(requests))
+        return DeviceTokens(sampled, sample(output.logits, st)[:, None])
 
-    def _forward_and_update(self, batch: ScheduledRequests) -> None:
-        """One forward (a CUDA graph replay when the runner takes the batch), then the tokens."""
+    def _forward(self, batch: ScheduledRequests) -> LaunchedStep:
+        """One forward (a CUDA graph replay when the runner takes the batch) and its tokens,
+        queued on the device."""
+        decoding = [r.state is LlmRequestState.GENERATION_IN_PROGRESS for r in batch.all_requests]
         runner = self.cuda_graph_runner
         bucket = runner.bucket_size(batch) if runner is not None else None
         if bucket is not None:
-            graph_step = runner.run(batch, bucket)
-            logits, num_logits, step = graph_step.logits, graph_step.num_logits, graph_step.tokens
-        else:
-            output = self.model_engine.forward(batch)
-            logits, num_logits = output.logits, output.num_logits
-            if any(r.sampling_params.processes_logits for r in batch.all_requests):
-                process_logits(batch.all_requests, logits, num_logits)
-            step = (
-                self.spec_worker.run(batch, output)
-                if self.spec_worker
-                else self._sample(batch, output)
+            graph = runner.run(batch, bucket)
+            # the bucket's logits are rewritten by its next replay: read first if they are needed
+            needs_logits = any(
+                r.sampling_params.logprobs is not None or r.sampling_params.return_generation_logits
+                for r in batch.all_requests
             )
-        self._update_requests(batch, logits, num_logits, step)
-
-    def _update_requests(
-        self,
-        batch: ScheduledRequests,
-        logits: torch.Tensor,
-        num_logits: list[int],
-        step: StepTokens,
-    ) -> None:
-        row = 0
-        for i, req in enumerate(batch.all_requests):
-            rows = logits[row : row + num_logits[i]]
-            row += num_logits[i]
-            if req.is_context_init_state:
-                req.context_current_position += req.context_chunk_size
-            tokens = step.new_tokens[i]
-            if not tokens:
-                continue
-            decoding = req.state is LlmRequestState.GENERATION_IN_PROGRESS
-            req.state = LlmRequestState.GENERATION_IN_PROGRESS
-            req.num_sampling_steps += 1  # the next step's random numbers are new
-            emitted, top = 0, req.sampling_params.logprobs
-            logprobs = token_logprobs(rows[: len(tokens)], tokens, top) if top is not None else None
-            for j, token in enumerate(tokens):
-                if req.sampling_params.return_generation_logits:
-                    req.py_generation_logits.append(rows[j].cpu())
-                if logprobs is not None:
-                    req.py_logprobs.append(logprobs[j])
-                req.output_token_ids.append(token)
-                emitted += 1
-                self.stats.num_generated_tokens += 1
-                self._check_stop(req, token)
-                if req.is_finished:
-                    break
-            if decoding:  # AL counts the accepted drafts that were emitted, not those cut off
-                accepted = min(step.num_accepted[i] or 0, emitted - 1)
-                req.num_decode_iterations += 1
-                req.num_accepted_draft_tokens += accepted
-                self.stats.num_decode_iterations += 1
-                self.stats.num_accepted_draft_tokens += accepted
-            req.py_draft_tokens = [] if req.is_finished else step.next_drafts[i]
-            if req.context_only and not req.is_finished:
-                req.finish(FinishReason.CONTEXT_DONE)
-
-    def _check_stop(self, req: LlmRequest, token: int) -> None:
-        """The token-level ends: an end or stop token, the length. Stop strings are the output
-        side's (the detokenizer, above this package), which ends a request through
-        ``finish_request``."""
-        params = req.sampling_params
-        if token in req.end_ids and not params.ignore_eos or token in params.stop_token_ids:
-            req.finish(FinishReason.STOP, token)
-        elif (
-            len(req.output_token_ids) >= req.max_new_tokens
-            or req.get_num_tokens() >= self.max_seq_len
-        ):
-            req.finish(FinishReason.LENGTH)
+            return LaunchedStep(
+                batch,
+                decoding,
+                graph.logits,
+                graph.num_logits,
+                device_tokens=graph.tokens,
+                overlappable=self.overlap and not needs_logits,
+            )
+        output = self.model_engine.forward(batch)
+        logits, num_logits = output.logits, output.num_logits
+        if any(r.sampling_params.processes_logits for r in batch.all_requests):
+            process_logits(batch.all_requests, logits, num_logits)
+        if self.spec_worker is not None:  # (its tokens come to the host in the step)
+            tokens = self.spec_worker.run(batch, output)
+            return LaunchedStep(batch, decoding, logits, num_logits, host_tokens=tokens)
+        return LaunchedStep(
+            batch,
+            decoding,
+            logits,
+            num_logits,
+            device_tokens=self._sample(batch, output),
+            overlappable=self.overlap,
+        )

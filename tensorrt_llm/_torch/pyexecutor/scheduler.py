@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
+
+if TYPE_CHECKING:
+    from tensorrt_llm._torch.pyexecutor.launched_step import TokenFeed
 
 
 class KvCapacity(Protocol):
@@ -32,6 +35,16 @@ class ScheduledRequests:
     # Reported by the KV cache manager in prepare_resources: request id -> prompt tokens whose KV
     # came from the prefix cache (the executor skips them; the scheduler's fields stay as chosen).
     reused_tokens: dict[int, int] = field(default_factory=dict)
+    # The overlap scheduler: the launched step not yet read whose tokens this batch's requests
+    # that were in it take on the device; and (set when this batch is read) the requests whose
+    # KV reservation belongs to a later launched step, which the commit must not shrink.
+    feed: TokenFeed | None = None
+    keep_capacity: set[int] = field(default_factory=set)
+
+    def pending_tokens(self, request: LlmRequest) -> int:
+        """Tokens, at most, that the launched step not yet read adds to ``request``."""
+        feed = self.feed
+        return feed.max_advance if feed is not None and request.request_id in feed.rows else 0
 
     @property
     def all_requests(self) -> list[LlmRequest]:
@@ -106,6 +119,8 @@ class GuaranteedNoEvictScheduler:
                 owed += need
                 admit(req, admitted)
             remaining = req.prompt_len - req.context_current_position
+            if remaining == 0:  # its last chunk is launched, not yet read
+                continue
             chunk = min(remaining, budget)
             if chunk <= 0 or (chunk < remaining and not self.enable_chunked_prefill):
                 break

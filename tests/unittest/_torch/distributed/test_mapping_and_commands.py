@@ -12,8 +12,8 @@ from tensorrt_llm._torch.distributed.affinity import PrefixAffinity, choose_rank
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.distributed.ranks import request_from_json, submit_command
 from tensorrt_llm._torch.modules.linear import ColumnParallelLinear, RowParallelLinear, shard_weight
+from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
-from tensorrt_llm._torch.pyexecutor.py_executor import ExecutorStats
 from tensorrt_llm.sampling_params import SamplingParams
 
 

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tensorrt_llm._torch.pyexecutor.launched_step import LaunchedStep, apply_tokens
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
-from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 from tensorrt_llm._torch.speculative.interface import StepTokens
 from tensorrt_llm.sampling_params import SamplingParams
@@ -27,18 +27,16 @@ def decoding(max_new_tokens: int, end_id: int = 2) -> LlmRequest:
     return req
 
 
-def update(req: LlmRequest, tokens: list[int], num_accepted: int) -> PyExecutor:
-    executor = PyExecutor.__new__(PyExecutor)  # only the bookkeeping of one step
-    executor.stats = SimpleNamespace(
+def update(req: LlmRequest, tokens: list[int], num_accepted: int) -> SimpleNamespace:
+    """Apply one read step's tokens to ``req``; returns the stats it counted into."""
+    stats = SimpleNamespace(
         num_decode_iterations=0, num_accepted_draft_tokens=0, num_generated_tokens=0
     )
-    executor.detokenize, executor.max_seq_len = None, 1024
-    step = StepTokens([tokens], [[13, 14, 15]], [num_accepted])
+    batch = ScheduledRequests(generation_requests=[req])
     logits = torch.zeros(len(tokens), 4)
-    executor._update_requests(
-        ScheduledRequests(generation_requests=[req]), logits, [len(tokens)], step
-    )
-    return executor
+    step = LaunchedStep(batch, [True], logits, [len(tokens)])
+    apply_tokens(step, StepTokens([tokens], [[13, 14, 15]], [num_accepted]), [req], stats, 1024)
+    return stats
 
 
 @pytest.mark.parametrize(
@@ -52,6 +50,6 @@ def update(req: LlmRequest, tokens: list[int], num_accepted: int) -> PyExecutor:
 )
 def test_only_emitted_drafts_count(max_new_tokens, tokens, end_id, counted):
     req = decoding(max_new_tokens, end_id)
-    executor = update(req, tokens, num_accepted=3)
+    stats = update(req, tokens, num_accepted=3)
     assert req.num_accepted_draft_tokens == counted and req.num_decode_iterations == 1
-    assert executor.stats.num_accepted_draft_tokens == counted
+    assert stats.num_accepted_draft_tokens == counted

@@ -1,0 +1,203 @@
+"""A step whose forward and sampling are queued on the device, read by the host later.
+
+With the overlap scheduler the executor launches step n+1 before it reads step n: the host
+schedules and prepares n+1 while n runs. The requests of n that go on in n+1 take their inputs
+from n's tokens on the device (``TokenFeed``), never from the host. Their positions are known on
+the host when each adds exactly one token (target-only decoding); with Eagle3 they are moved on
+the device by each row's accepted count, which only the CUDA graph step does.
+
+Reading a step (``LaunchedStep.read``) waits for its copy to the host (an event recorded after
+the copy was queued) and gives its ``StepTokens``; ``apply_tokens`` emits them to the requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
+from tensorrt_llm._torch.pyexecutor.sampler import token_logprobs
+from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+from tensorrt_llm._torch.speculative.interface import StepTokens
+
+
+@dataclass
+class TokenFeed:
+    """What the requests of a launched step that go on take as their next input, on the device.
+
+    ``rows`` maps a request id to its row; row ``r`` continues with ``ids[r]`` (its last new token,
+    then its next drafts) at ``advance[r]`` positions past where it stood (the tokens it added).
+    ``max_advance`` bounds ``advance``: the KV a later step reserves covers it."""
+
+    rows: dict[int, int]
+    ids: torch.Tensor  # [n, 1 + num_drafts] long
+    advance: torch.Tensor  # [n] long
+    max_advance: int
+
+    def take(self, request_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ids`` and ``advance`` of these requests' rows, in this order."""
+        rows = on_device([self.rows[r] for r in request_ids], self.ids.device)
+        return self.ids[rows], self.advance[rows]
+
+
+def on_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """A small index tensor on ``device``, without waiting for the work queued there (a blocking
+    copy would wait for the launched step)."""
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+
+
+@dataclass
+class DeviceTokens:
+    """A step's tokens on the device. Row ``i`` is the ``i``-th request of ``rows`` (batch
+    indices): ``tokens[i, : num_accepted[i] + 1]`` are its new tokens (target-only: one, and no
+    ``num_accepted``), ``drafts[i]`` its next drafts (Eagle3)."""
+
+    rows: list[int]  # batch index per row
+    tokens: torch.Tensor  # [n, T] long
+    num_accepted: torch.Tensor | None = None  # [n]
+    drafts: torch.Tensor | None = None  # [n, K]
+
+    def feed(self, batch: ScheduledRequests) -> TokenFeed:
+        requests = batch.all_requests
+        ids = {requests[i].request_id: r for r, i in enumerate(self.rows)}
+        if self.num_accepted is None:
+            ones = torch.ones(len(self.rows), dtype=torch.long, device=self.tokens.device)
+            return TokenFeed(ids, self.tokens[:, -1:], ones, 1)
+        last = self.tokens.gather(1, self.num_accepted[:, None])
+        return TokenFeed(
+            ids,
+            torch.cat([last, self.drafts], dim=1),
+            self.num_accepted + 1,
+            self.tokens.shape[1],
+        )
+
+    def to_host(self) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """One copy of everything to the host, queued now; the event marks its end (CUDA)."""
+        parts = [self.tokens.flatten()]
+        if self.num_accepted is not None:
+            parts += [self.num_accepted, self.drafts.flatten()]
+        packed = torch.cat(parts)
+        if packed.device.type != "cuda":
+            return packed.cpu(), None
+        host = packed.to("cpu", non_blocking=True)  # pinned: the copy does not block
+        event = torch.cuda.Event()
+        event.record()
+        return host, event
+
+    def step_tokens(self, host: torch.Tensor, num_requests: int) -> StepTokens:
+        n, width = self.tokens.shape
+        values = host.tolist()
+        tokens = [values[i * width : (i + 1) * width] for i in range(n)]
+        new_tokens: list[list[int]] = [[] for _ in range(num_requests)]
+        next_drafts: list[list[int]] = [[] for _ in range(num_requests)]
+        accepted: list[int | None] = [None] * num_requests
+        if self.num_accepted is None:
+            for i, row in zip(self.rows, tokens, strict=True):
+                new_tokens[i] = row
+            return StepTokens(new_tokens, next_drafts, accepted)
+        counts = values[n * width : n * width + n]
+        k = self.drafts.shape[1]
+        flat = values[n * width + n :]
+        for r, i in enumerate(self.rows):
+            new_tokens[i] = tokens[r][: counts[r] + 1]
+            next_drafts[i] = flat[r * k : (r + 1) * k]
+            accepted[i] = counts[r]
+        return StepTokens(new_tokens, next_drafts, accepted)
+
+
+@dataclass
+class LaunchedStep:
+    """A scheduled batch whose step is queued: its logits rows, its tokens on the device (or, from
+    a step that had to read them, on the host already), and what waits for it to be read."""
+
+    batch: ScheduledRequests
+    decoding: list[bool]  # per request: a generation step (its acceptance counts)
+    logits: torch.Tensor
+    num_logits: list[int]
+    device_tokens: DeviceTokens | None = None
+    host_tokens: StepTokens | None = None
+    # the next step may launch before this one is read (its logits stay valid, its tokens feed)
+    overlappable: bool = False
+    # requests that ended while the step ran: freed once it is read (the device may still write
+    # their KV until then)
+    deferred: list[LlmRequest] = field(default_factory=list)
+    _host: torch.Tensor | None = None
+    _event: torch.cuda.Event | None = None
+
+    def __post_init__(self) -> None:
+        if self.device_tokens is not None:
+            self._host, self._event = self.device_tokens.to_host()
+
+    def holds(self, request: LlmRequest) -> bool:
+        return any(r is request for r in self.batch.all_requests)
+
+    @property
+    def all_finished(self) -> bool:
+        return all(r.is_finished for r in self.batch.all_requests)
+
+    def feed(self) -> TokenFeed | None:
+        return None if self.device_tokens is None else self.device_tokens.feed(self.batch)
+
+    def read(self) -> StepTokens:
+        """The step's tokens on the host (waits for the copy)."""
+        if self.host_tokens is None:
+            if self._event is not None:
+                self._event.synchronize()
+            self.host_tokens = self.device_tokens.step_tokens(self._host, self.batch.batch_size)
+        return self.host_tokens
+
+
+def apply_tokens(
+    step: LaunchedStep,
+    tokens: StepTokens,
+    live: list[LlmRequest],
+    stats: ExecutorStats,
+    max_seq_len: int,
+) -> None:
+    """Emit a read step's tokens to its ``live`` requests (not those ended while it ran): each
+    token in turn until one ends the request, with its logprobs and logits where asked; then the
+    acceptance counts and the next drafts."""
+    row = 0
+    for i, req in enumerate(step.batch.all_requests):
+        rows = step.logits[row : row + step.num_logits[i]]
+        row += step.num_logits[i]
+        new = tokens.new_tokens[i]
+        if not new or req not in live:
+            continue
+        req.state = LlmRequestState.GENERATION_IN_PROGRESS
+        params = req.sampling_params
+        top = params.logprobs
+        logprobs = token_logprobs(rows[: len(new)], new, top) if top is not None else None
+        emitted = 0
+        for j, token in enumerate(new):
+            if params.return_generation_logits:
+                req.py_generation_logits.append(rows[j].cpu())
+            if logprobs is not None:
+                req.py_logprobs.append(logprobs[j])
+            req.output_token_ids.append(token)
+            emitted += 1
+            stats.num_generated_tokens += 1
+            check_stop(req, token, max_seq_len)
+            if req.is_finished:
+                break
+        if step.decoding[i]:  # AL counts the accepted drafts that were emitted, not those cut off
+            accepted = min(tokens.num_accepted[i] or 0, emitted - 1)
+            req.num_decode_iterations += 1
+            req.num_accepted_draft_tokens += accepted
+            stats.num_decode_iterations += 1
+            stats.num_accepted_draft_tokens += accepted
+        req.py_draft_tokens = [] if req.is_finished else tokens.next_drafts[i]
+        if req.context_only and not req.is_finished:
+            req.finish(FinishReason.CONTEXT_DONE)
+
+
+def check_stop(req: LlmRequest, token: int, max_seq_len: int) -> None:
+    """The token-level ends: an end or stop token, the length. Stop strings are the output side's
+    (the detokenizer, above this package), which ends a request through ``finish_request``."""
+    params = req.sampling_params
+    if token in req.end_ids and not params.ignore_eos or token in params.stop_token_ids:
+        req.finish(FinishReason.STOP, token)
+    elif len(req.output_token_ids) >= req.max_new_tokens or req.get_num_tokens() >= max_seq_len:
+        req.finish(FinishReason.LENGTH)
