@@ -56,6 +56,7 @@ from bench_common import (
     machine_name,
     sync_device,
 )
+from reference_decoder import ReferenceDecoder
 
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_model, save_pretrained
@@ -68,7 +69,9 @@ from tensorrt_llm.llmapi.llm_args import default_attn_backend
 from tensorrt_llm.logger import logger
 from tensorrt_llm.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, build_char_tokenizer
 
-MODES = ("target", "unified", "separate")
+MODES = ("target", "sampled", "unified", "separate", "reference")
+# the engine's modes: target only (greedy or sampled) and Eagle3; "reference" is not the engine
+ENGINE_MODES = MODES[:-1]
 DRAFT_KV_MODES = {"unified": VIEW_MODE, "separate": SEPARATE_MODE}
 # per scale: prompt tokens, new tokens, copy MiB on CUDA, copy MiB on the CPU
 SCALE_DEFAULTS = {
@@ -97,6 +100,7 @@ class Settings:
     load_format: str = "auto"  # "dummy": configs only, random weights made on the device
     quant: str | None = None  # "fp8": FP8 block scales (QuantConfig FP8_BLOCK_SCALES); a run
     # of both formats records "none,fp8" here and runs each cell with its own
+    overlap: bool = True  # the overlap scheduler (the LLM's default)
 
 
 @dataclasses.dataclass
@@ -146,7 +150,7 @@ def write_checkpoints(root: Path, s: Settings) -> tuple[Path, Path]:
 def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settings) -> LLM:
     spec = (
         None
-        if mode == "target"
+        if mode not in DRAFT_KV_MODES
         else Eagle3DecodingConfig(
             max_draft_len=s.max_draft_len, speculative_model=str(draft_dir), draft_kv_cache=mode
         )
@@ -164,6 +168,7 @@ def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
         device=s.device,
         attn_backend=s.attn_backend,
         speculative_config=spec,
+        disable_overlap_scheduler=not s.overlap,
         tensor_parallel_size=s.tp_size,
         load_format=s.load_format,
         quant_config=QuantConfig(quant_algo="FP8_BLOCK_SCALES") if s.quant == "fp8" else None,
@@ -226,12 +231,31 @@ def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[
     return torch.randint(0, vocab, (batch, length), generator=generator).tolist()
 
 
-def timed_run(llm: LLM, prompts: list[list[int]], s: Settings, reads: StepReads) -> dict:
-    """Enqueue the prompts as ``LLM.generate`` does and time each ``executor.step()``."""
+def mode_params(mode: str, s: Settings) -> SamplingParams:
+    """Greedy, but for ``sampled``: temperature 0.8, top-p 0.9, seeded, with each token's logprob
+    (what a chat client asks for)."""
+    if mode == "sampled":
+        return SamplingParams(
+            max_tokens=s.new_tokens,
+            ignore_eos=True,
+            temperature=0.8,
+            top_p=0.9,
+            seed=s.seed,
+            logprobs=1,
+            detokenize=False,
+        )
+    return SamplingParams(max_tokens=s.new_tokens, ignore_eos=True, temperature=0, detokenize=False)
+
+
+def timed_run(
+    llm: LLM, prompts: list[list[int]], s: Settings, reads: StepReads, params: SamplingParams
+) -> dict:
+    """Enqueue the prompts as ``LLM.generate`` does and time each ``executor.step()``. With the
+    overlap scheduler a step's call returns before the device finishes it, so the device is
+    synchronized only around the loop; a step's time is then from one call's start to the next's
+    (in the steady state, the device's time per step). The routing of the MoE layers is read
+    only without the overlap (reading it waits for the device): with it, no floor."""
     executor = llm.executor
-    params = SamplingParams(
-        max_tokens=s.new_tokens, ignore_eos=True, temperature=0, detokenize=False
-    )
     requests = [  # ids clear of the ones LLM.generate hands out
         LlmRequest(
             request_id=10**9 + i,
@@ -263,6 +287,8 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings, reads: StepReads)
     full_batch_s: list[float] = []  # steps in which every request was still running
     full_batch_reads: list[tuple[float, float]] = []  # their bytes and experts hit per layer
     truncated = False
+    measure_reads = not (s.overlap and reads.blocks)
+    start = time.perf_counter()
     while executor.has_work:
         if sum(step_s) > s.max_seconds:
             truncated = True
@@ -270,15 +296,18 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings, reads: StepReads)
                 executor.cancel_request(request.request_id)
             break
         full = not any(r.is_finished for r in requests)
-        reads.clear()
-        sync_device(s.device)
-        start = time.perf_counter()
+        if measure_reads:
+            reads.clear()
         executor.step()
-        sync_device(s.device)
-        step_s.append(time.perf_counter() - start)
+        if not s.overlap or not executor.has_work:
+            sync_device(s.device)
+        now = time.perf_counter()
+        step_s.append(now - start)
+        start = now
         if full:
             full_batch_s.append(step_s[-1])
-            full_batch_reads.append(reads.bytes(requests))
+            if measure_reads:
+                full_batch_reads.append(reads.bytes(requests))
     after = executor.stats
     iterations = after.num_decode_iterations - before.num_decode_iterations
     accepted = after.num_accepted_draft_tokens - before.num_accepted_draft_tokens
@@ -297,7 +326,39 @@ def timed_run(llm: LLM, prompts: list[list[int]], s: Settings, reads: StepReads)
     }
 
 
+def run_reference(batch: int, s: Settings) -> Cell:
+    """The plain-PyTorch decoder's row (``reference_decoder.py``): ``new_tokens`` steps replayed
+    back to back, timed as a whole."""
+    start = time.perf_counter()
+    config = bench_target_config(s.scale, max(2048, s.prompt_len + s.new_tokens), s.mlp)
+    dtype = getattr(torch, s.dtype)
+    decoder = ReferenceDecoder(
+        config, batch, s.prompt_len, s.prompt_len + s.new_tokens, s.device, dtype, s.seed
+    )
+    try:
+        decoder.prepare()
+        sync_device(s.device)
+        setup_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(s.new_tokens):
+            decoder.step()
+        sync_device(s.device)
+        elapsed = time.perf_counter() - start
+    finally:
+        del decoder
+        gc.collect()
+        if s.device == "cuda":
+            torch.cuda.empty_cache()
+    return Cell(
+        "reference", batch, s.dtype, setup_s, 0.0, 0, s.new_tokens, elapsed / s.new_tokens * 1e3,
+        batch * s.new_tokens / elapsed, None, s.new_tokens if s.device == "cuda" else 0,
+        math.nan, 0.0, False,
+    )  # fmt: skip
+
+
 def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settings) -> Cell:
+    if mode == "reference":
+        return run_reference(batch, s)
     start = time.perf_counter()
     llm = make_llm(target_dir, draft_dir, mode, batch, s)
     try:
@@ -324,7 +385,7 @@ def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
             )
         setup_s = time.perf_counter() - start
         prompts = random_prompts(batch, s.prompt_len, vocab, s.seed)
-        result = timed_run(llm, prompts, s, reads)
+        result = timed_run(llm, prompts, s, reads, mode_params(mode, s))
         return Cell(mode, batch, s.quant or s.dtype, setup_s, **result)
     finally:
         llm.shutdown()
@@ -343,7 +404,7 @@ def print_report(cells: list[Cell], s: Settings, machine: str, bandwidth: float)
     print(
         f"decode step cost, random published-M3 model ({s.scale}, {s.mlp} MLPs, weights "
         f"{weights_names(cells)}, load_format={s.load_format}), attn_backend="
-        f"{s.attn_backend}, cuda graphs {'on' if s.cuda_graphs else 'off'}, prompt {s.prompt_len} + {s.new_tokens} new tokens, "
+        f"{s.attn_backend}, cuda graphs {'on' if s.cuda_graphs else 'off'}, overlap scheduler {'on' if s.overlap else 'off'}, prompt {s.prompt_len} + {s.new_tokens} new tokens, "
         f"max_draft_len={s.max_draft_len}, max_num_tokens={s.max_num_tokens}"
     )
     print(f"machine: {machine}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + written)")
@@ -407,12 +468,18 @@ def summary_of_one_format(cells: list[Cell], bandwidth: float) -> list[str]:
             ratio = at[mode, large].decode_step_ms / at[mode, small].decode_step_ms
             lines.append(f"{mode}: batch-{large} step / batch-{small} step = {ratio:.2f}")
     for batch in batches:
+        if ("target", batch) in at and ("reference", batch) in at:
+            ratio = at["target", batch].decode_step_ms / at["reference", batch].decode_step_ms
+            lines.append(f"batch {batch}: target-only step / plain-PyTorch reference = {ratio:.2f}")
+        if ("target", batch) in at and ("sampled", batch) in at:
+            ratio = at["sampled", batch].decode_step_ms / at["target", batch].decode_step_ms
+            lines.append(f"batch {batch}: sampled (with logprobs) / greedy step = {ratio:.2f}")
         if ("unified", batch) in at and ("separate", batch) in at:
             ratio = at["unified", batch].decode_step_ms / at["separate", batch].decode_step_ms
             lines.append(
                 f"batch {batch}: Eagle3 unified / separate per-iteration cost = {ratio:.3f}"
             )
-    for mode in MODES:
+    for mode in ENGINE_MODES:
         if (mode, large) in at:
             lines.append(f"{mode}: prefill of {large} prompts = {at[mode, large].prefill_s:.2f} s")
     return lines
@@ -449,7 +516,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         help="comma-separated, of none (--dtype) and fp8 (FP8 block scales); both: one run each",
     )
     parser.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
+    parser.add_argument(
+        "--modes",
+        help=f"comma-separated, of {MODES} (default: all; reference only with --mlp dense)",
+    )
+    parser.add_argument(
+        "--overlap",
+        default="on",
+        choices=["on", "off"],
+        help="the overlap scheduler (on: the LLM's default; off: disable_overlap_scheduler)",
+    )
     parser.add_argument("--prompt-len", type=int, help="default 1024 (tiny: 160)")
     parser.add_argument("--new-tokens", type=int, help="default 64 (tiny: 8)")
     parser.add_argument("--max-draft-len", type=int, default=3)
@@ -459,7 +535,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args(argv)
-    args.modes = args.modes.split(",")
+    args.modes = (
+        args.modes.split(",")
+        if args.modes
+        else [m for m in MODES if m != "reference" or args.mlp == "dense"]
+    )
+    if "reference" in args.modes and args.mlp != "dense":
+        parser.error("--modes reference: the plain-PyTorch reference is dense; add --mlp dense")
     args.quant = list(dict.fromkeys(args.quant.split(",")))
     if unknown := sorted(set(args.quant) - {"none", "fp8"}):
         parser.error(f"--quant: unknown format(s) {unknown}; expected some of ['none', 'fp8']")
@@ -487,6 +569,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         max_seconds=args.max_seconds,
         seed=args.seed,
         mlp=args.mlp,
+        overlap=args.overlap == "on",
         load_format=args.load_format or ("dummy" if args.scale == "m3-slice" else "auto"),
         quant=None if args.quant == ["none"] else ",".join(args.quant),
     )
@@ -516,7 +599,7 @@ def main(argv: list[str] | None = None) -> list[Cell]:
         target_dir, draft_dir = write_checkpoints(Path(tmp), s)
         for batch in args.batches:
             for mode in args.modes:
-                for quant in args.quant:
+                for quant in args.quant if mode != "reference" else ["none"]:
                     cell_settings = dataclasses.replace(s, quant=None if quant == "none" else quant)
                     cell = run_cell(target_dir, draft_dir, mode, batch, cell_settings)
                     cells.append(cell)
