@@ -1,9 +1,11 @@
 """CUDAGraphRunner: generation-only steps replayed from CUDA graphs, one per batch-size bucket.
 
-A step whose batch is all generation requests, greedy, each with ``1 + max_draft_len`` input
-tokens, runs as one graph: the target forward, the logits, and with one-model Eagle3 the greedy
-accept and the whole draft chain (``Eagle3OneModelWorker.greedy_step_on_device``). Anything else
-(prefill, mixed batches, sampling, a batch larger than every bucket) runs eagerly.
+A step whose batch is all generation requests, each with ``1 + max_draft_len`` input tokens, runs
+as one graph: the target forward, the logits, the tokens, and with one-model Eagle3 the greedy
+accept and the whole draft chain (``Eagle3OneModelWorker.greedy_step_on_device``). Target-only
+batches may sample (temperature, top-k, top-p, seeds: ``sampler.sample`` on per-row buffers, its
+own graph per bucket); Eagle3 batches are greedy. Anything else (prefill, mixed batches,
+penalties and logit bias, sampled Eagle3, a batch larger than every bucket) runs eagerly.
 
 Per bucket of ``B`` sequences the runner owns the step's device inputs for the bucket's life: the
 token ids and each sequence's first position (one host-to-device copy per step), and two metadata
@@ -30,8 +32,10 @@ from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
 from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens, on_device
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
+from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, host_rows, sample
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 from tensorrt_llm.logger import logger
+from tensorrt_llm.runtime.staging import PinnedStaging
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
@@ -41,15 +45,19 @@ PADDING_REQUEST_ID = -1  # the padding sequence's id in every KV manager (reques
 
 @dataclass
 class _Bucket:
-    """A batch size's static inputs. ``inputs`` holds the token ids ``[B * T]`` then each
-    sequence's first position ``[B]``, copied in one transfer from ``staging``; ``md`` and
-    ``chain_md`` keep their buffers for the bucket's life (``rebind`` per step)."""
+    """A batch size's static inputs. ``inputs`` holds the token ids ``[B * T]``, each sequence's
+    first position ``[B]``, and in a sampled bucket each row's top-k, seed and counter ``[3, B]``,
+    copied in one transfer through pinned staging (the temperatures and top-p ``[2, B]`` in a
+    second, ``float_inputs``); ``md`` and ``chain_md`` keep their buffers for the bucket's life
+    (``rebind`` per step)."""
 
     batch_size: int
-    staging: torch.Tensor  # host, pinned on CUDA
     inputs: torch.Tensor  # on the device
     md: AttentionMetadata
     chain_md: AttentionMetadata | None
+    float_inputs: torch.Tensor | None = None  # a sampled bucket's
+    # on CUDA: the host side of each copy (reused once the last copy from it is done)
+    staging: tuple[PinnedStaging, PinnedStaging] | None = None
     graph: torch.cuda.CUDAGraph | None = None
     # logits [B * T, V], target argmax [B, T], and with Eagle3 num_accepted [B], drafts [B, K]
     outputs: tuple[torch.Tensor, ...] = ()
@@ -61,7 +69,16 @@ class _Bucket:
 
     @property
     def first_positions(self) -> torch.Tensor:
-        return self.inputs[self.md.num_tokens :]
+        return self.inputs[self.md.num_tokens : self.md.num_tokens + self.batch_size]
+
+    @property
+    def sampled(self) -> bool:
+        return self.float_inputs is not None
+
+    def sampling(self) -> SamplingTensors:
+        top_k, seed, counter = self.inputs[self.md.num_tokens + self.batch_size :].view(3, -1)
+        temperature, top_p = self.float_inputs.view(2, -1)
+        return SamplingTensors(temperature, top_k, top_p, seed, counter, all_greedy=False)
 
 
 @dataclass
@@ -119,7 +136,7 @@ class CUDAGraphRunner:
 
     @property
     def captured_batch_sizes(self) -> list[int]:
-        return sorted(b for b, bucket in self._buckets.items() if bucket.graph is not None)
+        return sorted({b for (b, _), bucket in self._buckets.items() if bucket.graph is not None})
 
     def bucket_size(self, batch: ScheduledRequests) -> int | None:
         """The bucket that runs ``batch``, or None when it must run eagerly."""
@@ -128,7 +145,9 @@ class CUDAGraphRunner:
             return None
         for req in requests:
             params = req.sampling_params
-            if not params.greedy or params.processes_logits:  # (penalties run eagerly)
+            if params.processes_logits:  # penalties and bias: eagerly
+                return None
+            if not params.greedy and self.spec_worker is not None:  # sampled Eagle3: eagerly
                 return None
             if len(req.py_draft_tokens) != self.max_draft_len:
                 return None
@@ -145,7 +164,8 @@ class CUDAGraphRunner:
         requests = batch.generation_requests
         pad = batch_size - len(requests)
         request_ids = [r.request_id for r in requests] + [PADDING_REQUEST_ID] * pad
-        bucket = self._buckets.get(batch_size) or self._new_bucket(request_ids)
+        sampled = not all(r.sampling_params.greedy for r in requests)
+        bucket = self._buckets.get((batch_size, sampled)) or self._new_bucket(request_ids, sampled)
         self._write_inputs(bucket, batch, request_ids)
         if not self.options.capture:
             bucket.outputs = self._step(bucket)
@@ -160,12 +180,13 @@ class CUDAGraphRunner:
         self.num_replays += 1
         return self._result(bucket, batch)
 
-    def _new_bucket(self, request_ids: list[int]) -> _Bucket:
+    def _new_bucket(self, request_ids: list[int], sampled: bool) -> _Bucket:
         """A bucket for ``len(request_ids)`` sequences, its metadata first bound to these."""
         device, width, batch_size = self.engine.device, self.tokens_per_seq, len(request_ids)
-        size = batch_size * (width + 1)
-        staging = torch.zeros(size, dtype=torch.long, pin_memory=device.type == "cuda")
+        size = batch_size * (width + 1 + (3 if sampled else 0))
         inputs = torch.zeros(size, dtype=torch.long, device=device)
+        floats = torch.zeros(2 * batch_size, device=device) if sampled else None
+        staging = (PinnedStaging(), PinnedStaging()) if device.type == "cuda" else None
 
         def metadata(seq_len: int) -> AttentionMetadata:
             return AttentionMetadata(
@@ -180,8 +201,8 @@ class CUDAGraphRunner:
             )
 
         chain_md = metadata(1) if self.spec_worker is not None else None
-        bucket = _Bucket(batch_size, staging, inputs, metadata(width), chain_md)
-        self._buckets[batch_size] = bucket
+        bucket = _Bucket(batch_size, inputs, metadata(width), chain_md, floats, staging)
+        self._buckets[batch_size, sampled] = bucket
         return bucket
 
     def _write_inputs(
@@ -194,8 +215,14 @@ class CUDAGraphRunner:
         tokens = [t for r in requests for t in (r.get_tokens()[-1], *r.py_draft_tokens)]
         tokens += [0] * (pad * self.tokens_per_seq)
         tokens += [r.get_num_tokens() - 1 for r in requests] + [0] * pad
-        bucket.staging.copy_(torch.tensor(tokens, dtype=torch.long))
-        bucket.inputs.copy_(bucket.staging, non_blocking=True)
+        if bucket.sampled:  # padded rows: greedy
+            floats, ints = host_rows(requests)
+            tokens += [v for row in ints for v in row + [0] * pad]
+            values = [
+                v for row, fill in zip(floats, (0.0, 1.0), strict=True) for v in row + [fill] * pad
+            ]
+            _upload(bucket, 1, bucket.float_inputs, torch.tensor(values, dtype=torch.float32))
+        _upload(bucket, 0, bucket.inputs, torch.tensor(tokens, dtype=torch.long))
         fed = [i for i, r in enumerate(requests) if batch.pending_tokens(r)]
         if fed:  # from the launched step not yet read: the tokens, and the positions moved
             ids, advance = batch.feed.take([requests[i].request_id for i in fed])
@@ -217,7 +244,8 @@ class CUDAGraphRunner:
         )
         logits = engine.model.compute_logits(hidden)
         if self.spec_worker is None:
-            return logits, logits.argmax(dim=-1).view(bucket.batch_size, 1)
+            tokens = sample(logits, bucket.sampling()) if bucket.sampled else logits.argmax(-1)
+            return logits, tokens.view(bucket.batch_size, 1)
         return (
             logits,
             *self.spec_worker.greedy_step_on_device(
@@ -246,6 +274,17 @@ class CUDAGraphRunner:
         for req in batch.generation_requests:
             req.draft_probs = None  # greedy drafts
         return GraphStep(logits[: n * width], [width] * n, tokens)
+
+
+def _upload(bucket: _Bucket, which: int, dst: torch.Tensor, values: torch.Tensor) -> None:
+    """``dst.copy_(values)``, queued from the bucket's pinned staging ``which`` on CUDA."""
+    if bucket.staging is None:
+        dst.copy_(values)
+        return
+    staging = bucket.staging[which]
+    staged = staging.take(values.numel(), values.dtype)
+    staged.copy_(values)
+    staging.copy_to(dst, staged)
 
 
 def _addresses(bucket: _Bucket) -> dict[str, int]:

@@ -58,6 +58,18 @@ class DeviceTokens:
     tokens: torch.Tensor  # [n, T] long
     num_accepted: torch.Tensor | None = None  # [n]
     drafts: torch.Tensor | None = None  # [n, K]
+    # each token's logprob [n, T] and the ``top`` most likely [n, T, top] (values, ids), computed
+    # on the device from the step's logits (``with_logprobs``)
+    logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def with_logprobs(self, logits: torch.Tensor, top: int) -> None:
+        """The logprobs of every token of the rows (``logits [n * T, V]``, row-major), queued
+        now: the logits may be rewritten before the step is read."""
+        n, width = self.tokens.shape
+        logprobs = torch.log_softmax(logits[: n * width].float().view(n, width, -1), dim=-1)
+        chosen = logprobs.gather(-1, self.tokens[..., None])[..., 0]
+        values, ids = logprobs.topk(top, dim=-1)
+        self.logprobs = (chosen, values, ids)
 
     def feed(self, batch: ScheduledRequests) -> TokenFeed:
         requests = batch.all_requests
@@ -73,22 +85,46 @@ class DeviceTokens:
             self.tokens.shape[1],
         )
 
-    def to_host(self) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """One copy of everything to the host, queued now; the event marks its end (CUDA)."""
-        parts = [self.tokens.flatten()]
+    def to_host(self) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+        """Everything on the host in one copy per dtype (the integers, then any logprobs), queued
+        now; the event marks their end (CUDA)."""
+        ints = [self.tokens.flatten()]
         if self.num_accepted is not None:
-            parts += [self.num_accepted, self.drafts.flatten()]
-        packed = torch.cat(parts)
-        if packed.device.type != "cuda":
-            return packed.cpu(), None
-        host = packed.to("cpu", non_blocking=True)  # pinned: the copy does not block
+            ints += [self.num_accepted, self.drafts.flatten()]
+        packed = [torch.cat(ints)]
+        if self.logprobs is not None:
+            chosen, values, ids = self.logprobs
+            packed[0] = torch.cat([packed[0], ids.flatten()])
+            packed.append(torch.cat([chosen.flatten(), values.flatten()]))
+        if packed[0].device.type != "cuda":
+            return [t.cpu() for t in packed], None
+        host = [t.to("cpu", non_blocking=True) for t in packed]  # pinned: the copies do not block
         event = torch.cuda.Event()
         event.record()
         return host, event
 
-    def step_tokens(self, host: torch.Tensor, num_requests: int) -> StepTokens:
+    def host_logprobs(self, host: list[torch.Tensor]) -> dict[int, list[tuple]]:
+        """Per batch index: per token position, (its logprob, [(id, logprob)] of the top)."""
         n, width = self.tokens.shape
-        values = host.tolist()
+        _, values, _ = self.logprobs
+        top = values.shape[-1]
+        ints = host[0].tolist()
+        ids = ints[len(ints) - n * width * top :]
+        floats = host[1].tolist()
+        chosen, values = floats[: n * width], floats[n * width :]
+        out = {}
+        for r, i in enumerate(self.rows):
+            out[i] = []
+            for j in range(r * width, (r + 1) * width):
+                pairs = zip(
+                    ids[j * top : (j + 1) * top], values[j * top : (j + 1) * top], strict=True
+                )
+                out[i].append((chosen[j], list(pairs)))
+        return out
+
+    def step_tokens(self, host: list[torch.Tensor], num_requests: int) -> StepTokens:
+        n, width = self.tokens.shape
+        values = host[0].tolist()
         tokens = [values[i * width : (i + 1) * width] for i in range(n)]
         new_tokens: list[list[int]] = [[] for _ in range(num_requests)]
         next_drafts: list[list[int]] = [[] for _ in range(num_requests)]
@@ -123,7 +159,9 @@ class LaunchedStep:
     # requests that ended while the step ran: freed once it is read (the device may still write
     # their KV until then)
     deferred: list[LlmRequest] = field(default_factory=list)
-    _host: torch.Tensor | None = None
+    # per batch index, per token position: (logprob, top list), from the device (see DeviceTokens)
+    logprobs: dict[int, list[tuple]] | None = None
+    _host: list[torch.Tensor] | None = None
     _event: torch.cuda.Event | None = None
 
     def __post_init__(self) -> None:
@@ -146,6 +184,8 @@ class LaunchedStep:
             if self._event is not None:
                 self._event.synchronize()
             self.host_tokens = self.device_tokens.step_tokens(self._host, self.batch.batch_size)
+            if self.device_tokens.logprobs is not None:
+                self.logprobs = self.device_tokens.host_logprobs(self._host)
         return self.host_tokens
 
 
@@ -169,7 +209,12 @@ def apply_tokens(
         req.state = LlmRequestState.GENERATION_IN_PROGRESS
         params = req.sampling_params
         top = params.logprobs
-        logprobs = token_logprobs(rows[: len(new)], new, top) if top is not None else None
+        if top is None:
+            logprobs = None
+        elif step.logprobs is not None:  # computed on the device: this request's top of them
+            logprobs = [(lp, pairs[:top]) for lp, pairs in step.logprobs[i][: len(new)]]
+        else:
+            logprobs = token_logprobs(rows[: len(new)], new, top)
         emitted = 0
         for j, token in enumerate(new):
             if params.return_generation_logits:

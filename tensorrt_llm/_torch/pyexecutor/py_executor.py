@@ -345,12 +345,15 @@ class PyExecutor:
         decoding = [r.state is LlmRequestState.GENERATION_IN_PROGRESS for r in batch.all_requests]
         runner = self.cuda_graph_runner
         bucket = runner.bucket_size(batch) if runner is not None else None
+        top = max((r.sampling_params.logprobs or 0 for r in batch.all_requests), default=0)
+        wants_logprobs = any(r.sampling_params.logprobs is not None for r in batch.all_requests)
         if bucket is not None:
             graph = runner.run(batch, bucket)
-            # the bucket's logits are rewritten by its next replay: read first if they are needed
-            needs_logits = any(
-                r.sampling_params.logprobs is not None or r.sampling_params.return_generation_logits
-                for r in batch.all_requests
+            if wants_logprobs:  # queued now: the next replay rewrites the bucket's logits
+                graph.tokens.with_logprobs(graph.logits, top)
+            # generation logits are copied from the bucket's at the read: read before a replay
+            keeps_logits = any(
+                r.sampling_params.return_generation_logits for r in batch.all_requests
             )
             return LaunchedStep(
                 batch,
@@ -358,7 +361,7 @@ class PyExecutor:
                 graph.logits,
                 graph.num_logits,
                 device_tokens=graph.tokens,
-                overlappable=self.overlap and not needs_logits,
+                overlappable=self.overlap and not keeps_logits,
             )
         output = self.model_engine.forward(batch)
         logits, num_logits = output.logits, output.num_logits
@@ -367,11 +370,9 @@ class PyExecutor:
         if self.spec_worker is not None:  # (its tokens come to the host in the step)
             tokens = self.spec_worker.run(batch, output)
             return LaunchedStep(batch, decoding, logits, num_logits, host_tokens=tokens)
+        tokens = self._sample(batch, output)
+        if wants_logprobs:
+            tokens.with_logprobs(logits, top)
         return LaunchedStep(
-            batch,
-            decoding,
-            logits,
-            num_logits,
-            device_tokens=self._sample(batch, output),
-            overlappable=self.overlap,
+            batch, decoding, logits, num_logits, device_tokens=tokens, overlappable=self.overlap
         )

@@ -65,25 +65,11 @@ class SamplingTensors:
 
     @classmethod
     def of(cls, requests: Sequence[LlmRequest], device: torch.device) -> SamplingTensors:
-        params = [r.sampling_params for r in requests]
-        greedy = [p.greedy for p in params]
-        host = torch.tensor(
-            [
-                [0.0 if g else float(p.temperature) for p, g in zip(params, greedy, strict=True)],
-                [float(p.top_k or 0) for p in params],
-                [1.0 if p.top_p is None else float(p.top_p) for p in params],
-            ],
-            dtype=torch.float32,
-        )
-        ints = torch.tensor(
-            [
-                [r.seed for r in requests],
-                [r.num_sampling_steps * COUNTER_STRIDE for r in requests],
-            ],
-            dtype=torch.long,
-        )
-        host, ints = host.to(device, non_blocking=True), ints.to(device, non_blocking=True)
-        return cls(host[0], host[1].long(), host[2], ints[0], ints[1], all(greedy))
+        floats, ints = host_rows(requests)
+        host = torch.tensor(floats, dtype=torch.float32).to(device, non_blocking=True)
+        ints = torch.tensor(ints, dtype=torch.long).to(device, non_blocking=True)
+        greedy = all(r.sampling_params.greedy for r in requests)
+        return cls(host[0], ints[0], host[1], ints[1], ints[2], greedy)
 
     def expand(self, repeats: int) -> SamplingTensors:
         """Each row ``repeats`` times (a row per position of its step), counters stepping by 1."""
@@ -96,6 +82,22 @@ class SamplingTensors:
             (self.counter[:, None] + step).flatten(),
             self.all_greedy,
         )
+
+
+def host_rows(requests: Sequence[LlmRequest]) -> tuple[list[list[float]], list[list[int]]]:
+    """The requests' sampling rows on the host: ``[temperature, top_p]`` and ``[top_k, seed,
+    counter]``, one column per request (a greedy request's temperature is 0)."""
+    params = [r.sampling_params for r in requests]
+    floats = [
+        [0.0 if p.greedy else float(p.temperature) for p in params],
+        [1.0 if p.top_p is None else float(p.top_p) for p in params],
+    ]
+    ints = [
+        [int(p.top_k or 0) for p in params],
+        [r.seed for r in requests],
+        [r.num_sampling_steps * COUNTER_STRIDE for r in requests],
+    ]
+    return floats, ints
 
 
 def filtered_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:

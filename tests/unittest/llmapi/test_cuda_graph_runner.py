@@ -97,13 +97,43 @@ def test_batches_the_runner_does_not_take_run_eagerly():
     pytest.importorskip("triton.language")
     llm = make_llm(None)  # target only: the three requests stay together to the end
     runner = attach_runner(llm, batch_sizes=(1, 2), enable_padding=False)
-    sampled = SamplingParams(max_tokens=4, temperature=0.8, seed=3)
-    llm.generate(PROMPTS[:1], sampled)  # sampled: eager
+    penalized = SamplingParams(max_tokens=4, presence_penalty=0.5)
+    llm.generate(PROMPTS[:1], penalized)  # penalties read the output on the host: eager
     assert runner.num_replays == 0
     llm.generate(PROMPTS, GREEDY)  # three at a time, no bucket of 3 without padding
     assert runner.num_replays == 0
     llm.generate(PROMPTS[:2], GREEDY)
     assert runner.num_replays > 0
+    llm.shutdown()
+
+
+@CPU_ONLY
+def test_sampled_steps_with_logprobs_give_the_eager_tokens_and_logprobs():
+    pytest.importorskip("triton.language")
+    params = [
+        SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=5, logprobs=2),
+        SamplingParams(max_tokens=8, temperature=1.0, top_k=7, seed=9, logprobs=1),
+        SamplingParams(max_tokens=8, temperature=0, logprobs=0),  # greedy rows in the bucket
+    ]
+
+    def run(llm):
+        outs = [o.outputs[0] for o in llm.generate(PROMPTS, params)]
+        return [o.token_ids for o in outs], [o.logprobs for o in outs]
+
+    eager = make_llm(None)
+    want_tokens, want_logprobs = run(eager)
+    eager.shutdown()
+    llm = make_llm(None)
+    runner = attach_runner(llm)
+    got_tokens, got_logprobs = run(llm)
+    assert runner.num_replays >= 6  # the decode steps ran in the sampled bucket of 4
+    assert got_tokens == want_tokens
+    for got, want in zip(got_logprobs, want_logprobs, strict=True):
+        assert len(got) == len(want) == 8
+        for (lp, top), (want_lp, want_top) in zip(got, want, strict=True):
+            assert lp == pytest.approx(want_lp, abs=1e-4)
+            assert [t for t, _ in top] == [t for t, _ in want_top]
+            assert [v for _, v in top] == pytest.approx([v for _, v in want_top], abs=1e-4)
     llm.shutdown()
 
 
