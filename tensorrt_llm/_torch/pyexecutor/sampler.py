@@ -44,8 +44,11 @@ def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 def uniform(seed: torch.Tensor, counter: torch.Tensor, lane: int | torch.Tensor) -> torch.Tensor:
     """``[...]`` float32 in [0, 1) from int64 ``seed`` and ``counter`` (broadcast) and ``lane``."""
-    lane = torch.as_tensor(lane, dtype=torch.long, device=seed.device)
-    x = seed * _A + counter * _B + lane * _C  # int64, wrapping
+    if isinstance(lane, int):  # a scalar operand: no host-to-device copy (CUDA graph capture)
+        lane_term = _signed(lane * (_C & _MASK64) & _MASK64)
+    else:
+        lane_term = lane.to(torch.long) * _C
+    x = seed * _A + counter * _B + lane_term  # int64, wrapping
     x = (x ^ _shift_right(x, 30)) * _M1
     x = (x ^ _shift_right(x, 27)) * _M2
     x = x ^ _shift_right(x, 31)

@@ -71,3 +71,26 @@ def test_triton_greedy_equals_vanilla_on_the_bundled_model(draft_kv_cache):
         # near-tie draft can flip (graphed 3.747 against eager 3.774 on this run's prompts).
         assert mean_al(graphed) == pytest.approx(mean_al(triton), rel=0.02)
         assert mean_al(triton) > 3.0  # the bundled drafter is accepted through the kernels
+
+
+def test_seeded_sampling_with_logprobs_runs_in_the_graphs_and_reproduces():
+    """Sampled batches replay graphs of their own (their equality with the eager step, on the
+    CPU's form of the same ops, is ``test_cuda_graph_runner.py``'s)."""
+    llm = LLM(device="cuda", kv_cache_config=KvCacheConfig(max_tokens=128 * 64))
+    params = [
+        SamplingParams(max_tokens=32, temperature=0.8, top_p=0.9, seed=i, logprobs=2)
+        for i in range(8)
+    ]
+    runner = llm.executor.cuda_graph_runner
+    first = llm.generate(prompts(llm), params)
+    replays = runner.num_replays
+    assert replays >= 31  # every decode step of the batch of 8
+    again = llm.generate(prompts(llm), params)
+    assert runner.num_replays >= 2 * replays
+    assert tokens(again) == tokens(first)
+    assert len({tuple(t) for t in tokens(first)}) > 1
+    for out in first:
+        out = out.outputs[0]
+        assert len(out.logprobs) == len(out.token_ids) == 32
+        assert all(lp <= 0 and len(top) == 2 for lp, top in out.logprobs)
+    llm.shutdown()
