@@ -107,16 +107,28 @@ def filtered_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """``logits [N, V]`` -> the probabilities each row samples from: temperature, then top-k, then
     top-p (the smallest prefix of the sorted tokens whose mass reaches it; the first always stays).
     Greedy rows come out at temperature 1 (their draws are not used)."""
+    ordered, order, _, last = _sorted_kept(logits, st)
+    rank = torch.arange(logits.shape[-1], device=logits.device)
+    probs = ordered.masked_fill(rank[None, :] > last, 0.0)
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(-1, order, probs)
+
+
+def _sorted_kept(
+    logits: torch.Tensor, st: SamplingTensors
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's probabilities after temperature and top-k, sorted descending, with their token
+    ids, their running sum, and ``[N, 1]`` the last index top-p keeps (a token is kept while the
+    mass ranked above it is short of top-p; the first always is)."""
     temperature = torch.where(st.temperature > 0, st.temperature, 1.0)
     scaled = logits.float() / temperature[:, None]
     ordered, order = scaled.sort(dim=-1, descending=True)
     rank = torch.arange(scaled.shape[-1], device=scaled.device)
     keep = (st.top_k[:, None] <= 0) | (rank[None, :] < st.top_k[:, None])
     probs = torch.softmax(ordered.masked_fill(~keep, float("-inf")), dim=-1)
-    before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
-    probs = probs.masked_fill(before >= st.top_p[:, None], 0.0)
-    probs = probs / probs.sum(dim=-1, keepdim=True)
-    return torch.zeros_like(probs).scatter_(-1, order, probs)
+    cum = probs.cumsum(dim=-1)  # non-decreasing: the kept tokens are a prefix
+    last = (cum[:, :-1] < st.top_p[:, None]).sum(dim=-1, keepdim=True)
+    return probs, order, cum, last
 
 
 def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -128,11 +140,17 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, st: SamplingTensors, lane: int = LANE_TOKEN) -> torch.Tensor:
-    """``logits [N, V]`` -> tokens ``[N]``. Greedy rows take the argmax."""
+    """``logits [N, V]`` -> tokens ``[N]``. Greedy rows take the argmax. A sampled row draws by
+    inverse transform over its kept tokens in sorted order (``filtered_probs``' distribution,
+    without spreading it back over the vocabulary): one sort and one running sum."""
     greedy = logits.argmax(dim=-1)
     if st.all_greedy:
         return greedy
-    drawn = draw(filtered_probs(logits, st), uniform(st.seed, st.counter, lane))
+    _, order, cum, last = _sorted_kept(logits, st)
+    total = cum.gather(1, last)
+    target = uniform(st.seed, st.counter, lane)[:, None] * total
+    index = torch.minimum(torch.searchsorted(cum, target, right=True), last)
+    drawn = order.gather(1, index).squeeze(-1)
     return torch.where(st.temperature > 0, drawn, greedy)
 
 

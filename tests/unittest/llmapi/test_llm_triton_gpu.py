@@ -78,7 +78,9 @@ def test_seeded_sampling_with_logprobs_runs_in_the_graphs_and_reproduces():
     CPU's form of the same ops, is ``test_cuda_graph_runner.py``'s)."""
     llm = LLM(device="cuda", kv_cache_config=KvCacheConfig(max_tokens=128 * 64))
     params = [
-        SamplingParams(max_tokens=32, temperature=0.8, top_p=0.9, seed=i, logprobs=2)
+        SamplingParams(
+            max_tokens=32, temperature=0.8, top_p=0.9, seed=i, logprobs=2, ignore_eos=True
+        )
         for i in range(8)
     ]
     runner = llm.executor.cuda_graph_runner

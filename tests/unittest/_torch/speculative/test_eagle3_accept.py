@@ -140,3 +140,14 @@ def test_drafts_are_drawn_from_the_drafters_distribution_and_q_is_returned():
         draft_logits, rows(N, temperature=0), 0, lambda ids: ids + 10, lambda p: p
     )
     assert none is None and greedy.unique().tolist() == [12]
+
+
+def test_sampled_tokens_follow_the_filtered_distribution():
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0]])
+    for top_k, top_p in ((0, 1.0), (3, 1.0), (0, 0.8), (5, 0.9)):
+        st = rows(N, temperature=0.8, top_k=top_k, top_p=top_p)
+        tokens = sample(logits.expand(N, -1), st)
+        frequency = torch.bincount(tokens, minlength=8) / N
+        want = filtered_probs(logits, rows_of(st, 0))[0]
+        torch.testing.assert_close(frequency, want, atol=0.015, rtol=0)
+        assert (frequency[want == 0] == 0).all()  # nothing outside top-k and top-p
