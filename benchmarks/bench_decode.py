@@ -321,7 +321,7 @@ def timed_run(
         "al": 1 + accepted / iterations if iterations else None,
         "graph_steps": (runner.num_replays if runner is not None else 0) - replays_before,
         "step_bytes": statistics.fmean(b for b, _ in full_batch_reads or [(math.nan, 0)]),
-        "experts_hit": statistics.fmean(h for _, h in full_batch_reads or [(math.nan, 0)]),
+        "experts_hit": statistics.fmean(h for _, h in full_batch_reads or [(math.nan, math.nan)]),
         "truncated": truncated,
     }
 

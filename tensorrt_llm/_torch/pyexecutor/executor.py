@@ -22,6 +22,7 @@ class ExecutorStats:
     num_decode_iterations: int = 0
     num_accepted_draft_tokens: int = 0
     num_transferred_tokens: int = 0  # prompt tokens whose KV a generation-only request pulled
+    num_overlapped_steps: int = 0  # steps launched before the one ahead of them was read
 
     @property
     def avg_decoded_tokens_per_iter(self) -> float | None:

@@ -252,6 +252,7 @@ class PyExecutor:
             self._drain()
             raise
         self.stats.num_steps += 1
+        self.stats.num_overlapped_steps += len(self._unread) > 1
         self.stats.num_context_tokens_computed = self.model_engine.num_context_tokens_computed
         for req, n in zip(batch.all_requests, self._unread[-1].num_logits, strict=True):
             if req.is_context_init_state:  # what the host knows of the step before it runs

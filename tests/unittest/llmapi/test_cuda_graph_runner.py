@@ -74,6 +74,7 @@ def test_graph_step_gives_the_eager_tokens(draft_kv_cache):
     pytest.importorskip("triton.language")
     eager = make_llm(draft_kv_cache)
     want_tokens, want_al = generate(eager)
+    eager_stats = eager.get_stats()
     eager.shutdown()
 
     llm = make_llm(draft_kv_cache)
@@ -81,6 +82,11 @@ def test_graph_step_gives_the_eager_tokens(draft_kv_cache):
     got_tokens, got_al = generate(llm)
     assert got_tokens == want_tokens
     assert got_al == want_al
+    # the graph steps overlapped: each launched before the one ahead of it was read (with Eagle3,
+    # their positions moved on the device by the accepted counts); the eager ones could not
+    assert llm.get_stats()["num_overlapped_steps"] > 0
+    if draft_kv_cache is not None:
+        assert eager_stats["num_overlapped_steps"] == 0
     # three requests decode in the bucket of 4: one padded row every decode step
     assert runner.num_replays >= GREEDY.max_tokens // 4
     if draft_kv_cache is not None:

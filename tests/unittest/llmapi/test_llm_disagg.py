@@ -136,3 +136,35 @@ def test_a_request_cancelled_before_its_pull_frees_the_context_servers_hold(prom
     assert [finished[i].outputs[0].finish_reason for i in submitted[1:]] == ["cancelled"] * 5
     gen.cancel(submitted[0])
     gen.shutdown()
+
+
+def test_the_overlap_scheduler_keeps_the_generation_servers_tokens(prompts):
+    """Target only (Eagle3 outside the CUDA graphs reads each step at once): the generation
+    server with the overlap scheduler decodes what it decodes without it, greedy and seeded."""
+
+    def target_only(disagg: bool, overlap: bool = True) -> LLM:
+        return LLM(
+            device="cpu",
+            max_batch_size=16,
+            kv_cache_config=KvCacheConfig(max_tokens=128 * 32),
+            cache_transceiver_config=CacheTransceiverConfig() if disagg else None,
+            disable_overlap_scheduler=not overlap,
+        )
+
+    params = [SamplingParams(max_tokens=30, ignore_eos=True)] * 3 + [
+        SamplingParams(max_tokens=30, temperature=0.8, top_p=0.9, seed=i, ignore_eos=True)
+        for i in range(3)
+    ]
+    ctx = target_only(True)
+    got = {}
+    for overlap in (True, False):
+        gen = target_only(True, overlap)
+        outputs = resume(gen, prefill(ctx, prompts[:6], params), params)
+        got[overlap] = [o.outputs[0].token_ids for o in outputs]
+        assert ctx.disaggregated.release_pulled() == 6
+        assert gen.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == 0
+        gen.shutdown()
+    assert got[True] == got[False]
+    aggregated = target_only(False).generate(prompts[:3], params[:3])
+    assert got[True][:3] == [o.outputs[0].token_ids for o in aggregated]
+    assert all(len(t) == 30 for t in got[True])
