@@ -66,7 +66,10 @@ class DeviceTokens:
         """The logprobs of every token of the rows (``logits [n * T, V]``, row-major), queued
         now: the logits may be rewritten before the step is read."""
         n, width = self.tokens.shape
-        logprobs = torch.log_softmax(logits[: n * width].float().view(n, width, -1), dim=-1)
+        if n == 0:  # no row made a token (a prompt's chunk that does not finish it)
+            return
+        rows = logits[: n * width].float().view(n, width, logits.shape[-1])
+        logprobs = torch.log_softmax(rows, dim=-1)
         chosen = logprobs.gather(-1, self.tokens[..., None])[..., 0]
         values, ids = logprobs.topk(top, dim=-1)
         self.logprobs = (chosen, values, ids)

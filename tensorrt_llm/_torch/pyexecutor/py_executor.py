@@ -277,9 +277,11 @@ class PyExecutor:
                 )
                 self.resource_manager.update_resources(done)
             except Exception:
-                for req in live:
+                for req in live:  # their KV is freed once the steps still holding them are read
                     if not req.is_finished:
                         req.finish(FinishReason.ERROR)
+                    if req in self.active:
+                        self._release(req)
                 raise
             finished = [r for r in live if r.is_finished]
             for req in finished:

@@ -128,15 +128,22 @@ def _sorted_kept(
     probs = torch.softmax(ordered.masked_fill(~keep, float("-inf")), dim=-1)
     cum = probs.cumsum(dim=-1)  # non-decreasing: the kept tokens are a prefix
     last = (cum[:, :-1] < st.top_p[:, None]).sum(dim=-1, keepdim=True)
-    return probs, order, cum, last
+    # the top-k mass may sum to just under top-p = 1: the zeros past top-k are never kept
+    top_k = torch.where(st.top_k > 0, st.top_k, scaled.shape[-1])[:, None]
+    return probs, order, cum, torch.minimum(last, top_k - 1)
 
 
 def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """``[N]`` tokens, token ``t`` of row ``i`` with probability ``probs[i, t]`` for ``u`` uniform."""
     cdf = probs.cumsum(dim=-1)
-    target = (u * cdf[:, -1]).unsqueeze(-1)
-    index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    index = torch.searchsorted(cdf, _below(u[:, None], cdf[:, -1:]), right=True).squeeze(-1)
     return index.clamp_(max=probs.shape[-1] - 1)
+
+
+def _below(u: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """``u * total``, strictly below ``total`` (``u`` near 1 can round up to it): the first
+    running sum past it is then a token of nonzero probability."""
+    return torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
 
 
 def sample(logits: torch.Tensor, st: SamplingTensors, lane: int = LANE_TOKEN) -> torch.Tensor:
@@ -148,7 +155,7 @@ def sample(logits: torch.Tensor, st: SamplingTensors, lane: int = LANE_TOKEN) ->
         return greedy
     _, order, cum, last = _sorted_kept(logits, st)
     total = cum.gather(1, last)
-    target = uniform(st.seed, st.counter, lane)[:, None] * total
+    target = _below(uniform(st.seed, st.counter, lane)[:, None], total)
     index = torch.minimum(torch.searchsorted(cum, target, right=True), last)
     drawn = order.gather(1, index).squeeze(-1)
     return torch.where(st.temperature > 0, drawn, greedy)

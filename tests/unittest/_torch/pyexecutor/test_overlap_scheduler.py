@@ -171,3 +171,43 @@ def test_penalties_read_the_launched_step_first_and_decode_the_same_tokens(model
     run(make(model, False), want)
     run(make(model, True), got)
     assert [r.output_token_ids for r in got] == [r.output_token_ids for r in want]
+
+
+def test_a_read_that_raises_frees_its_requests_and_the_executor_goes_on(model, monkeypatch):
+    executor = make(model, True)
+    first, second = request(0), request(1)
+    for req in (first, second):
+        executor.enqueue_request(req)
+    executor.step()
+    manager = executor.resource_manager
+
+    def broken(batch):
+        raise RuntimeError("commit failed")
+
+    monkeypatch.setattr(manager, "update_resources", broken)
+    with pytest.raises(RuntimeError, match="commit failed"):
+        executor.step()  # launches step 2, then reads step 1
+    monkeypatch.undo()
+    assert first.finish_reason is second.finish_reason is FinishReason.ERROR
+    assert not executor.active
+    while executor.has_work:  # the launched step that still holds them is read, then freed
+        executor.step()
+    assert used_slots(executor) == 0
+    third = request(2)
+    run(executor, [third])
+    assert len(third.output_token_ids) == 5
+
+
+def test_logprobs_with_a_prompt_in_chunks(model):
+    """A step of a prompt's first chunk makes no token (and no logprobs) for it."""
+    config = dataclasses.replace(
+        executor_config(tokens_per_block=4, max_tokens=256),
+        overlap_scheduler=True,
+        max_num_tokens=8,
+        enable_chunked_prefill=True,
+    )
+    executor = create_py_executor(model, config)
+    req = request(0, prompt_len=20, max_new_tokens=3, logprobs=2)
+    run(executor, [req])
+    assert len(req.output_token_ids) == len(req.py_logprobs) == 3
+    assert all(lp <= 0 and len(top) == 2 for lp, top in req.py_logprobs)

@@ -151,3 +151,15 @@ def test_sampled_tokens_follow_the_filtered_distribution():
         want = filtered_probs(logits, rows_of(st, 0))[0]
         torch.testing.assert_close(frequency, want, atol=0.015, rtol=0)
         assert (frequency[want == 0] == 0).all()  # nothing outside top-k and top-p
+
+
+def test_a_draw_at_the_top_of_the_unit_interval_stays_in_top_k(monkeypatch):
+    import tensorrt_llm._torch.pyexecutor.sampler as sampler
+
+    # top-k = 3 of a spread distribution: its mass sums to just under 1 in float32 on many rows
+    logits = torch.randn(2000, 64, generator=torch.Generator().manual_seed(1)) * 4
+    st = rows(2000, temperature=1.0, top_k=3)
+    monkeypatch.setattr(sampler, "uniform", lambda *args: torch.full((2000,), 1 - 2**-25))
+    tokens = sample(logits, st)
+    top3 = logits.topk(3, dim=-1).indices
+    assert (top3 == tokens[:, None]).any(dim=-1).all()
