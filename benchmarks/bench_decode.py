@@ -374,12 +374,8 @@ def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
         # decode batch's CUDA graph is captured here, not in the timed run)
         prefill_steps = math.ceil(batch * s.prompt_len / s.max_num_tokens)
         warmup_tokens = min(WARMUP_NEW_TOKENS + prefill_steps, s.new_tokens)
-        llm.generate(
-            warmup,
-            SamplingParams(
-                max_tokens=warmup_tokens, ignore_eos=True, temperature=0, detokenize=False
-            ),
-        )
+        # the mode's own parameters: a sampled batch's graphs are its own
+        llm.generate(warmup, dataclasses.replace(mode_params(mode, s), max_tokens=warmup_tokens))
         if (
             mode in DRAFT_KV_MODES
             and llm.executor.spec_worker.draft_kv_mode != DRAFT_KV_MODES[mode]
