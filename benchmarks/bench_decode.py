@@ -289,6 +289,7 @@ def timed_run(
     full_batch_reads: list[tuple[float, float]] = []  # their bytes and experts hit per layer
     truncated = False
     measure_reads = not (s.overlap and reads.blocks)
+    steps_before_decode = executor.stats.num_steps
     start = time.perf_counter()
     while executor.has_work:
         if sum(step_s) > s.max_seconds:
@@ -319,7 +320,7 @@ def timed_run(
     return {
         "prefill_s": prefill_s,
         "num_prefill_steps": num_prefill_steps,
-        "num_decode_steps": len(step_s),
+        "num_decode_steps": executor.stats.num_steps - steps_before_decode,  # launched
         "decode_step_ms": statistics.fmean(full_batch_s or step_s or [math.nan]) * 1e3,
         "decode_tokens_per_s": decode_tokens / sum(step_s) if step_s else math.nan,
         "al": 1 + accepted / iterations if iterations else None,

@@ -89,22 +89,31 @@ def run_benchmark(script: str, args: list[str], timeout_s: float) -> subprocess.
 def test_decode_benchmark_runs_end_to_end_at_tiny_scale(tmp_path):
     out = tmp_path / "decode.json"
     args = ["--scale", "tiny", "--device", "cpu", "--batches", "1,2", "--new-tokens", "4"]
-    done = run_benchmark("bench_decode.py", [*args, "--json", str(out)], timeout_s=120)
+    args += ["--mlp", "dense"]  # every mode, the plain-PyTorch reference included
+    done = run_benchmark("bench_decode.py", [*args, "--json", str(out)], timeout_s=180)
     assert "step / floor" in done.stdout and "machine:" in done.stdout
+    assert "overlap scheduler on" in done.stdout
     record = json.loads(out.read_text())
     cells = {(c["mode"], c["batch"]): c for c in record["cells"]}
-    assert sorted(cells) == [(m, b) for m in ("separate", "target", "unified") for b in (1, 2)]
+    modes = ("reference", "sampled", "separate", "target", "unified")
+    assert sorted(cells) == [(m, b) for m in modes for b in (1, 2)]
     for (mode, _), cell in cells.items():
+        assert not cell["truncated"] and cell["decode_step_ms"] > 0
+        if mode == "reference":  # 4 steps replayed back to back
+            assert cell["num_decode_steps"] == 4 and cell["al"] is None
+            continue
         assert cell["num_prefill_steps"] == 1  # 2 x 160 prompt tokens fit one step
-        assert not cell["truncated"]
-        # 4 new tokens: the first from the prefill, then one or more per decode step
-        if mode == "target":
+        # 4 new tokens: the first from the prefill, then one or more per decode step (none is
+        # launched past max_tokens, with the overlap too)
+        if mode in ("target", "sampled"):
             assert cell["num_decode_steps"] == 3 and cell["al"] == 1.0
         else:
             assert 1 <= cell["num_decode_steps"] <= 3 and cell["al"] >= 1.0
-        assert cell["decode_step_ms"] > 0 and cell["floor_ms"] > 0
+        assert cell["floor_ms"] > 0
     assert record["copy_bandwidth_bytes_per_s"] > 0
-    assert any("unified / separate" in line for line in record["summary"])
+    summary = record["summary"]
+    for ratio in ("unified / separate", "plain-PyTorch reference", "sampled (with logprobs)"):
+        assert sum(ratio in line for line in summary) == 2, ratio
 
 
 def test_decode_benchmark_builds_dummy_fp8_weights_and_counts_the_experts_hit(tmp_path):
@@ -113,6 +122,7 @@ def test_decode_benchmark_builds_dummy_fp8_weights_and_counts_the_experts_hit(tm
     out = tmp_path / "decode.json"
     args = ["--scale", "tiny", "--device", "cpu", "--batches", "2", "--new-tokens", "4"]
     args += ["--modes", "target,unified", "--load-format", "dummy", "--quant", "none,fp8"]
+    args += ["--overlap", "off"]  # reading the routing waits for each step
     done = run_benchmark("bench_decode.py", [*args, "--json", str(out)], timeout_s=120)
     assert "bfloat16 and FP8 block scales, load_format=dummy" in done.stdout
     record = json.loads(out.read_text())

@@ -29,11 +29,12 @@ import torch
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
-from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens, on_device
+from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, host_rows, sample
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+from tensorrt_llm._torch.pyexecutor.token_feed import on_device
 from tensorrt_llm.logger import logger
 from tensorrt_llm.runtime.staging import PinnedStaging
 

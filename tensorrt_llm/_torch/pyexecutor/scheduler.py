@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
 
 if TYPE_CHECKING:
-    from tensorrt_llm._torch.pyexecutor.launched_step import TokenFeed
+    from tensorrt_llm._torch.pyexecutor.token_feed import TokenFeed
 
 
 class KvCapacity(Protocol):
