@@ -44,11 +44,13 @@ class DeviceTokens:
         n, width = self.tokens.shape
         if n == 0:  # no row made a token (a prompt's chunk that does not finish it)
             return
-        rows = logits[: n * width].float().view(n, width, logits.shape[-1])
-        logprobs = torch.log_softmax(rows, dim=-1)
-        chosen = logprobs.gather(-1, self.tokens[..., None])[..., 0]
-        values, ids = logprobs.topk(top, dim=-1)
-        self.logprobs = (chosen, values, ids)
+        rows = logits[: n * width].view(n, width, logits.shape[-1])
+        # log-softmax keeps the order: the top-k and the chosen logits are read in their own
+        # dtype, then moved by each row's log-sum-exp
+        lse = torch.logsumexp(rows.float(), dim=-1, keepdim=True)
+        chosen = rows.gather(-1, self.tokens[..., None]).float() - lse
+        values, ids = rows.topk(top, dim=-1)
+        self.logprobs = (chosen[..., 0], values.float() - lse, ids)
 
     def feed(self, batch: ScheduledRequests) -> TokenFeed:
         requests = batch.all_requests

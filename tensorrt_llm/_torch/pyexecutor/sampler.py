@@ -121,11 +121,12 @@ def _sorted_kept(
     ids, their running sum, and ``[N, 1]`` the last index top-p keeps (a token is kept while the
     mass ranked above it is short of top-p; the first always is)."""
     temperature = torch.where(st.temperature > 0, st.temperature, 1.0)
-    scaled = logits.float() / temperature[:, None]
-    ordered, order = scaled.sort(dim=-1, descending=True)
+    # a temperature keeps the order: the logits are sorted as they come (bf16 keys sort faster)
+    ordered, order = logits.sort(dim=-1, descending=True)
+    scaled = ordered.float() / temperature[:, None]
     rank = torch.arange(scaled.shape[-1], device=scaled.device)
     keep = (st.top_k[:, None] <= 0) | (rank[None, :] < st.top_k[:, None])
-    probs = torch.softmax(ordered.masked_fill(~keep, float("-inf")), dim=-1)
+    probs = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
     cum = probs.cumsum(dim=-1)  # non-decreasing: the kept tokens are a prefix
     last = (cum[:, :-1] < st.top_p[:, None]).sum(dim=-1, keepdim=True)
     # the top-k mass may sum to just under top-p = 1: the zeros past top-k are never kept
