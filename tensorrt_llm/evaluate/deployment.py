@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,11 +17,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tensorrt_llm.ports import free_port
 
 
 def deployment_env() -> dict[str, str]:

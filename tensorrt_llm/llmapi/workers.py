@@ -10,7 +10,6 @@ steps until rank 0 shuts down. Children are daemons: they end with rank 0's proc
 
 from __future__ import annotations
 
-import socket
 import traceback
 import uuid
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from tensorrt_llm._torch.pyexecutor._util import create_py_executor
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 from tensorrt_llm.logger import logger
+from tensorrt_llm.ports import free_port
 from tensorrt_llm.tokenizer import TransformersTokenizer
 
 READY_TIMEOUT_S = 900.0  # loading a large checkpoint on a follower
@@ -113,17 +113,11 @@ def join_ranks(engine: RankEngine, mapping: Mapping) -> None:
         connect_ranks(engine.transceiver, mapping)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Followers:
     """Ranks 1..N-1 of a multi-rank LLM, as child processes."""
 
     def __init__(self, args: TorchLlmArgs, mapping: Mapping) -> None:
-        self.init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self.init_method = f"tcp://127.0.0.1:{free_port()}"
         context = mp.get_context("spawn")
         self._pipes, self._processes = [], []
         for rank in range(1, mapping.world_size):

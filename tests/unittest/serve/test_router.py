@@ -6,7 +6,6 @@ import asyncio
 import base64
 import json
 import os
-import socket
 import threading
 import time
 
@@ -23,13 +22,8 @@ from tensorrt_llm._torch.disaggregation.params import (
     RequestType,
     TransferHandle,
 )
+from tensorrt_llm.ports import free_port
 from tensorrt_llm.serve.router import DisaggRouter
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def context_reply() -> dict:
