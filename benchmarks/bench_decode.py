@@ -201,7 +201,7 @@ class StepReads:
             block.expert_hits = torch.zeros(
                 block.experts.num_experts, dtype=torch.bool, device=embedding.device
             )
-        managers = llm.executor.resource_manager.resource_managers.values()
+        managers = llm.executor.resource_manager.kv_cache_managers.values()
         self.kv_per_token = sum(
             sum(pool.slot_bytes for pool in m.layout.pools) / m.tokens_per_block
             for m in managers

@@ -143,7 +143,7 @@ class LLM:
 
         def report() -> dict:
             out = {}
-            for kind, manager in self.executor.resource_manager.resource_managers.items():
+            for kind, manager in self.executor.resource_manager.kv_cache_managers.items():
                 manager.check_integrity()
                 stats = manager.get_kv_cache_stats()
                 out[kind.value] = {

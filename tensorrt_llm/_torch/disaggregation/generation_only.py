@@ -142,7 +142,7 @@ class PromptKvPull:
         prefix cache already held (``request.num_reused_tokens``)."""
         target = self.executor.kv_cache_manager
         reused = 0
-        for manager in self.executor.resource_manager.resource_managers.values():
+        for manager in self.executor.resource_manager.kv_cache_managers.values():
             got = manager.add_sequence(
                 request.request_id, request.prompt_token_ids, request.cache_salt
             )

@@ -29,6 +29,7 @@ from tensorrt_llm._torch.pyexecutor.resource_manager import (
     get_pp_layers,
 )
 from tensorrt_llm._torch.pyexecutor.scheduler import GuaranteedNoEvictScheduler
+from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
 from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 from tensorrt_llm._torch.speculative.utils import _should_create_separate_draft_kv_cache
 from tensorrt_llm.logger import logger
@@ -145,6 +146,12 @@ def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig
     worker = None
     if draft_model is not None:
         engine.capture_layers = _layers_to_capture(spec, draft_model, config.num_hidden_layers)
+        resources.resource_managers[ResourceManagerType.SPEC_RESOURCE_MANAGER] = DraftProbStore(
+            2 * executor_config.max_batch_size,  # finished requests' slots free at their last read
+            spec.max_draft_len,
+            draft_model.d2t.numel(),
+            device,
+        )
         worker = Eagle3OneModelWorker(spec, draft_model, resources, config.vocab_size)
     scheduler = GuaranteedNoEvictScheduler(
         executor_config.max_batch_size,

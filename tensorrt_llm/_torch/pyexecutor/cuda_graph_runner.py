@@ -2,10 +2,12 @@
 
 A step whose batch is all generation requests, each with ``1 + max_draft_len`` input tokens, runs
 as one graph: the target forward, the logits, the tokens, and with one-model Eagle3 the greedy
-accept and the whole draft chain (``Eagle3OneModelWorker.greedy_step_on_device``). Target-only
-batches may sample (temperature, top-k, top-p, seeds: ``sampler.sample`` on per-row buffers, its
-own graph per bucket); Eagle3 batches are greedy. Anything else (prefill, mixed batches,
-penalties and logit bias, sampled Eagle3, a batch larger than every bucket) runs eagerly.
+accept and the whole draft chain (``Eagle3OneModelWorker.decode``, the eager step's code). A
+batch may sample (temperature, top-k, top-p, seeds: per-row buffers, its own graph per bucket):
+target-only through ``sampler.sample``, Eagle3 by rejection sampling against the drafter's q,
+which stays on the device (``DraftProbStore``, its slots per row an input of the bucket).
+Anything else (prefill, mixed batches, penalties and logit bias, a batch larger than every
+bucket) runs eagerly.
 
 Per bucket of ``B`` sequences the runner owns the step's device inputs for the bucket's life: the
 token ids and each sequence's first position (one host-to-device copy per step), and two metadata
@@ -32,13 +34,19 @@ from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
 from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
-from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, host_rows, sample
+from tensorrt_llm._torch.pyexecutor.sampler import (
+    SamplingTensors,
+    host_rows,
+    sample,
+    uses_top_k,
+)
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 from tensorrt_llm._torch.pyexecutor.token_feed import on_device
 from tensorrt_llm.logger import logger
 from tensorrt_llm.runtime.staging import PinnedStaging
 
 if TYPE_CHECKING:
+    from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
 PADDING_REQUEST_ID = -1  # the padding sequence's id in every KV manager (request ids are >= 0)
@@ -47,7 +55,8 @@ PADDING_REQUEST_ID = -1  # the padding sequence's id in every KV manager (reques
 @dataclass
 class _Bucket:
     """A batch size's static inputs. ``inputs`` holds the token ids ``[B * T]``, each sequence's
-    first position ``[B]``, and in a sampled bucket each row's top-k, seed and counter ``[3, B]``,
+    first position ``[B]``, and in a sampled bucket each row's top-k, seed and counter ``[3, B]``
+    (with Eagle3, then its ``DraftProbStore`` slot ``[B]``),
     copied in one transfer through pinned staging (the temperatures and top-p ``[2, B]`` in a
     second, ``float_inputs``); ``md`` and ``chain_md`` keep their buffers for the bucket's life
     (``rebind`` per step)."""
@@ -57,6 +66,7 @@ class _Bucket:
     md: AttentionMetadata
     chain_md: AttentionMetadata | None
     float_inputs: torch.Tensor | None = None  # a sampled bucket's
+    uses_top_k: bool = False  # a sampled bucket's draws sort (``sampler.sample``)
     # on CUDA: the host side of each copy (reused once the last copy from it is done)
     staging: tuple[PinnedStaging, PinnedStaging] | None = None
     graph: torch.cuda.CUDAGraph | None = None
@@ -77,9 +87,17 @@ class _Bucket:
         return self.float_inputs is not None
 
     def sampling(self) -> SamplingTensors:
-        top_k, seed, counter = self.inputs[self.md.num_tokens + self.batch_size :].view(3, -1)
+        start = self.md.num_tokens + self.batch_size
+        top_k, seed, counter = self.inputs[start : start + 3 * self.batch_size].view(3, -1)
         temperature, top_p = self.float_inputs.view(2, -1)
-        return SamplingTensors(temperature, top_k, top_p, seed, counter, all_greedy=False)
+        return SamplingTensors(
+            temperature, top_k, top_p, seed, counter, False, uses_top_k=self.uses_top_k
+        )
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """(a sampled Eagle3 bucket) each row's ``DraftProbStore`` slot"""
+        return self.inputs[self.md.num_tokens + 4 * self.batch_size :]
 
 
 @dataclass
@@ -128,6 +146,10 @@ class CUDAGraphRunner:
                 if manager is not None:  # positions of the step and of the draft chain
                     manager.add_padding_sequence(PADDING_REQUEST_ID, 2 * self.tokens_per_seq)
 
+    @property
+    def _store(self) -> DraftProbStore | None:
+        return self.spec_worker.draft_probs if self.spec_worker is not None else None
+
     def release(self) -> None:
         """Drop every captured graph (before the process leaves torch.distributed: NCCL's
         teardown waits on a communicator whose kernels a live graph still holds)."""
@@ -148,8 +170,6 @@ class CUDAGraphRunner:
             params = req.sampling_params
             if params.processes_logits:  # penalties and bias: eagerly
                 return None
-            if not params.greedy and self.spec_worker is not None:  # sampled Eagle3: eagerly
-                return None
             if len(req.py_draft_tokens) != self.max_draft_len:
                 return None
         n = len(requests)
@@ -165,15 +185,16 @@ class CUDAGraphRunner:
         requests = batch.generation_requests
         pad = batch_size - len(requests)
         request_ids = [r.request_id for r in requests] + [PADDING_REQUEST_ID] * pad
-        sampled = not all(r.sampling_params.greedy for r in requests)
-        bucket = self._buckets.get((batch_size, sampled)) or self._new_bucket(request_ids, sampled)
+        # greedy, sampled by top-p (and temperature) only, or sampled with a top-k
+        mode = (not all(r.sampling_params.greedy for r in requests)) + uses_top_k(requests)
+        bucket = self._buckets.get((batch_size, mode)) or self._new_bucket(request_ids, mode)
         self._write_inputs(bucket, batch, request_ids)
         if not self.options.capture:
             bucket.outputs = self._step(bucket)
         elif bucket.graph is None:
             self._capture(bucket)
         else:
-            if _addresses(bucket) != bucket.addresses:
+            if _addresses(bucket, self._store) != bucket.addresses:
                 raise RuntimeError(
                     f"the CUDA graph of batch size {batch_size} reads tensors that moved"
                 )
@@ -181,10 +202,12 @@ class CUDAGraphRunner:
         self.num_replays += 1
         return self._result(bucket, batch)
 
-    def _new_bucket(self, request_ids: list[int], sampled: bool) -> _Bucket:
+    def _new_bucket(self, request_ids: list[int], mode: int) -> _Bucket:
         """A bucket for ``len(request_ids)`` sequences, its metadata first bound to these."""
         device, width, batch_size = self.engine.device, self.tokens_per_seq, len(request_ids)
-        size = batch_size * (width + 1 + (3 if sampled else 0))
+        sampled = mode > 0
+        per_row = width + 1 + (3 + (self.spec_worker is not None) if sampled else 0)
+        size = batch_size * per_row
         inputs = torch.zeros(size, dtype=torch.long, device=device)
         floats = torch.zeros(2 * batch_size, device=device) if sampled else None
         staging = (PinnedStaging(), PinnedStaging()) if device.type == "cuda" else None
@@ -203,7 +226,8 @@ class CUDAGraphRunner:
 
         chain_md = metadata(1) if self.spec_worker is not None else None
         bucket = _Bucket(batch_size, inputs, metadata(width), chain_md, floats, staging)
-        self._buckets[batch_size, sampled] = bucket
+        bucket.uses_top_k = mode == 2
+        self._buckets[batch_size, mode] = bucket
         return bucket
 
     def _write_inputs(
@@ -219,6 +243,9 @@ class CUDAGraphRunner:
         if bucket.sampled:  # padded rows: greedy
             floats, ints = host_rows(requests)
             tokens += [v for row in ints for v in row + [0] * pad]
+            if self.spec_worker is not None:
+                store = self.spec_worker.draft_probs
+                tokens += store.slots(requests) + [store.scratch] * pad
             values = [
                 v for row, fill in zip(floats, (0.0, 1.0), strict=True) for v in row + [fill] * pad
             ]
@@ -247,10 +274,11 @@ class CUDAGraphRunner:
         if self.spec_worker is None:
             tokens = sample(logits, bucket.sampling()) if bucket.sampled else logits.argmax(-1)
             return logits, tokens.view(bucket.batch_size, 1)
+        st, slots = (bucket.sampling(), bucket.slots) if bucket.sampled else (None, None)
         return (
             logits,
-            *self.spec_worker.greedy_step_on_device(
-                bucket.input_ids, logits, captured, md, bucket.chain_md
+            *self.spec_worker.decode(
+                bucket.input_ids, logits, captured, md, bucket.chain_md, st, slots
             ),
         )
 
@@ -263,7 +291,7 @@ class CUDAGraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             bucket.outputs = self._step(bucket)
-        bucket.graph, bucket.addresses = graph, _addresses(bucket)
+        bucket.graph, bucket.addresses = graph, _addresses(bucket, self._store)
         graph.replay()
         logger.info("captured a CUDA graph for batch size %d", bucket.batch_size)
 
@@ -272,8 +300,6 @@ class CUDAGraphRunner:
         n, width = len(batch.generation_requests), self.tokens_per_seq
         logits, target, *spec = bucket.outputs
         tokens = DeviceTokens(list(range(n)), target[:n], *(t[:n] for t in spec))
-        for req in batch.generation_requests:
-            req.draft_probs = None  # greedy drafts
         return GraphStep(logits[: n * width], [width] * n, tokens)
 
 
@@ -288,9 +314,13 @@ def _upload(bucket: _Bucket, which: int, dst: torch.Tensor, values: torch.Tensor
     staging.copy_to(dst, staged)
 
 
-def _addresses(bucket: _Bucket) -> dict[str, int]:
+def _addresses(bucket: _Bucket, store: DraftProbStore | None) -> dict[str, int]:
     """Where the tensors a graph reads live (they must not move between capture and replay)."""
     out = {"inputs": bucket.inputs.data_ptr()}
+    if bucket.sampled:
+        out["float_inputs"] = bucket.float_inputs.data_ptr()
+        if store is not None:
+            out.update(q=store.table.data_ptr(), has_q=store.has_q.data_ptr())
     for tag, metadata in (("step", bucket.md), ("chain", bucket.chain_md)):
         if metadata is not None:
             out.update({f"{tag}/{k}": v for k, v in metadata.tensor_addresses().items()})

@@ -126,15 +126,15 @@ class DeviceTokens:
 
 @dataclass
 class LaunchedStep:
-    """A scheduled batch whose step is queued: its logits rows, its tokens on the device (or, from
-    a step that had to read them, on the host already), and what waits for it to be read."""
+    """A scheduled batch whose step is queued: its logits rows, its tokens on the device, and
+    what waits for it to be read."""
 
     batch: ScheduledRequests
     decoding: list[bool]  # per request: a generation step (its acceptance counts)
     logits: torch.Tensor
     num_logits: list[int]
-    device_tokens: DeviceTokens | None = None
-    host_tokens: StepTokens | None = None
+    device_tokens: DeviceTokens
+    host_tokens: StepTokens | None = field(init=False, default=None)  # once read
     # the next step may launch before this one is read (its logits stay valid, its tokens feed)
     overlappable: bool = False
     # requests that ended while the step ran: freed once it is read (the device may still write
@@ -146,8 +146,7 @@ class LaunchedStep:
     _event: torch.cuda.Event | None = None
 
     def __post_init__(self) -> None:
-        if self.device_tokens is not None:
-            self._host, self._event = self.device_tokens.to_host()
+        self._host, self._event = self.device_tokens.to_host()
 
     def holds(self, request: LlmRequest) -> bool:
         return any(r is request for r in self.batch.all_requests)
@@ -156,8 +155,8 @@ class LaunchedStep:
     def all_finished(self) -> bool:
         return all(r.is_finished for r in self.batch.all_requests)
 
-    def feed(self) -> TokenFeed | None:
-        return None if self.device_tokens is None else self.device_tokens.feed(self.batch)
+    def feed(self) -> TokenFeed:
+        return self.device_tokens.feed(self.batch)
 
     def read(self) -> StepTokens:
         """The step's tokens on the host (waits for the copy)."""

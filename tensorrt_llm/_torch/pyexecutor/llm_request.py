@@ -52,9 +52,6 @@ class LlmRequest:
     stop_reason: int | str | None = None
     num_decode_iterations: int = 0  # generation steps (each verifies the previous drafts)
     num_accepted_draft_tokens: int = 0
-    # the drafter's distributions of the drafts ``[K, vocab]``, on the device, when they were
-    # sampled (the next step's rejection sampling reads them)
-    draft_probs: torch.Tensor | None = None
     # the seed of the request's random numbers (``sampler.uniform``): SamplingParams.seed, else
     # drawn here; and its sampling steps so far (each step's numbers are new)
     seed: int = field(init=False)

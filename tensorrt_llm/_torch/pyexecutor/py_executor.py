@@ -370,12 +370,12 @@ class PyExecutor:
         logits, num_logits = output.logits, output.num_logits
         if any(r.sampling_params.processes_logits for r in batch.all_requests):
             process_logits(batch.all_requests, logits, num_logits)
-        if self.spec_worker is not None:  # (its tokens come to the host in the step)
-            tokens = self.spec_worker.run(batch, output)
-            return LaunchedStep(batch, decoding, logits, num_logits, host_tokens=tokens)
-        tokens = self._sample(batch, output)
-        if wants_logprobs:
-            tokens.with_logprobs(logits, top)
+        if self.spec_worker is not None:  # logprobs from the logits rows, at the read
+            tokens = self.spec_worker.launch(batch, output)
+        else:
+            tokens = self._sample(batch, output)
+            if wants_logprobs:
+                tokens.with_logprobs(logits, top)
         return LaunchedStep(
             batch, decoding, logits, num_logits, device_tokens=tokens, overlappable=self.overlap
         )

@@ -21,6 +21,12 @@ class ResourceManagerType(enum.Enum):
     SPEC_RESOURCE_MANAGER = "SPEC_RESOURCE_MANAGER"
 
 
+KV_CACHE_MANAGER_TYPES = (
+    ResourceManagerType.KV_CACHE_MANAGER,
+    ResourceManagerType.DRAFT_KV_CACHE_MANAGER,
+)
+
+
 class BaseResourceManager(ABC):
     """A per-request resource with a step life cycle.
 
@@ -62,6 +68,11 @@ class ResourceManager:
 
     def get_resource_manager(self, kind: ResourceManagerType) -> BaseResourceManager | None:
         return self.resource_managers.get(kind)
+
+    @property
+    def kv_cache_managers(self) -> dict[ResourceManagerType, BaseResourceManager]:
+        """The KV cache managers: the target's, and a separate drafter's where there is one."""
+        return {k: m for k, m in self.resource_managers.items() if k in KV_CACHE_MANAGER_TYPES}
 
     def prepare_resources(self, scheduled_batch: ScheduledRequests) -> None:
         """The KV cache manager first, whatever the registration order: it reports the reused

@@ -22,9 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.nucleus import nucleus_kernel_sample, nucleus_torch
 
 COUNTER_STRIDE = 64  # positions per sampling step (1 + drafts), at most
 LANE_TOKEN, LANE_ACCEPT, LANE_RESIDUAL, LANE_DRAFT = 0, 1, 2, 3  # drafts: LANE_DRAFT + k
+# ``nucleus``'s rounds: round r of a draw on lane L uses lane L + r * NUCLEUS_LANE_STRIDE
+NUCLEUS_ROUNDS, NUCLEUS_LANE_STRIDE = 32, 256
 
 _MASK64 = (1 << 64) - 1
 
@@ -65,6 +68,8 @@ class SamplingTensors:
     seed: torch.Tensor  # [N] int64
     counter: torch.Tensor  # [N] int64: num_sampling_steps * COUNTER_STRIDE
     all_greedy: bool  # (host) no row samples: argmax only
+    # (host) some row has a top-k: ``sample`` sorts; otherwise it draws by ``nucleus`` rejection
+    uses_top_k: bool = True
 
     @classmethod
     def of(cls, requests: Sequence[LlmRequest], device: torch.device) -> SamplingTensors:
@@ -72,7 +77,19 @@ class SamplingTensors:
         host = torch.tensor(floats, dtype=torch.float32).to(device, non_blocking=True)
         ints = torch.tensor(ints, dtype=torch.long).to(device, non_blocking=True)
         greedy = all(r.sampling_params.greedy for r in requests)
-        return cls(host[0], ints[0], host[1], ints[1], ints[2], greedy)
+        return cls(host[0], ints[0], host[1], ints[1], ints[2], greedy, uses_top_k(requests))
+
+    def select(self, rows: slice) -> SamplingTensors:
+        """These rows only."""
+        return SamplingTensors(
+            self.temperature[rows],
+            self.top_k[rows],
+            self.top_p[rows],
+            self.seed[rows],
+            self.counter[rows],
+            self.all_greedy,
+            self.uses_top_k,
+        )
 
     def expand(self, repeats: int) -> SamplingTensors:
         """Each row ``repeats`` times (a row per position of its step), counters stepping by 1."""
@@ -84,7 +101,13 @@ class SamplingTensors:
             self.seed.repeat_interleave(repeats),
             (self.counter[:, None] + step).flatten(),
             self.all_greedy,
+            self.uses_top_k,
         )
+
+
+def uses_top_k(requests: Sequence[LlmRequest]) -> bool:
+    """Whether a sampled request of these has a top-k (its batch's draws sort)."""
+    return any(not r.sampling_params.greedy and r.sampling_params.top_k for r in requests)
 
 
 def host_rows(requests: Sequence[LlmRequest]) -> tuple[list[list[float]], list[list[int]]]:
@@ -148,12 +171,19 @@ def _below(u: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, st: SamplingTensors, lane: int = LANE_TOKEN) -> torch.Tensor:
-    """``logits [N, V]`` -> tokens ``[N]``. Greedy rows take the argmax. A sampled row draws by
-    inverse transform over its kept tokens in sorted order (``filtered_probs``' distribution,
-    without spreading it back over the vocabulary): one sort and one running sum."""
-    greedy = logits.argmax(dim=-1)
+    """``logits [N, V]`` -> tokens ``[N]``. Greedy rows take the argmax. Without a top-k in the
+    batch, sampled rows draw by rejection against a rising pivot (``nucleus``: no sort; a Triton
+    program per row on CUDA). With one, they draw by inverse transform over their kept tokens in
+    sorted order (``filtered_probs``' distribution, without spreading it back over the vocabulary):
+    one sort and one running sum."""
     if st.all_greedy:
-        return greedy
+        return logits.argmax(dim=-1)
+    if not st.uses_top_k:  # (greedy rows get their argmax there too)
+        rounds = torch.arange(NUCLEUS_ROUNDS, device=logits.device) * NUCLEUS_LANE_STRIDE
+        u = uniform(st.seed[:, None], st.counter[:, None], lane + rounds)  # [N, rounds]
+        draw_rows = nucleus_kernel_sample if logits.is_cuda else nucleus_torch
+        return draw_rows(logits, st.temperature, st.top_p, u)
+    greedy = logits.argmax(dim=-1)
     _, order, cum, last = _sorted_kept(logits, st)
     total = cum.gather(1, last)
     target = _below(uniform(st.seed, st.counter, lane)[:, None], total)

@@ -93,16 +93,17 @@ def greedy_accept(
 
 
 def choose_drafts(
-    draft_logits: torch.Tensor, st: SamplingTensors, k: int, to_target_ids, target_probs
+    draft_logits: torch.Tensor, st: SamplingTensors | None, k: int, to_target_ids
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Draft ``k`` of each row: ``draft_logits [B, Vd]`` -> (target ids ``[B]``, q ``[B, V]`` on the
-    target vocabulary, or None when every row is greedy). Greedy rows take the argmax."""
+    """Draft ``k`` of each row: ``draft_logits [B, Vd]`` -> (target ids ``[B]``, the drafter's
+    distribution q ``[B, Vd]`` on its own vocabulary, or None when every row is greedy). Greedy
+    rows take the argmax."""
     greedy = to_target_ids(draft_logits.argmax(dim=-1))
-    if st.all_greedy:
+    if st is None or st.all_greedy:
         return greedy, None
     q = filtered_probs(draft_logits, st)
     drawn = to_target_ids(draw(q, uniform(st.seed, st.counter, LANE_DRAFT + k)))
-    return torch.where(st.temperature > 0, drawn, greedy), target_probs(q)
+    return torch.where(st.temperature > 0, drawn, greedy), q
 
 
 def _prefix_len(ok: torch.Tensor) -> torch.Tensor:

@@ -99,6 +99,36 @@ def test_graph_step_gives_the_eager_tokens(draft_kv_cache):
 
 
 @CPU_ONLY
+def test_sampled_eagle3_in_the_graph_gives_the_eager_tokens_and_al():
+    """Rejection sampling against the drafter's q, kept on the device between steps: the graph
+    step and the eager one are the same code, so seeded requests give the same tokens and AL."""
+    pytest.importorskip("triton.language")
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=5, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=1.0, top_k=7, seed=9, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),  # a greedy row with them
+    ]
+
+    def run(llm):
+        outs = [o.outputs[0] for o in llm.generate(chat_prompts(llm), params)]
+        return [o.token_ids for o in outs], [o.avg_decoded_tokens_per_iter for o in outs]
+
+    eager = make_llm("unified")
+    want_tokens, want_al = run(eager)
+    eager.shutdown()
+    llm = make_llm("unified")
+    runner = attach_runner(llm)
+    got_tokens, got_al = run(llm)
+    assert runner.num_replays > 0
+    assert got_tokens == want_tokens
+    assert got_al == want_al
+    assert max(got_al) > 1.5  # sampled drafts were accepted against their q
+    store = llm.executor.spec_worker.draft_probs
+    assert store.allocated and not store._slots  # every sampled request's slot is back
+    llm.shutdown()
+
+
+@CPU_ONLY
 def test_batches_the_runner_does_not_take_run_eagerly():
     pytest.importorskip("triton.language")
     llm = make_llm(None)  # target only: the three requests stay together to the end
@@ -114,11 +144,12 @@ def test_batches_the_runner_does_not_take_run_eagerly():
 
 
 @CPU_ONLY
-def test_sampled_steps_with_logprobs_give_the_eager_tokens_and_logprobs():
+@pytest.mark.parametrize("top_k", [None, 7], ids=["nucleus", "sorted"])
+def test_sampled_steps_with_logprobs_give_the_eager_tokens_and_logprobs(top_k):
     pytest.importorskip("triton.language")
     params = [
         SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=5, logprobs=2),
-        SamplingParams(max_tokens=8, temperature=1.0, top_k=7, seed=9, logprobs=1),
+        SamplingParams(max_tokens=8, temperature=1.0, top_k=top_k, seed=9, logprobs=1),
         SamplingParams(max_tokens=8, temperature=0, logprobs=0),  # greedy rows in the bucket
     ]
 

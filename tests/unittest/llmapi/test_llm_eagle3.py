@@ -63,16 +63,18 @@ class OracleDrafts(Eagle3OneModelWorker):
 
     reference: dict[int, list[int]] = {}
 
-    def run(self, batch, out):
-        step = super().run(batch, out)
-        for i, req in enumerate(batch.all_requests):
-            if step.next_drafts[i]:
-                ref = self.reference[req.request_id]
-                done = len(req.output_token_ids) + len(step.new_tokens[i])
-                proposal = ref[done : done + self.max_draft_len]
-                step.next_drafts[i] = [
-                    t if (done + k) % 3 else (t + 1) % 40 for k, t in enumerate(proposal)
-                ] or step.next_drafts[i]
+    @torch.inference_mode()
+    def launch(self, batch, out):
+        step = super().launch(batch, out)
+        accepted = step.num_accepted.tolist()
+        for r, i in enumerate(step.rows):
+            req = batch.all_requests[i]
+            ref = self.reference[req.request_id]
+            done = len(req.output_token_ids) + accepted[r] + 1
+            proposal = ref[done : done + self.max_draft_len]
+            corrupted = [t if (done + k) % 3 else (t + 1) % 40 for k, t in enumerate(proposal)]
+            if corrupted:
+                step.drafts[r, : len(corrupted)] = torch.tensor(corrupted)
         return step
 
 
@@ -106,7 +108,7 @@ def first_step_draft_kv(llm, prompt_ids):
     request = LlmRequest(1000 + len(prompt_ids), list(prompt_ids), 4, params, llm.eos_token_ids)
     llm.executor.enqueue_request(request)
     llm.executor.step()
-    resources = llm.executor.resource_manager.resource_managers
+    resources = llm.executor.resource_manager.kv_cache_managers
     draft_layer = llm.model_config.num_hidden_layers
     holder = next(m for m in resources.values() if draft_layer in m.pp_layers)
     slots = holder.get_batch_cache_indices([request.request_id])[0]

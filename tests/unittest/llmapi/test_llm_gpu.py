@@ -75,7 +75,7 @@ def test_a_separate_draft_manager_shares_the_memory_fraction(spec_checkpoints):
             speculative_model=str(draft), draft_kv_cache="separate"
         ),
     )
-    managers = llm.executor.resource_manager.resource_managers.values()
+    managers = llm.executor.resource_manager.kv_cache_managers.values()
     pool_bytes = sum(pool.numel() * pool.element_size() for m in managers for pool in m.pools)
     assert pool_bytes <= 0.05 * free_before
     assert pool_bytes >= 0.04 * free_before  # and the budget is used, not halved

@@ -96,3 +96,27 @@ def test_seeded_sampling_with_logprobs_runs_in_the_graphs_and_reproduces():
         assert len(out.logprobs) == len(out.token_ids) == 32
         assert all(lp <= 0 and len(top) == 2 for lp, top in out.logprobs)
     llm.shutdown()
+
+
+def test_sampled_eagle3_runs_in_the_graphs_reproduces_and_accepts():
+    """Rejection sampling against the drafter's q, captured: seeded requests reproduce, their
+    drafts are accepted, and every q slot is back at the end."""
+    spec = Eagle3DecodingConfig(max_draft_len=3, speculative_model=str(BUNDLED_DRAFT))
+    llm = LLM(
+        device="cuda", speculative_config=spec, kv_cache_config=KvCacheConfig(max_tokens=128 * 64)
+    )
+    params = [
+        SamplingParams(max_tokens=32, temperature=0.8, top_p=0.9, seed=i, ignore_eos=True)
+        for i in range(8)
+    ]
+    runner = llm.executor.cuda_graph_runner
+    first = llm.generate(prompts(llm), params)
+    replays = runner.num_replays
+    assert replays > 0
+    again = llm.generate(prompts(llm), params)
+    assert runner.num_replays > replays
+    assert tokens(again) == tokens(first)
+    mean_al = sum(o.outputs[0].avg_decoded_tokens_per_iter for o in first) / len(first)
+    assert mean_al > 2.0
+    assert not llm.executor.spec_worker.draft_probs._slots
+    llm.shutdown()

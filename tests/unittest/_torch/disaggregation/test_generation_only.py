@@ -61,7 +61,7 @@ def executor():
     )
     return SimpleNamespace(
         kv_cache_manager=manager,
-        resource_manager=SimpleNamespace(resource_managers={"kv": manager}),
+        resource_manager=SimpleNamespace(kv_cache_managers={"kv": manager}),
         disagg=SimpleNamespace(transfer_timeout_s=5.0),
         model_engine=SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=100))),
         spec_worker=SimpleNamespace(max_draft_len=3),

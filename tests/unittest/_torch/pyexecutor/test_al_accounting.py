@@ -6,10 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tensorrt_llm._torch.pyexecutor.launched_step import LaunchedStep, apply_tokens
+from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens, LaunchedStep, apply_tokens
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-from tensorrt_llm._torch.speculative.interface import StepTokens
 from tensorrt_llm.sampling_params import SamplingParams
 
 
@@ -34,8 +33,11 @@ def update(req: LlmRequest, tokens: list[int], num_accepted: int) -> SimpleNames
     )
     batch = ScheduledRequests(generation_requests=[req])
     logits = torch.zeros(len(tokens), 4)
-    step = LaunchedStep(batch, [True], logits, [len(tokens)])
-    apply_tokens(step, StepTokens([tokens], [[13, 14, 15]], [num_accepted]), [req], stats, 1024)
+    device_tokens = DeviceTokens(
+        [0], torch.tensor([tokens]), torch.tensor([num_accepted]), torch.tensor([[13, 14, 15]])
+    )
+    step = LaunchedStep(batch, [True], logits, [len(tokens)], device_tokens)
+    apply_tokens(step, step.read(), [req], stats, 1024)
     return stats
 
 

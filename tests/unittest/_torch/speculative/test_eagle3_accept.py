@@ -2,6 +2,7 @@
 rows exactly, sampled rows by their distribution over many rows of one batch (one row per seed),
 and the counter-based random numbers the sampler draws them with."""
 
+import pytest
 import torch
 
 from tensorrt_llm._torch.pyexecutor.sampler import (
@@ -23,6 +24,7 @@ def rows(n: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, s
         torch.arange(n, dtype=torch.long) * 7919 + 1,
         torch.full((n,), step * 64, dtype=torch.long),
         all_greedy=temperature == 0,
+        uses_top_k=top_k > 0,
     )
 
 
@@ -96,9 +98,10 @@ def test_greedy_and_sampled_rows_share_a_batch():
     assert tokens[:2].tolist() == [[1, 2], [1, 2]] and accepted[:2].tolist() == [1, 1]
 
 
-def test_a_seed_draws_the_same_tokens_whatever_else_is_in_the_batch():
+@pytest.mark.parametrize("top_k", [0, 5], ids=["nucleus", "sorted"])
+def test_a_seed_draws_the_same_tokens_whatever_else_is_in_the_batch(top_k):
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(3))
-    st = rows(6, temperature=0.9, top_p=0.95)
+    st = rows(6, temperature=0.9, top_p=0.95, top_k=top_k)
     alone = [sample(logits[i : i + 1], rows_of(st, i)).item() for i in range(6)]
     assert sample(logits, st).tolist() == alone
     later = rows(6, temperature=0.9, top_p=0.95, step=1)  # the next step: new numbers
@@ -106,10 +109,7 @@ def test_a_seed_draws_the_same_tokens_whatever_else_is_in_the_batch():
 
 
 def rows_of(st: SamplingTensors, i: int) -> SamplingTensors:
-    pick = slice(i, i + 1)
-    return SamplingTensors(
-        st.temperature[pick], st.top_k[pick], st.top_p[pick], st.seed[pick], st.counter[pick], False
-    )
+    return st.select(slice(i, i + 1))
 
 
 def test_uniform_numbers_are_uniform_and_differ_by_lane():
@@ -133,12 +133,10 @@ def test_top_k_and_top_p_keep_the_most_likely_tokens():
 
 def test_drafts_are_drawn_from_the_drafters_distribution_and_q_is_returned():
     draft_logits = torch.tensor([[0.0, 1.0, 2.0]]).expand(N, -1)
-    tokens, q = choose_drafts(draft_logits, rows(N), 0, lambda ids: ids + 10, lambda probs: probs)
+    tokens, q = choose_drafts(draft_logits, rows(N), 0, lambda ids: ids + 10)
     frequency = torch.bincount(tokens - 10, minlength=3) / N
     torch.testing.assert_close(frequency, q[0], atol=0.015, rtol=0)
-    greedy, none = choose_drafts(
-        draft_logits, rows(N, temperature=0), 0, lambda ids: ids + 10, lambda p: p
-    )
+    greedy, none = choose_drafts(draft_logits, rows(N, temperature=0), 0, lambda ids: ids + 10)
     assert none is None and greedy.unique().tolist() == [12]
 
 
