@@ -18,6 +18,9 @@ drafter's backend reads it); inside the graph the positions and lengths are deri
 step's lengths. A batch of ``n < B`` requests is padded with rows of a padding sequence that each
 KV manager holds for its life (``add_padding_sequence``), so padded rows write only there.
 
+A batch that asks for logprobs runs in a bucket that computes them inside the graph (keyed by the
+batch's largest top count), from the logits it made.
+
 A bucket is captured the first time a batch uses it: one eager run of the same step (it compiles
 the kernels and writes exactly what the replay writes), the capture, then the replay.
 """
@@ -67,6 +70,7 @@ class _Bucket:
     chain_md: AttentionMetadata | None
     float_inputs: torch.Tensor | None = None  # a sampled bucket's
     uses_top_k: bool = False  # a sampled bucket's draws sort (``sampler.sample``)
+    top_logprobs: int | None = None  # the logprobs the graph computes (their top count), if any
     # on CUDA: the host side of each copy (reused once the last copy from it is done)
     staging: tuple[PinnedStaging, PinnedStaging] | None = None
     graph: torch.cuda.CUDAGraph | None = None
@@ -159,7 +163,7 @@ class CUDAGraphRunner:
 
     @property
     def captured_batch_sizes(self) -> list[int]:
-        return sorted({b for (b, _), bucket in self._buckets.items() if bucket.graph is not None})
+        return sorted({b for (b, *_), bucket in self._buckets.items() if bucket.graph is not None})
 
     def bucket_size(self, batch: ScheduledRequests) -> int | None:
         """The bucket that runs ``batch``, or None when it must run eagerly."""
@@ -179,7 +183,9 @@ class CUDAGraphRunner:
         return next((b for b in sizes if b >= n), None)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledRequests, batch_size: int) -> GraphStep:
+    def run(
+        self, batch: ScheduledRequests, batch_size: int, top_logprobs: int | None = None
+    ) -> GraphStep:
         """Run ``batch`` in bucket ``batch_size`` (``bucket_size``): write its inputs, then replay
         (capturing first if the bucket is new)."""
         requests = batch.generation_requests
@@ -187,7 +193,8 @@ class CUDAGraphRunner:
         request_ids = [r.request_id for r in requests] + [PADDING_REQUEST_ID] * pad
         # greedy, sampled by top-p (and temperature) only, or sampled with a top-k
         mode = (not all(r.sampling_params.greedy for r in requests)) + uses_top_k(requests)
-        bucket = self._buckets.get((batch_size, mode)) or self._new_bucket(request_ids, mode)
+        key = (batch_size, mode, top_logprobs)
+        bucket = self._buckets.get(key) or self._new_bucket(request_ids, key)
         self._write_inputs(bucket, batch, request_ids)
         if not self.options.capture:
             bucket.outputs = self._step(bucket)
@@ -202,9 +209,10 @@ class CUDAGraphRunner:
         self.num_replays += 1
         return self._result(bucket, batch)
 
-    def _new_bucket(self, request_ids: list[int], mode: int) -> _Bucket:
+    def _new_bucket(self, request_ids: list[int], key: tuple[int, int, int | None]) -> _Bucket:
         """A bucket for ``len(request_ids)`` sequences, its metadata first bound to these."""
         device, width, batch_size = self.engine.device, self.tokens_per_seq, len(request_ids)
+        mode = key[1]
         sampled = mode > 0
         per_row = width + 1 + (3 + (self.spec_worker is not None) if sampled else 0)
         size = batch_size * per_row
@@ -226,8 +234,8 @@ class CUDAGraphRunner:
 
         chain_md = metadata(1) if self.spec_worker is not None else None
         bucket = _Bucket(batch_size, inputs, metadata(width), chain_md, floats, staging)
-        bucket.uses_top_k = mode == 2
-        self._buckets[batch_size, mode] = bucket
+        bucket.uses_top_k, bucket.top_logprobs = mode == 2, key[2]
+        self._buckets[key] = bucket
         return bucket
 
     def _write_inputs(
@@ -273,14 +281,17 @@ class CUDAGraphRunner:
         logits = engine.model.compute_logits(hidden)
         if self.spec_worker is None:
             tokens = sample(logits, bucket.sampling()) if bucket.sampled else logits.argmax(-1)
-            return logits, tokens.view(bucket.batch_size, 1)
-        st, slots = (bucket.sampling(), bucket.slots) if bucket.sampled else (None, None)
-        return (
-            logits,
-            *self.spec_worker.decode(
+            outputs = (tokens.view(bucket.batch_size, 1),)
+        else:
+            st, slots = (bucket.sampling(), bucket.slots) if bucket.sampled else (None, None)
+            outputs = self.spec_worker.decode(
                 bucket.input_ids, logits, captured, md, bucket.chain_md, st, slots
-            ),
-        )
+            )
+        if bucket.top_logprobs is None:
+            return logits, *outputs
+        with_logprobs = DeviceTokens(list(range(bucket.batch_size)), outputs[0])
+        with_logprobs.with_logprobs(logits, bucket.top_logprobs)
+        return logits, *outputs, *with_logprobs.logprobs
 
     def _capture(self, bucket: _Bucket) -> None:
         stream = torch.cuda.Stream(self.engine.device)
@@ -299,7 +310,11 @@ class CUDAGraphRunner:
         """The bucket's outputs, for the batch's rows (views: the next replay rewrites them)."""
         n, width = len(batch.generation_requests), self.tokens_per_seq
         logits, target, *spec = bucket.outputs
+        logprobs = None
+        if bucket.top_logprobs is not None:
+            spec, logprobs = spec[:-3], tuple(t[:n] for t in spec[-3:])
         tokens = DeviceTokens(list(range(n)), target[:n], *(t[:n] for t in spec))
+        tokens.logprobs = logprobs
         return GraphStep(logits[: n * width], [width] * n, tokens)
 
 

@@ -18,6 +18,7 @@ import torch
 
 from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
+from tensorrt_llm._torch.pyexecutor.nucleus import row_logprobs
 from tensorrt_llm._torch.pyexecutor.sampler import token_logprobs
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 from tensorrt_llm._torch.pyexecutor.token_feed import TokenFeed
@@ -44,13 +45,17 @@ class DeviceTokens:
         n, width = self.tokens.shape
         if n == 0:  # no row made a token (a prompt's chunk that does not finish it)
             return
-        rows = logits[: n * width].view(n, width, logits.shape[-1])
-        # log-softmax keeps the order: the top-k and the chosen logits are read in their own
+        rows = logits[: n * width]
+        # log-softmax keeps the order: the top logits and the chosen ones are read in their own
         # dtype, then moved by each row's log-sum-exp
-        lse = torch.logsumexp(rows.float(), dim=-1, keepdim=True)
-        chosen = rows.gather(-1, self.tokens[..., None]).float() - lse
-        values, ids = rows.topk(top, dim=-1)
-        self.logprobs = (chosen[..., 0], values.float() - lse, ids)
+        lse, values, ids = row_logprobs(rows, top)
+        chosen = rows.view(n, width, -1).gather(-1, self.tokens[..., None])[..., 0].float()
+        lse = lse.view(n, width)
+        self.logprobs = (
+            chosen - lse,
+            (values - lse.view(-1, 1)).view(n, width, top),
+            ids.view(n, width, top),
+        )
 
     def feed(self, batch: ScheduledRequests) -> TokenFeed:
         requests = batch.all_requests

@@ -351,9 +351,8 @@ class PyExecutor:
         top = max((r.sampling_params.logprobs or 0 for r in batch.all_requests), default=0)
         wants_logprobs = any(r.sampling_params.logprobs is not None for r in batch.all_requests)
         if bucket is not None:
-            graph = runner.run(batch, bucket)
-            if wants_logprobs:  # queued now: the next replay rewrites the bucket's logits
-                graph.tokens.with_logprobs(graph.logits, top)
+            # logprobs inside the graph: the next replay rewrites the bucket's logits
+            graph = runner.run(batch, bucket, top if wants_logprobs else None)
             # generation logits are copied from the bucket's at the read: read before a replay
             keeps_logits = any(
                 r.sampling_params.return_generation_logits for r in batch.all_requests

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 import torch
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
-from tensorrt_llm._torch.pyexecutor.nucleus import nucleus_kernel_sample, nucleus_torch
+from tensorrt_llm._torch.pyexecutor.nucleus import LANE_STRIDE, nucleus_kernel_sample, nucleus_torch
+from tensorrt_llm._torch.pyexecutor.nucleus import ROUNDS as NUCLEUS_ROUNDS
 
 COUNTER_STRIDE = 64  # positions per sampling step (1 + drafts), at most
 LANE_TOKEN, LANE_ACCEPT, LANE_RESIDUAL, LANE_DRAFT = 0, 1, 2, 3  # drafts: LANE_DRAFT + k
-# ``nucleus``'s rounds: round r of a draw on lane L uses lane L + r * NUCLEUS_LANE_STRIDE
-NUCLEUS_ROUNDS, NUCLEUS_LANE_STRIDE = 32, 256
 
 _MASK64 = (1 << 64) - 1
 
@@ -179,10 +178,13 @@ def sample(logits: torch.Tensor, st: SamplingTensors, lane: int = LANE_TOKEN) ->
     if st.all_greedy:
         return logits.argmax(dim=-1)
     if not st.uses_top_k:  # (greedy rows get their argmax there too)
-        rounds = torch.arange(NUCLEUS_ROUNDS, device=logits.device) * NUCLEUS_LANE_STRIDE
-        u = uniform(st.seed[:, None], st.counter[:, None], lane + rounds)  # [N, rounds]
-        draw_rows = nucleus_kernel_sample if logits.is_cuda else nucleus_torch
-        return draw_rows(logits, st.temperature, st.top_p, u)
+        if logits.is_cuda:
+            return nucleus_kernel_sample(
+                logits, st.temperature, st.top_p, st.seed, st.counter, lane
+            )
+        lanes = lane + torch.arange(NUCLEUS_ROUNDS, device=logits.device) * LANE_STRIDE
+        u = uniform(st.seed[:, None], st.counter[:, None], lanes)  # [N, rounds]
+        return nucleus_torch(logits, st.temperature, st.top_p, u)
     greedy = logits.argmax(dim=-1)
     _, order, cum, last = _sorted_kept(logits, st)
     total = cum.gather(1, last)

@@ -5,8 +5,20 @@ distribution a sort defines (``sampler.filtered_probs``)."""
 import pytest
 import torch
 
-from tensorrt_llm._torch.pyexecutor.nucleus import nucleus_kernel_sample, nucleus_torch
-from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, filtered_probs, sample
+from tensorrt_llm._torch.pyexecutor import nucleus
+from tensorrt_llm._torch.pyexecutor.nucleus import (
+    nucleus_kernel_sample,
+    nucleus_torch,
+    row_logprobs,
+)
+from tensorrt_llm._torch.pyexecutor.sampler import (
+    COUNTER_STRIDE,
+    LANE_TOKEN,
+    SamplingTensors,
+    filtered_probs,
+    sample,
+    uniform,
+)
 
 
 def batch(n: int, vocab: int, seed: int = 0):
@@ -17,19 +29,30 @@ def batch(n: int, vocab: int, seed: int = 0):
     top_p = torch.rand(n, generator=gen) * 0.9 + 0.05
     top_p[::5] = 1.0
     top_p[3] = 1e-4  # the first token alone: rejections until the pivot reaches the top
-    u = torch.rand(n, 32, generator=gen)
-    return logits, temperature, top_p, u
+    return logits, temperature, top_p
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_triton_program_draws_the_torch_forms_tokens(dtype):
+def on_device() -> torch.device:
+    """CUDA where there is one; else the CPU, the kernels under Triton's interpreter."""
     pytest.importorskip("triton.language")
-    if torch.cuda.is_available():
-        pytest.skip("the interpreter's CPU form (the GPU runs it in test_llm_triton_gpu.py)")
-    logits, temperature, top_p, u = batch(48, 2500)  # two blocks and a partial one per row
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("fast_rounds", [0, 1, nucleus.FAST_ROUNDS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_programs_draw_the_torch_forms_tokens(dtype, fast_rounds, monkeypatch):
+    """Every round split over pieces, none (one program walks each row), or some of each."""
+    device = on_device()
+    monkeypatch.setattr(nucleus, "FAST_ROUNDS", fast_rounds)
+    logits, temperature, top_p = (t.to(device) for t in batch(48, 5000))  # a partial piece
     logits = logits.to(dtype)
+    seed = torch.arange(48, device=device) * 7919 + 3
+    counter = torch.full((48,), 5 * COUNTER_STRIDE, device=device)
+    # the kernels hash the torch form's numbers: round r on lane LANE_TOKEN + r * LANE_STRIDE
+    lanes = torch.arange(nucleus.ROUNDS, device=device) * nucleus.LANE_STRIDE + LANE_TOKEN
+    u = uniform(seed[:, None], counter[:, None], lanes)
     want = nucleus_torch(logits, temperature, top_p, u)
-    got = nucleus_kernel_sample(logits, temperature, top_p, u)
+    got = nucleus_kernel_sample(logits, temperature, top_p, seed, counter, LANE_TOKEN)
     assert got.tolist() == want.tolist()
     greedy = temperature == 0
     assert (got[greedy] == logits[greedy].float().argmax(dim=-1)).all()
@@ -37,7 +60,8 @@ def test_the_triton_program_draws_the_torch_forms_tokens(dtype):
 
 
 def test_the_rounds_end_at_a_kept_token():
-    logits, temperature, top_p, u = batch(200, 300, seed=1)
+    logits, temperature, top_p = batch(200, 300, seed=1)
+    u = torch.rand(200, nucleus.ROUNDS)
     tokens = nucleus_torch(logits, temperature, top_p, u)
     kept = filtered_probs(logits, rows(temperature, top_p)) > 0
     assert kept.gather(1, tokens[:, None]).all()
@@ -65,3 +89,37 @@ def test_tokens_follow_the_top_p_distribution(top_p):
     frequency = torch.bincount(sample(logits, st), minlength=8) / n
     torch.testing.assert_close(frequency, filtered_probs(logits[:1], st.select(slice(0, 1)))[0],
                                atol=0.011, rtol=0)  # fmt: skip
+
+
+def test_the_log_sum_exp_and_top_logits_of_the_pieces():
+    device = on_device()
+    logits = (torch.randn(5, 5000) * 4).to(device)
+    for dtype in (torch.float32, torch.bfloat16):
+        rows = logits.to(dtype)
+        want = torch.logsumexp(rows.float(), dim=-1)
+        got = nucleus._row_stats(rows, torch.ones(5, device=device), 3)
+        torch.testing.assert_close(got[0] + got[3].log(), want)
+        assert got[1].tolist() == rows.float().argmax(dim=-1).tolist()
+        tops, top_ids = got[4]
+        values, at = tops.topk(3, dim=-1)
+        want_values, want_ids = rows.float().topk(3, dim=-1)
+        assert values.tolist() == want_values.tolist()
+        assert top_ids.gather(1, at).tolist() == want_ids.tolist()  # (no ties in randn)
+        lse, values, ids = row_logprobs(rows, 3)
+        torch.testing.assert_close(lse, want)
+        assert values.tolist() == want_values.tolist() and ids.tolist() == want_ids.tolist()
+
+
+def test_rows_that_are_not_finite_give_a_token_in_the_vocabulary():
+    device = on_device()
+    logits = torch.randn(4, 5000, device=device)
+    logits[0] = float("nan")
+    logits[1, 7] = float("inf")
+    logits[2, ::2] = float("-inf")
+    temperature, top_p = torch.full((4,), 0.8, device=device), torch.full((4,), 0.9, device=device)
+    seed, counter = torch.arange(4, device=device), torch.zeros(4, dtype=torch.long, device=device)
+    got = nucleus_kernel_sample(logits, temperature, top_p, seed, counter, LANE_TOKEN)
+    u = uniform(seed[:, None], counter[:, None], torch.arange(nucleus.ROUNDS, device=device))
+    for tokens in (got, nucleus_torch(logits, temperature, top_p, u)):
+        assert ((tokens >= 0) & (tokens < 5000)).all()
+        assert tokens[2] % 2 == 1  # only the finite half has weight
