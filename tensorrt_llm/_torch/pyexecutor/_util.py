@@ -21,6 +21,7 @@ from tensorrt_llm._torch.pyexecutor.config import (
 )
 from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
+from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm._torch.pyexecutor.resource_manager import (
@@ -141,6 +142,9 @@ def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig
         geometry = (attention.num_kv_heads, attention.head_dim)
     managers = create_kv_cache_managers(config, executor_config, geometry)
     resources = ResourceManager(managers)
+    resources.resource_managers[ResourceManagerType.LOGITS_STATE] = LogitsState(
+        2 * executor_config.max_batch_size, config.vocab_size, device
+    )
     kv_cache_manager = managers[ResourceManagerType.KV_CACHE_MANAGER]
     engine = PyTorchModelEngine(model, kv_cache_manager, device)
     worker = None

@@ -6,8 +6,8 @@ accept and the whole draft chain (``Eagle3OneModelWorker.decode``, the eager ste
 batch may sample (temperature, top-k, top-p, seeds: per-row buffers, its own graph per bucket):
 target-only through ``sampler.sample``, Eagle3 by rejection sampling against the drafter's q,
 which stays on the device (``DraftProbStore``, its slots per row an input of the bucket).
-Anything else (prefill, mixed batches, penalties and logit bias, a batch larger than every
-bucket) runs eagerly.
+Penalties and logit bias apply inside the graph too, from counts kept on the device
+(``LogitsState``). Prefill, mixed batches and a batch larger than every bucket run eagerly.
 
 Per bucket of ``B`` sequences the runner owns the step's device inputs for the bucket's life: the
 token ids and each sequence's first position (one host-to-device copy per step), and two metadata
@@ -35,6 +35,7 @@ import torch
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
 from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens
+from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState, PenaltyRows, draft_pairs
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import (
@@ -71,8 +72,12 @@ class _Bucket:
     float_inputs: torch.Tensor | None = None  # a sampled bucket's
     uses_top_k: bool = False  # a sampled bucket's draws sort (``sampler.sample``)
     top_logprobs: int | None = None  # the logprobs the graph computes (their top count), if any
+    # a bucket with penalties or bias: each row's LogitsState slot [B], and presence and
+    # frequency [2, B]
+    penalty_slots: torch.Tensor | None = None
+    penalties: torch.Tensor | None = None
     # on CUDA: the host side of each copy (reused once the last copy from it is done)
-    staging: tuple[PinnedStaging, PinnedStaging] | None = None
+    staging: tuple[PinnedStaging, ...] | None = None
     graph: torch.cuda.CUDAGraph | None = None
     # logits [B * T, V], target argmax [B, T], and with Eagle3 num_accepted [B], drafts [B, K]
     outputs: tuple[torch.Tensor, ...] = ()
@@ -171,9 +176,6 @@ class CUDAGraphRunner:
         if batch.context_requests or not requests:
             return None
         for req in requests:
-            params = req.sampling_params
-            if params.processes_logits:  # penalties and bias: eagerly
-                return None
             if len(req.py_draft_tokens) != self.max_draft_len:
                 return None
         n = len(requests)
@@ -193,7 +195,8 @@ class CUDAGraphRunner:
         request_ids = [r.request_id for r in requests] + [PADDING_REQUEST_ID] * pad
         # greedy, sampled by top-p (and temperature) only, or sampled with a top-k
         mode = (not all(r.sampling_params.greedy for r in requests)) + uses_top_k(requests)
-        key = (batch_size, mode, top_logprobs)
+        penalized = any(r.sampling_params.processes_logits for r in requests)
+        key = (batch_size, mode, top_logprobs, penalized)
         bucket = self._buckets.get(key) or self._new_bucket(request_ids, key)
         self._write_inputs(bucket, batch, request_ids)
         if not self.options.capture:
@@ -201,7 +204,7 @@ class CUDAGraphRunner:
         elif bucket.graph is None:
             self._capture(bucket)
         else:
-            if _addresses(bucket, self._store) != bucket.addresses:
+            if _addresses(bucket, self._store, self._logits_state) != bucket.addresses:
                 raise RuntimeError(
                     f"the CUDA graph of batch size {batch_size} reads tensors that moved"
                 )
@@ -209,7 +212,7 @@ class CUDAGraphRunner:
         self.num_replays += 1
         return self._result(bucket, batch)
 
-    def _new_bucket(self, request_ids: list[int], key: tuple[int, int, int | None]) -> _Bucket:
+    def _new_bucket(self, request_ids: list[int], key: tuple) -> _Bucket:
         """A bucket for ``len(request_ids)`` sequences, its metadata first bound to these."""
         device, width, batch_size = self.engine.device, self.tokens_per_seq, len(request_ids)
         mode = key[1]
@@ -218,7 +221,7 @@ class CUDAGraphRunner:
         size = batch_size * per_row
         inputs = torch.zeros(size, dtype=torch.long, device=device)
         floats = torch.zeros(2 * batch_size, device=device) if sampled else None
-        staging = (PinnedStaging(), PinnedStaging()) if device.type == "cuda" else None
+        staging = tuple(PinnedStaging() for _ in range(4)) if device.type == "cuda" else None
 
         def metadata(seq_len: int) -> AttentionMetadata:
             return AttentionMetadata(
@@ -235,6 +238,9 @@ class CUDAGraphRunner:
         chain_md = metadata(1) if self.spec_worker is not None else None
         bucket = _Bucket(batch_size, inputs, metadata(width), chain_md, floats, staging)
         bucket.uses_top_k, bucket.top_logprobs = mode == 2, key[2]
+        if key[3]:
+            bucket.penalty_slots = torch.zeros(batch_size, dtype=torch.long, device=device)
+            bucket.penalties = torch.zeros(2, batch_size, device=device)
         self._buckets[key] = bucket
         return bucket
 
@@ -259,6 +265,14 @@ class CUDAGraphRunner:
             ]
             _upload(bucket, 1, bucket.float_inputs, torch.tensor(values, dtype=torch.float32))
         _upload(bucket, 0, bucket.inputs, torch.tensor(tokens, dtype=torch.long))
+        if bucket.penalties is not None:  # padded rows: the scratch slot, no penalty
+            slots = self._logits_state.slots(requests) + [self._logits_state.scratch] * pad
+            _upload(bucket, 2, bucket.penalty_slots, torch.tensor(slots, dtype=torch.long))
+            values = [
+                [float(getattr(r.sampling_params, name) or 0.0) for r in requests] + [0.0] * pad
+                for name in ("presence_penalty", "frequency_penalty")
+            ]
+            _upload(bucket, 3, bucket.penalties, torch.tensor(values, dtype=torch.float32))
         fed = [i for i, r in enumerate(requests) if batch.pending_tokens(r)]
         if fed:  # from the launched step not yet read: the tokens, and the positions moved
             ids, advance = batch.feed.take([requests[i].request_id for i in fed])
@@ -279,6 +293,8 @@ class CUDAGraphRunner:
             bucket.input_ids, attn_metadata=md, capture_layers=engine.capture_layers
         )
         logits = engine.model.compute_logits(hidden)
+        if bucket.penalties is not None:
+            self._adjust(bucket, logits)
         if self.spec_worker is None:
             tokens = sample(logits, bucket.sampling()) if bucket.sampled else logits.argmax(-1)
             outputs = (tokens.view(bucket.batch_size, 1),)
@@ -287,11 +303,39 @@ class CUDAGraphRunner:
             outputs = self.spec_worker.decode(
                 bucket.input_ids, logits, captured, md, bucket.chain_md, st, slots
             )
+        if bucket.penalties is not None:  # the tokens just made count from the next step on
+            made = (
+                outputs[1] + 1
+                if self.spec_worker is not None
+                else torch.ones_like(outputs[0][:, 0])
+            )
+            self._logits_state.record(bucket.penalty_slots, outputs[0], made)
         if bucket.top_logprobs is None:
             return logits, *outputs
         with_logprobs = DeviceTokens(list(range(bucket.batch_size)), outputs[0])
         with_logprobs.with_logprobs(logits, bucket.top_logprobs)
         return logits, *outputs, *with_logprobs.logprobs
+
+    def _adjust(self, bucket: _Bucket, logits: torch.Tensor) -> None:
+        """Penalties and bias, in place: ``T`` rows per sequence, each counting the drafts
+        ahead of it (``logits_processing``)."""
+        num_seqs, width = bucket.batch_size, self.tokens_per_seq
+        device = logits.device
+        pairs = draft_pairs(
+            bucket.input_ids.view(num_seqs, width)[:, 1:],
+            torch.full((num_seqs,), width - 1, device=device),
+            torch.arange(num_seqs, device=device) * width,
+        )
+        rows = PenaltyRows(
+            bucket.penalty_slots.repeat_interleave(width),
+            *bucket.penalties.repeat_interleave(width, dim=1),
+            *pairs,
+        )
+        self._logits_state.adjust(logits, rows)
+
+    @property
+    def _logits_state(self) -> LogitsState:
+        return self.resource_manager.get_resource_manager(ResourceManagerType.LOGITS_STATE)
 
     def _capture(self, bucket: _Bucket) -> None:
         stream = torch.cuda.Stream(self.engine.device)
@@ -302,7 +346,7 @@ class CUDAGraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             bucket.outputs = self._step(bucket)
-        bucket.graph, bucket.addresses = graph, _addresses(bucket, self._store)
+        bucket.graph, bucket.addresses = graph, _addresses(bucket, self._store, self._logits_state)
         graph.replay()
         logger.info("captured a CUDA graph for batch size %d", bucket.batch_size)
 
@@ -329,9 +373,15 @@ def _upload(bucket: _Bucket, which: int, dst: torch.Tensor, values: torch.Tensor
     staging.copy_to(dst, staged)
 
 
-def _addresses(bucket: _Bucket, store: DraftProbStore | None) -> dict[str, int]:
+def _addresses(
+    bucket: _Bucket, store: DraftProbStore | None, logits_state: LogitsState | None
+) -> dict[str, int]:
     """Where the tensors a graph reads live (they must not move between capture and replay)."""
     out = {"inputs": bucket.inputs.data_ptr()}
+    if bucket.penalties is not None:
+        out.update(penalty_slots=bucket.penalty_slots.data_ptr())
+        out.update(penalties=bucket.penalties.data_ptr())
+        out.update(counts=logits_state.counts.data_ptr(), bias=logits_state.bias.data_ptr())
     if bucket.sampled:
         out["float_inputs"] = bucket.float_inputs.data_ptr()
         if store is not None:

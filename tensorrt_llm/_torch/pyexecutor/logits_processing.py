@@ -1,45 +1,212 @@
-"""OpenAI's presence and frequency penalties and logit bias, applied in place to the target's
-logits of a step, before sampling and before speculative acceptance.
+"""OpenAI's presence and frequency penalties and logit bias, applied on the device to the target's
+logits of a step, before sampling and before speculative acceptance: the same tensor operations
+eagerly and inside a CUDA graph, with no loop over the requests and no host sync.
+
+A request with any of them holds a slot of ``LogitsState`` while it runs: its output tokens'
+counts ``[V]`` (kept on the device: each step adds the tokens it made, ``record``) and its bias
+``[V]``. Row ``r`` of a step's logits is adjusted by ``bias - frequency * count -
+presence * (count > 0)`` of its request's slot (``adjust``); rows of requests without them point
+at the scratch slot and get zeros.
 
 A generation request's rows are its verify positions: row ``j`` predicts the token after its
-output and its first ``j`` drafts, so the penalties of row ``j`` count those drafts as output (the
-tokens that precede the position if they are accepted). That keeps speculative decoding lossless
-under the penalties: each emitted token is chosen from the logits plain decoding would have used.
+output and its first ``j`` drafts, so the penalties of row ``j`` count those drafts as output
+(the tokens that precede the position if they are accepted). That keeps speculative decoding
+lossless under the penalties: each emitted token is chosen from the logits plain decoding would
+have used. Those counts are the step's ``pairs``: (row, draft token, whether the token is the
+draft's first occurrence), added on top of the slot's counts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
+from tensorrt_llm._torch.pyexecutor.resource_manager import BaseResourceManager
+
+if TYPE_CHECKING:
+    from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 
 
-@torch.inference_mode()  # the logits are inference tensors
-def process_logits(requests: list[LlmRequest], logits: torch.Tensor, num_logits: list[int]) -> None:
-    """Apply each request's ``SamplingParams`` penalties and bias to its rows of ``logits``."""
+@dataclass
+class PenaltyRows:
+    """A step's logits rows as ``adjust`` sees them (device tensors; ``R`` rows, ``P`` pairs)."""
+
+    slots: torch.Tensor  # [R] each row's LogitsState slot
+    presence: torch.Tensor  # [R] fp32
+    frequency: torch.Tensor  # [R] fp32
+    pair_rows: torch.Tensor  # [P] the row a draft precedes
+    pair_tokens: torch.Tensor  # [P] the draft
+    pair_first: torch.Tensor  # [P] bool: its first occurrence among the request's drafts
+    pair_valid: torch.Tensor  # [P] bool: the request has that draft
+
+
+class LogitsState(BaseResourceManager):
+    """The penalties' counts and the bias of each request that has them, a row per slot
+    (``capacity`` slots and a scratch one, allocated at the first such request; the executor's
+    ``LOGITS_STATE``): 8 bytes per vocabulary entry and slot."""
+
+    def __init__(self, capacity: int, vocab_size: int, device: torch.device) -> None:
+        self.capacity = capacity
+        self.vocab_size = vocab_size
+        self.device = device
+        self.counts: torch.Tensor | None = None  # [capacity + 1, V] int32
+        self.bias: torch.Tensor | None = None  # [capacity + 1, V] fp32
+        self._slots: dict[int, int] = {}
+        self._free = list(range(capacity - 1, -1, -1))
+
+    @property
+    def scratch(self) -> int:
+        return self.capacity
+
+    @property
+    def allocated(self) -> bool:
+        return self.counts is not None
+
+    def get_max_resource_count(self) -> int:
+        return self.capacity
+
+    def get_needed_resource_to_completion(self, request: LlmRequest) -> int:
+        return 0
+
+    def slots(self, requests: Sequence[LlmRequest]) -> list[int]:
+        """Each request's slot (given now, from its output so far and its bias, if it had none);
+        the scratch slot for a request without penalties or bias."""
+        out = []
+        for req in requests:
+            if not req.sampling_params.processes_logits:
+                out.append(self.scratch)
+                continue
+            slot = self._slots.get(req.request_id)
+            if slot is None:
+                slot = self._claim(req)
+            out.append(slot)
+        return out
+
+    def _claim(self, req: LlmRequest) -> int:
+        if not self._free:
+            raise RuntimeError(
+                f"LogitsState: all {self.capacity} slots are held; a request with penalties or "
+                "logit_bias cannot start"
+            )
+        if self.counts is None:
+            shape = (self.capacity + 1, self.vocab_size)
+            self.counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
+            self.bias = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        slot = self._slots[req.request_id] = self._free.pop()
+        output = torch.tensor(req.output_token_ids, dtype=torch.long)
+        self.counts[slot] = torch.bincount(output, minlength=self.vocab_size)[: self.vocab_size].to(
+            self.device, torch.int32
+        )
+        bias = torch.zeros(self.vocab_size)
+        for token, value in (req.sampling_params.logit_bias or {}).items():
+            if token < self.vocab_size:
+                bias[token] = value
+        self.bias[slot] = bias.to(self.device)
+        return slot
+
+    def free_resources(self, request: LlmRequest) -> None:
+        slot = self._slots.pop(request.request_id, None)
+        if slot is not None:
+            self._free.append(slot)
+
+    @torch.inference_mode()  # the logits are inference tensors
+    def adjust(self, logits: torch.Tensor, rows: PenaltyRows) -> None:
+        """``logits [R, V]`` in place: each row's bias and penalties."""
+        counts = self.counts[rows.slots]  # [R, V]
+        penalty = rows.frequency[:, None] * counts + rows.presence[:, None] * (counts > 0)
+        logits += (self.bias[rows.slots] - penalty).to(logits.dtype)
+        # the drafts ahead of a verify row count as its output: one more each, and presence
+        # where the draft's token had no count yet (once per token)
+        seen = counts[rows.pair_rows, rows.pair_tokens] > 0
+        new = rows.pair_first & ~seen
+        row_frequency, row_presence = rows.frequency[rows.pair_rows], rows.presence[rows.pair_rows]
+        delta = -(row_frequency + row_presence * new) * rows.pair_valid
+        logits.index_put_(
+            (rows.pair_rows, rows.pair_tokens), delta.to(logits.dtype), accumulate=True
+        )
+
+    @torch.inference_mode()  # the logits are inference tensors
+    def adjust_step(
+        self, requests: Sequence[LlmRequest], logits: torch.Tensor, num_logits: list[int]
+    ) -> list[int] | None:
+        """An eager step's logits (``num_logits`` rows per request, in batch order) in place;
+        returns each request's slot, or None (nothing done) when no request has penalties or
+        bias."""
+        if not any(r.sampling_params.processes_logits for r in requests):
+            return None
+        slots = self.slots(requests)
+        self.adjust(logits, penalty_rows(requests, num_logits, slots, logits.device))
+        return slots
+
+    @torch.inference_mode()  # the logits are inference tensors
+    def record_step(self, tokens, slots: list[int]) -> None:
+        """Count an eager step's tokens (a ``DeviceTokens``: its rows are batch indices)."""
+        if not tokens.rows:
+            return
+        device = tokens.tokens.device
+        rows = torch.tensor([slots[i] for i in tokens.rows], dtype=torch.long).to(device)
+        if tokens.num_accepted is None:
+            num_new = torch.ones(len(tokens.rows), dtype=torch.long, device=device)
+        else:
+            num_new = tokens.num_accepted + 1
+        self.record(rows, tokens.tokens, num_new)
+
+    @torch.inference_mode()  # the logits are inference tensors
+    def record(self, slots: torch.Tensor, tokens: torch.Tensor, num_new: torch.Tensor) -> None:
+        """Count each row's first ``num_new [n]`` of ``tokens [n, T]`` into its slot (the scratch
+        slot's counts are never read with a nonzero penalty)."""
+        width = tokens.shape[1]
+        made = torch.arange(width, device=tokens.device)[None, :] < num_new[:, None]
+        self.counts.index_put_(
+            (slots[:, None].expand(-1, width), tokens), made.to(torch.int32), accumulate=True
+        )
+
+
+def draft_pairs(drafts: torch.Tensor, num_drafts: torch.Tensor, first_row: torch.Tensor):
+    """For ``n`` verify groups of ``T = K + 1`` rows (``drafts [n, K]``, ``num_drafts [n]``,
+    ``first_row [n]``: each group's first logits row): every (row, draft before it) pair, flat
+    ``[n * K * (K + 1) / 2]``, as ``PenaltyRows`` takes them."""
+    k = drafts.shape[1]
+    j, d = torch.tril_indices(k + 1, k, offset=-1, device=drafts.device)  # draft d precedes row j
+    earlier = torch.tril(torch.ones(k, k, dtype=torch.bool, device=drafts.device), diagonal=-1)
+    repeated = ((drafts[:, :, None] == drafts[:, None, :]) & earlier).any(dim=2)  # [n, K]
+    rows = (first_row[:, None] + j[None, :]).flatten()
+    tokens = drafts[:, d].flatten()
+    first = (~repeated)[:, d].flatten()
+    valid = (d[None, :] < num_drafts[:, None]).flatten()
+    return rows, tokens, first, valid
+
+
+def penalty_rows(
+    requests: Sequence[LlmRequest], num_logits: list[int], slots: list[int], device: torch.device
+) -> PenaltyRows:
+    """An eager step's rows (``num_logits`` per request, in batch order; ``slots`` per request
+    from ``LogitsState.slots``), its draft pairs from each generation request's drafts."""
+    row_slots, presence, frequency = [], [], []
+    pairs: list[tuple[int, int, bool]] = []
     row = 0
-    for req, n in zip(requests, num_logits, strict=True):
-        if n and req.sampling_params.processes_logits:
-            _process_rows(req, logits[row : row + n])
+    for req, n, slot in zip(requests, num_logits, slots, strict=True):
+        params = req.sampling_params
+        row_slots += [slot] * n
+        presence += [float(params.presence_penalty or 0.0)] * n
+        frequency += [float(params.frequency_penalty or 0.0)] * n
+        drafts = list(req.py_draft_tokens[: n - 1]) if n > 1 else []
+        for j in range(1, len(drafts) + 1):
+            pairs += [(row + j, t, t not in drafts[:d]) for d, t in enumerate(drafts[:j])]
         row += n
-
-
-def _process_rows(req: LlmRequest, rows: torch.Tensor) -> None:
-    params, (n, vocab) = req.sampling_params, rows.shape
-    if params.logit_bias:
-        ids = [t for t in params.logit_bias if t < vocab]
-        bias = torch.tensor([params.logit_bias[t] for t in ids], dtype=rows.dtype)
-        rows[:, torch.tensor(ids, dtype=torch.long, device=rows.device)] += bias.to(rows.device)
-    if not (params.presence_penalty or params.frequency_penalty):
-        return
-    # counts[j]: the output, plus the drafts before verify row j (the first row has none)
-    drafts = req.py_draft_tokens if req.state is LlmRequestState.GENERATION_IN_PROGRESS else []
-    steps = torch.zeros(n, vocab, dtype=torch.long)
-    for j, token in enumerate(drafts[: n - 1]):
-        steps[j + 1, token] = 1
-    output = torch.tensor(req.output_token_ids, dtype=torch.long)
-    counts = torch.bincount(output, minlength=vocab)[:vocab] + steps.cumsum(dim=0)
-    counts = counts.to(device=rows.device, dtype=rows.dtype)
-    rows -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(
-        rows.dtype
+    floats = torch.tensor([presence, frequency], dtype=torch.float32).to(device)
+    pair_rows, pair_tokens, pair_first = torch.tensor(
+        [list(column) for column in zip(*pairs)] if pairs else [[], [], []], dtype=torch.long
+    ).to(device)
+    return PenaltyRows(
+        torch.tensor(row_slots, dtype=torch.long).to(device),
+        floats[0],
+        floats[1],
+        pair_rows,
+        pair_tokens,
+        pair_first.bool(),
+        torch.ones_like(pair_first, dtype=torch.bool),
     )

@@ -15,7 +15,6 @@ from tensorrt_llm._torch.pyexecutor.launched_step import (
     check_stop,
 )
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
-from tensorrt_llm._torch.pyexecutor.logits_processing import process_logits
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, sample
@@ -182,7 +181,7 @@ class PyExecutor:
         tokens on the device (``batch.feed``); a stop lands one step late, its extra token never
         emitted, and the request's KV is freed once the step that still writes it is read. The
         launched step is read first when this batch cannot be fed from the device (Eagle3 outside
-        the CUDA graphs, penalties, which read the output on the host)."""
+        the CUDA graphs, whose positions the host computes)."""
         if self.rank_sync is not None:
             try:
                 self.rank_sync.start_step()
@@ -228,8 +227,6 @@ class PyExecutor:
     def _can_feed(self, batch: ScheduledRequests) -> bool:
         """Whether ``batch`` can launch with the launched step's tokens still on the device."""
         fed = [r for r in batch.generation_requests if batch.pending_tokens(r)]
-        if any(r.sampling_params.processes_logits for r in fed):
-            return False
         if not fed or self.spec_worker is None:
             return True
         runner = self.cuda_graph_runner  # Eagle3 moves the positions on the device: graphs only
@@ -367,14 +364,16 @@ class PyExecutor:
             )
         output = self.model_engine.forward(batch)
         logits, num_logits = output.logits, output.num_logits
-        if any(r.sampling_params.processes_logits for r in batch.all_requests):
-            process_logits(batch.all_requests, logits, num_logits)
+        state = self.resource_manager.get_resource_manager(ResourceManagerType.LOGITS_STATE)
+        slots = state.adjust_step(batch.all_requests, logits, num_logits) if state else None
         if self.spec_worker is not None:  # logprobs from the logits rows, at the read
             tokens = self.spec_worker.launch(batch, output)
         else:
             tokens = self._sample(batch, output)
             if wants_logprobs:
                 tokens.with_logprobs(logits, top)
+        if slots is not None:  # the penalties' counts, on the device
+            state.record_step(tokens, slots)
         return LaunchedStep(
             batch, decoding, logits, num_logits, device_tokens=tokens, overlappable=self.overlap
         )

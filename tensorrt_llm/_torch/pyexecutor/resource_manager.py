@@ -19,6 +19,7 @@ class ResourceManagerType(enum.Enum):
     DRAFT_KV_CACHE_MANAGER = "DRAFT_KV_CACHE_MANAGER"
     SEQ_SLOT_MANAGER = "SEQ_SLOT_MANAGER"
     SPEC_RESOURCE_MANAGER = "SPEC_RESOURCE_MANAGER"
+    LOGITS_STATE = "LOGITS_STATE"  # penalties' counts and logit bias per request
 
 
 KV_CACHE_MANAGER_TYPES = (

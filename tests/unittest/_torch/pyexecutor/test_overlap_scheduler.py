@@ -160,17 +160,23 @@ def test_a_step_that_raises_ends_every_request_and_frees_every_slot(model, monke
     assert third.finish_reason is FinishReason.LENGTH and len(third.output_token_ids) == 5
 
 
-def test_penalties_read_the_launched_step_first_and_decode_the_same_tokens(model):
+def test_penalties_and_bias_overlap_and_decode_the_same_tokens(model):
+    """Their counts stay on the device, so a penalized step feeds the next like any other."""
+
     def batch():
         return [
             request(0, max_new_tokens=6, presence_penalty=1.5, frequency_penalty=0.5),
-            request(1, max_new_tokens=6),
+            request(1, max_new_tokens=6, logit_bias={3: 5.0, 7: -100.0}),
+            request(2, max_new_tokens=6),
         ]
 
     want, got = batch(), batch()
     run(make(model, False), want)
-    run(make(model, True), got)
+    executor = make(model, True)
+    run(executor, got)
     assert [r.output_token_ids for r in got] == [r.output_token_ids for r in want]
+    assert executor.stats.num_overlapped_steps > 0
+    assert 7 not in got[1].output_token_ids
 
 
 def test_a_read_that_raises_frees_its_requests_and_the_executor_goes_on(model, monkeypatch):
