@@ -12,8 +12,10 @@ A generation request's rows are its verify positions: row ``j`` predicts the tok
 output and its first ``j`` drafts, so the penalties of row ``j`` count those drafts as output
 (the tokens that precede the position if they are accepted). That keeps speculative decoding
 lossless under the penalties: each emitted token is chosen from the logits plain decoding would
-have used. Those counts are the step's ``pairs``: (row, draft token, whether the token is the
-draft's first occurrence), added on top of the slot's counts.
+have used. Those counts are the step's ``pairs``: (row, draft token, how often the token occurs
+among the drafts ahead of the row), one pair per row and distinct token carrying the count (the
+others carry 0), added on top of the slot's counts. Every addition is a ``scatter_add_`` that
+meets at most one nonzero value per entry, so the sums do not depend on the order of the adds.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ class PenaltyRows:
     frequency: torch.Tensor  # [R] fp32
     pair_rows: torch.Tensor  # [P] the row a draft precedes
     pair_tokens: torch.Tensor  # [P] the draft
-    pair_first: torch.Tensor  # [P] bool: its first occurrence among the request's drafts
-    pair_valid: torch.Tensor  # [P] bool: the request has that draft
+    # [P] its occurrences among the drafts ahead of the row, at its first one (0 elsewhere)
+    pair_counts: torch.Tensor
 
 
 class LogitsState(BaseResourceManager):
@@ -118,15 +120,14 @@ class LogitsState(BaseResourceManager):
         counts = self.counts[rows.slots]  # [R, V]
         penalty = rows.frequency[:, None] * counts + rows.presence[:, None] * (counts > 0)
         logits += (self.bias[rows.slots] - penalty).to(logits.dtype)
-        # the drafts ahead of a verify row count as its output: one more each, and presence
-        # where the draft's token had no count yet (once per token)
-        seen = counts[rows.pair_rows, rows.pair_tokens] > 0
-        new = rows.pair_first & ~seen
+        # the drafts ahead of a verify row count as its output, and add presence where the
+        # token had no count yet
+        vocab = logits.shape[1]
+        new = (rows.pair_counts > 0) & (counts[rows.pair_rows, rows.pair_tokens] == 0)
         row_frequency, row_presence = rows.frequency[rows.pair_rows], rows.presence[rows.pair_rows]
-        delta = -(row_frequency + row_presence * new) * rows.pair_valid
-        logits.index_put_(
-            (rows.pair_rows, rows.pair_tokens), delta.to(logits.dtype), accumulate=True
-        )
+        delta = -(row_frequency * rows.pair_counts + row_presence * new)
+        flat = rows.pair_rows * vocab + rows.pair_tokens
+        logits.view(-1).scatter_add_(0, flat, delta.to(logits.dtype))
 
     @torch.inference_mode()  # the logits are inference tensors
     def adjust_step(
@@ -160,24 +161,23 @@ class LogitsState(BaseResourceManager):
         slot's counts are never read with a nonzero penalty)."""
         width = tokens.shape[1]
         made = torch.arange(width, device=tokens.device)[None, :] < num_new[:, None]
-        self.counts.index_put_(
-            (slots[:, None].expand(-1, width), tokens), made.to(torch.int32), accumulate=True
-        )
+        flat = (slots[:, None] * self.vocab_size + tokens).flatten()
+        self.counts.view(-1).scatter_add_(0, flat, made.flatten().to(torch.int32))
 
 
 def draft_pairs(drafts: torch.Tensor, num_drafts: torch.Tensor, first_row: torch.Tensor):
     """For ``n`` verify groups of ``T = K + 1`` rows (``drafts [n, K]``, ``num_drafts [n]``,
     ``first_row [n]``: each group's first logits row): every (row, draft before it) pair, flat
-    ``[n * K * (K + 1) / 2]``, as ``PenaltyRows`` takes them."""
+    ``[n * K * (K + 1) / 2]``: rows, tokens and counts, as ``PenaltyRows`` takes them."""
     k = drafts.shape[1]
     j, d = torch.tril_indices(k + 1, k, offset=-1, device=drafts.device)  # draft d precedes row j
+    has = torch.arange(k, device=drafts.device)[None, :] < num_drafts[:, None]  # [n, K]
+    same = (drafts[:, :, None] == drafts[:, None, :]) & has[:, None, :] & has[:, :, None]
     earlier = torch.tril(torch.ones(k, k, dtype=torch.bool, device=drafts.device), diagonal=-1)
-    repeated = ((drafts[:, :, None] == drafts[:, None, :]) & earlier).any(dim=2)  # [n, K]
-    rows = (first_row[:, None] + j[None, :]).flatten()
-    tokens = drafts[:, d].flatten()
-    first = (~repeated)[:, d].flatten()
-    valid = (d[None, :] < num_drafts[:, None]).flatten()
-    return rows, tokens, first, valid
+    first = has & ~(same & earlier).any(dim=2)  # [n, K]: no equal draft before it
+    ahead = same.to(torch.float32).cumsum(dim=2)  # [n, K, K]: [.., d, c] occurrences in 0..c
+    counts = ahead[:, d, j - 1] * first[:, d]  # (j >= 1 for every pair)
+    return (first_row[:, None] + j[None, :]).flatten(), drafts[:, d].flatten(), counts.flatten()
 
 
 def penalty_rows(
@@ -186,7 +186,7 @@ def penalty_rows(
     """An eager step's rows (``num_logits`` per request, in batch order; ``slots`` per request
     from ``LogitsState.slots``), its draft pairs from each generation request's drafts."""
     row_slots, presence, frequency = [], [], []
-    pairs: list[tuple[int, int, bool]] = []
+    pairs: list[tuple[int, int, int]] = []
     row = 0
     for req, n, slot in zip(requests, num_logits, slots, strict=True):
         params = req.sampling_params
@@ -195,10 +195,11 @@ def penalty_rows(
         frequency += [float(params.frequency_penalty or 0.0)] * n
         drafts = list(req.py_draft_tokens[: n - 1]) if n > 1 else []
         for j in range(1, len(drafts) + 1):
-            pairs += [(row + j, t, t not in drafts[:d]) for d, t in enumerate(drafts[:j])]
+            ahead = drafts[:j]
+            pairs += [(row + j, t, ahead.count(t)) for t in dict.fromkeys(ahead)]
         row += n
     floats = torch.tensor([presence, frequency], dtype=torch.float32).to(device)
-    pair_rows, pair_tokens, pair_first = torch.tensor(
+    pair_rows, pair_tokens, pair_counts = torch.tensor(
         [list(column) for column in zip(*pairs)] if pairs else [[], [], []], dtype=torch.long
     ).to(device)
     return PenaltyRows(
@@ -207,6 +208,5 @@ def penalty_rows(
         floats[1],
         pair_rows,
         pair_tokens,
-        pair_first.bool(),
-        torch.ones_like(pair_first, dtype=torch.bool),
+        pair_counts.float(),
     )
