@@ -340,9 +340,14 @@ class CUDAGraphRunner:
     def _capture(self, bucket: _Bucket) -> None:
         stream = torch.cuda.Stream(self.engine.device)
         stream.wait_stream(torch.cuda.current_stream())
+        counts = None
+        if bucket.penalties is not None:  # the one write a replay repeats: kept to put back
+            counts = self._logits_state.counts[bucket.penalty_slots].clone()
         with torch.cuda.stream(stream):  # compiles the kernels; writes what the replay writes
             self._step(bucket)
         torch.cuda.current_stream().wait_stream(stream)
+        if counts is not None:
+            self._logits_state.counts[bucket.penalty_slots] = counts
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             bucket.outputs = self._step(bucket)

@@ -120,3 +120,28 @@ def test_sampled_eagle3_runs_in_the_graphs_reproduces_and_accepts():
     assert mean_al > 2.0
     assert not llm.executor.spec_worker.draft_probs._slots
     llm.shutdown()
+
+
+def test_penalties_and_bias_run_in_the_graphs_and_give_the_eager_tokens():
+    """Penalized batches replay graphs whose counts live on the device (the capture's warm-up
+    run must not count a step twice): the tokens are the eager steps'."""
+    params = [
+        SamplingParams(max_tokens=32, presence_penalty=2.0, frequency_penalty=2.0, ignore_eos=True),
+        SamplingParams(
+            max_tokens=32, logit_bias={100: 5.0}, frequency_penalty=1.0, ignore_eos=True
+        ),
+    ] * 4
+
+    def run(cuda_graphs: bool):
+        llm = LLM(
+            device="cuda",
+            kv_cache_config=KvCacheConfig(max_tokens=128 * 64),
+            **({} if cuda_graphs else {"cuda_graph_config": None}),
+        )
+        out = tokens(llm.generate(prompts(llm), params))
+        if cuda_graphs:
+            assert llm.executor.cuda_graph_runner.num_replays > 0
+        llm.shutdown()
+        return out
+
+    assert run(cuda_graphs=True) == run(cuda_graphs=False)
