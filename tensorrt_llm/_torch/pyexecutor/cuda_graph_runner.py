@@ -22,7 +22,8 @@ A batch that asks for logprobs runs in a bucket that computes them inside the gr
 batch's largest top count), from the logits it made.
 
 A bucket is captured the first time a batch uses it: one eager run of the same step (it compiles
-the kernels and writes exactly what the replay writes), the capture, then the replay.
+the kernels and writes what the replay writes; the penalties' counts, which a replay adds to,
+are put back after it), the capture, then the replay.
 """
 
 from __future__ import annotations
