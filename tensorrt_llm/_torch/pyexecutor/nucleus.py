@@ -134,6 +134,24 @@ def _fold(
 
 
 @triton.jit
+def _start(
+    row, token_ptr, done_ptr, pivot_ptr, mass_ptr, pick_ptr, w_pick_ptr, top_p, total,
+    above_ptr, S, BLOCK_S: tl.constexpr, FOLD: tl.constexpr,
+):  # fmt: skip
+    """A round's state (done, pivot, mass, token): the last round folded in, or as stored."""
+    if FOLD:
+        done, pivot, mass, token = _fold(
+            row, token_ptr, done_ptr, pivot_ptr, mass_ptr, pick_ptr, w_pick_ptr, top_p, total,
+            above_ptr, S, BLOCK_S,
+        )  # fmt: skip
+    else:
+        done = tl.load(done_ptr + row) != 0
+        pivot, mass = tl.load(pivot_ptr + row), tl.load(mass_ptr + row)
+        token = tl.load(token_ptr + row)
+    return done, pivot, mass, token
+
+
+@triton.jit
 def pick_kernel(
     logits_ptr, stride_row,  # [n, V]
     inv_t_ptr, top_p_ptr, max_ptr, total_ptr,  # [n] fp32
@@ -148,14 +166,10 @@ def pick_kernel(
     token by a scan of that piece."""
     row = tl.program_id(0).to(tl.int64)
     top_p, total = tl.load(top_p_ptr + row), tl.load(total_ptr + row)
-    if FOLD:
-        done, pivot, mass, _ = _fold(
-            row, token_ptr, done_ptr, pivot_ptr, mass_ptr, pick_ptr, w_pick_ptr, top_p, total,
-            pieces_ptr, S, BLOCK_S,
-        )  # fmt: skip
-    else:
-        done = tl.load(done_ptr + row) != 0
-        pivot, mass = tl.load(pivot_ptr + row), tl.load(mass_ptr + row)
+    done, pivot, mass, _ = _start(
+        row, token_ptr, done_ptr, pivot_ptr, mass_ptr, pick_ptr, w_pick_ptr, top_p, total,
+        pieces_ptr, S, BLOCK_S, FOLD,
+    )  # fmt: skip
     if not done:
         u = uniform(tl.load(seed_ptr + row), tl.load(counter_ptr + row), lane)
         target = u * mass
@@ -194,15 +208,10 @@ def finish_kernel(
     lands in is scanned)."""
     row = tl.program_id(0).to(tl.int64)
     top_p, total = tl.load(top_p_ptr + row), tl.load(total_ptr + row)
-    if FOLD:
-        done, pivot, mass, token = _fold(
-            row, token_ptr, done_ptr, pivot_ptr, mass_ptr, pick_ptr, w_pick_ptr, top_p, total,
-            above_ptr, S, BLOCK_S,
-        )  # fmt: skip
-    else:
-        done = tl.load(done_ptr + row) != 0
-        pivot, mass = tl.load(pivot_ptr + row), tl.load(mass_ptr + row)
-        token = tl.load(token_ptr + row)
+    done, pivot, mass, token = _start(
+        row, token_ptr, done_ptr, pivot_ptr, mass_ptr, pick_ptr, w_pick_ptr, top_p, total,
+        above_ptr, S, BLOCK_S, FOLD,
+    )  # fmt: skip
     base = logits_ptr + row * stride_row
     offs = tl.arange(0, BLOCK)
     inv_t, row_max = tl.load(inv_t_ptr + row), tl.load(max_ptr + row)
