@@ -109,7 +109,7 @@ def test_bad_penalties_are_refused(params, message):
 
 def test_each_verify_row_counts_the_drafts_before_it():
     from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
-    from tensorrt_llm._torch.pyexecutor.logits_processing import process_logits
+    from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
 
     params = SamplingParams(frequency_penalty=1.0, presence_penalty=0.5, logit_bias={0: 2.0})
     req = LlmRequest(request_id=1, prompt_token_ids=[9], max_new_tokens=8, sampling_params=params)
@@ -119,7 +119,7 @@ def test_each_verify_row_counts_the_drafts_before_it():
         [3, 3],
     )
     logits = torch.zeros(3, 5)
-    process_logits([req], logits, [3])
+    LogitsState(2, 5, torch.device("cpu")).adjust_step([req], logits, [3])
     assert logits.tolist() == [
         [2.0, -1.5, -1.5, 0.0, 0.0],  # after the output [1, 2]
         [2.0, -1.5, -1.5, -1.5, 0.0],  # and the first draft
