@@ -33,3 +33,12 @@ class PinnedStaging:
         dst.copy_(staged, non_blocking=True)
         self._last_copy = torch.cuda.Event()
         self._last_copy.record()
+
+    def upload(self, dst: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """``dst.copy_(values)`` (a host tensor): queued through this staging where ``dst`` is on
+        CUDA, a plain copy elsewhere. Returns ``dst``."""
+        if dst.device.type != "cuda":
+            return dst.copy_(values)
+        staged = self.take(values.numel(), dst.dtype).view(values.shape)
+        self.copy_to(dst, staged.copy_(values))
+        return dst

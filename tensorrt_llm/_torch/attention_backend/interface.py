@@ -108,12 +108,7 @@ class MetadataBuffers:
     def put(self, name: str, host: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Buffer ``name`` holding a copy of the host tensor ``host`` (as ``dtype``)."""
         dst = self.take(name, tuple(host.shape), dtype)
-        if dst.device.type != "cuda":
-            return dst.copy_(host)
-        twin = self._twins.setdefault(name, PinnedStaging())
-        staged = twin.take(host.numel(), dtype).view(host.shape)
-        twin.copy_to(dst, staged.copy_(host))
-        return dst
+        return self._twins.setdefault(name, PinnedStaging()).upload(dst, host)
 
 
 @dataclass

@@ -28,7 +28,7 @@ are put back after it), the capture, then the replay.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -70,6 +70,7 @@ class _Bucket:
     inputs: torch.Tensor  # on the device
     md: AttentionMetadata
     chain_md: AttentionMetadata | None
+    _: KW_ONLY  # the rest by name: a field added here cannot take another's place
     float_inputs: torch.Tensor | None = None  # a sampled bucket's
     uses_top_k: bool = False  # a sampled bucket's draws sort (``sampler.sample``)
     top_logprobs: int | None = None  # the logprobs the graph computes (their top count), if any
@@ -77,8 +78,8 @@ class _Bucket:
     # frequency [2, B]
     penalty_slots: torch.Tensor | None = None
     penalties: torch.Tensor | None = None
-    # on CUDA: the host side of each copy (reused once the last copy from it is done)
-    staging: tuple[PinnedStaging, ...] | None = None
+    # the host side of each copy (on CUDA pinned, reused once the last copy from it is done)
+    staging: tuple[PinnedStaging, ...] = ()
     graph: torch.cuda.CUDAGraph | None = None
     # logits [B * T, V], target argmax [B, T], and with Eagle3 num_accepted [B], drafts [B, K]
     outputs: tuple[torch.Tensor, ...] = ()
@@ -222,7 +223,7 @@ class CUDAGraphRunner:
         size = batch_size * per_row
         inputs = torch.zeros(size, dtype=torch.long, device=device)
         floats = torch.zeros(2 * batch_size, device=device) if sampled else None
-        staging = tuple(PinnedStaging() for _ in range(4)) if device.type == "cuda" else None
+        staging = tuple(PinnedStaging() for _ in range(4))
 
         def metadata(seq_len: int) -> AttentionMetadata:
             return AttentionMetadata(
@@ -237,8 +238,16 @@ class CUDAGraphRunner:
             )
 
         chain_md = metadata(1) if self.spec_worker is not None else None
-        bucket = _Bucket(batch_size, inputs, metadata(width), chain_md, floats, staging)
-        bucket.uses_top_k, bucket.top_logprobs = mode == 2, key[2]
+        bucket = _Bucket(
+            batch_size,
+            inputs,
+            metadata(width),
+            chain_md,
+            float_inputs=floats,
+            staging=staging,
+            uses_top_k=mode == 2,
+            top_logprobs=key[2],
+        )
         if key[3]:
             bucket.penalty_slots = torch.zeros(batch_size, dtype=torch.long, device=device)
             bucket.penalties = torch.zeros(2, batch_size, device=device)
@@ -264,16 +273,16 @@ class CUDAGraphRunner:
             values = [
                 v for row, fill in zip(floats, (0.0, 1.0), strict=True) for v in row + [fill] * pad
             ]
-            _upload(bucket, 1, bucket.float_inputs, torch.tensor(values, dtype=torch.float32))
-        _upload(bucket, 0, bucket.inputs, torch.tensor(tokens, dtype=torch.long))
+            bucket.staging[1].upload(bucket.float_inputs, torch.tensor(values, dtype=torch.float32))
+        bucket.staging[0].upload(bucket.inputs, torch.tensor(tokens, dtype=torch.long))
         if bucket.penalties is not None:  # padded rows: the scratch slot, no penalty
             slots = self._logits_state.slots(requests) + [self._logits_state.scratch] * pad
-            _upload(bucket, 2, bucket.penalty_slots, torch.tensor(slots, dtype=torch.long))
+            bucket.staging[2].upload(bucket.penalty_slots, torch.tensor(slots, dtype=torch.long))
             values = [
                 [float(getattr(r.sampling_params, name) or 0.0) for r in requests] + [0.0] * pad
                 for name in ("presence_penalty", "frequency_penalty")
             ]
-            _upload(bucket, 3, bucket.penalties, torch.tensor(values, dtype=torch.float32))
+            bucket.staging[3].upload(bucket.penalties, torch.tensor(values, dtype=torch.float32))
         fed = [i for i, r in enumerate(requests) if batch.pending_tokens(r)]
         if fed:  # from the launched step not yet read: the tokens, and the positions moved
             ids, advance = batch.feed.take([requests[i].request_id for i in fed])
@@ -366,17 +375,6 @@ class CUDAGraphRunner:
         tokens = DeviceTokens(list(range(n)), target[:n], *(t[:n] for t in spec))
         tokens.logprobs = logprobs
         return GraphStep(logits[: n * width], [width] * n, tokens)
-
-
-def _upload(bucket: _Bucket, which: int, dst: torch.Tensor, values: torch.Tensor) -> None:
-    """``dst.copy_(values)``, queued from the bucket's pinned staging ``which`` on CUDA."""
-    if bucket.staging is None:
-        dst.copy_(values)
-        return
-    staging = bucket.staging[which]
-    staged = staging.take(values.numel(), values.dtype)
-    staged.copy_(values)
-    staging.copy_to(dst, staged)
 
 
 def _addresses(
