@@ -16,6 +16,10 @@ class PinnedStaging:
         self._buffer: torch.Tensor | None = None
         self._last_copy: torch.cuda.Event | None = None
 
+    @property
+    def buffer(self) -> torch.Tensor | None:
+        return self._buffer
+
     def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A flat pinned buffer of ``numel`` elements (contents undefined), once the last copy
         from it is done; reallocated only to grow."""

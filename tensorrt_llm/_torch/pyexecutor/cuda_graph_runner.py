@@ -172,6 +172,12 @@ class CUDAGraphRunner:
     def captured_batch_sizes(self) -> list[int]:
         return sorted({b for (b, *_), bucket in self._buckets.items() if bucket.graph is not None})
 
+    @property
+    def inputs_pinned(self) -> bool:
+        """Every bucket's inputs went up from pinned memory (a pageable copy waits for the device)."""
+        bufs = [s.buffer for b in self._buckets.values() for s in b.staging if s.buffer is not None]
+        return bool(bufs) and all(x.is_pinned() for x in bufs)
+
     def bucket_size(self, batch: ScheduledRequests) -> int | None:
         """The bucket that runs ``batch``, or None when it must run eagerly."""
         requests = batch.generation_requests
@@ -314,11 +320,8 @@ class CUDAGraphRunner:
                 bucket.input_ids, logits, captured, md, bucket.chain_md, st, slots
             )
         if bucket.penalties is not None:  # the tokens just made count from the next step on
-            made = (
-                outputs[1] + 1
-                if self.spec_worker is not None
-                else torch.ones_like(outputs[0][:, 0])
-            )
+            spec = self.spec_worker is not None
+            made = outputs[1] + 1 if spec else torch.ones_like(outputs[0][:, 0])
             self._logits_state.record(bucket.penalty_slots, outputs[0], made)
         if bucket.top_logprobs is None:
             return logits, *outputs
