@@ -199,7 +199,7 @@ class StepReads:
         ]
         for block in self.blocks:
             block.expert_hits = torch.zeros(
-                block.experts.num_experts, dtype=torch.bool, device=embedding.device
+                block.experts.num_global_experts, dtype=torch.bool, device=embedding.device
             )
         managers = llm.executor.resource_manager.kv_cache_managers.values()
         self.kv_per_token = sum(

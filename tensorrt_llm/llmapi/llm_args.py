@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.distributed.mapping import Mapping
@@ -168,6 +168,17 @@ class TorchLlmArgs(StrictBaseModel):
     # its own requests on replicated weights (see _torch/distributed/mapping.py).
     tensor_parallel_size: int = Field(default=1, ge=1)
     enable_attention_dp: bool = False
+    # How the MoE layers' routed experts split over the same ranks (upstream's keys): whole
+    # experts per rank (expert parallelism), or a slice of every expert (MoE tensor parallelism);
+    # their product is tensor_parallel_size. None: derived from the other, else MoE TP over every
+    # rank under TP attention and EP over every rank under attention DP.
+    moe_expert_parallel_size: int | None = None
+    moe_tensor_parallel_size: int | None = None
+
+    @model_validator(mode="after")
+    def _check_mapping(self) -> TorchLlmArgs:
+        self.mapping()  # a layout that cannot be served fails here, naming the options
+        return self
 
     def mapping(self, rank: int = 0) -> Mapping:
         return Mapping(
@@ -175,6 +186,8 @@ class TorchLlmArgs(StrictBaseModel):
             tp_size=self.tensor_parallel_size,
             rank=rank,
             enable_attention_dp=self.enable_attention_dp,
+            moe_ep_size=self.moe_expert_parallel_size,
+            moe_tp_size=self.moe_tensor_parallel_size,
         )
 
     @classmethod
@@ -225,6 +238,14 @@ class TorchLlmArgs(StrictBaseModel):
     def _cuda_graph_options(self, attn_backend: str, device: str) -> CudaGraphOptions | None:
         graphs = self.cuda_graph_config
         if graphs is None:
+            return None
+        if self.mapping().moe_all_to_all:  # the exchange's sizes are read on the host per step
+            if "cuda_graph_config" in self.model_fields_set:
+                raise ValueError(
+                    "cuda_graph_config with enable_attention_dp and moe_expert_parallel_size > 1: "
+                    "the MoE layers' all-to-all is sized on the host each step, which a CUDA "
+                    "graph does not capture (pass cuda_graph_config=None)"
+                )
             return None
         if device.startswith("cuda") and attn_backend == "TRITON":
             return graphs.to_runtime(self.max_batch_size)

@@ -32,7 +32,9 @@ class RequestType(enum.StrEnum):
     FINISHED = "finished"  # the context server's reply when the request ended there (EOS at once)
 
 
-PARALLEL_PATTERN = r"^(tp|adp)([1-9][0-9]*)$"  # ``Mapping.describe()``
+# ``Mapping.describe()``: the attention layout and its ranks, then the MoE layout (experts per
+# expert group and intermediate slices), which the KV layout does not depend on
+PARALLEL_PATTERN = r"^(tp|adp)([1-9][0-9]*)(-ep[1-9][0-9]*-moetp[1-9][0-9]*)?$"
 
 
 class _Message(BaseModel):

@@ -9,8 +9,10 @@ prefix reuse is per rank, so a conversation's turns stay together) unless that r
 batch more unfinished requests than the least loaded one; otherwise to the least loaded rank. A
 request on another rank is mirrored on rank 0 by a shadow ``LlmRequest`` that each step's reports
 bring up to date, so callers read every request the same way. Every step is one broadcast of the
-commands and one gather of the reports over the control group; the ranks' forwards share no
-collective (the weights are replicated), and a rank with nothing to run skips its forward.
+commands and one gather of the reports over the control group. With the experts replicated
+(one rank) the ranks' forwards share no collective; with expert parallelism the MoE layers
+exchange tokens (``moe_all_to_all.py``), so every rank takes part in every step, a rank with
+nothing to run in the exchanges alone (``PyTorchModelEngine.idle_forward``).
 
 """
 
@@ -160,7 +162,7 @@ class AttentionDpExecutor:
             raise
         failure = None
         finished: list[LlmRequest] = []
-        if self.local.has_work:
+        if self.local.has_work or self.mapping.moe_all_to_all:  # (then every rank steps)
             try:
                 finished = self.local.step()
             except Exception as exc:  # the batch is already ended; the ranks must still meet

@@ -212,6 +212,7 @@ def step_quietly(executor: PyExecutor) -> None:
     """One step of a follower: a step that fails has ended its batch (as on rank 0); the follower
     logs it and goes on, so the ranks stay together."""
     if not executor.has_work:
+        executor.take_part()
         return
     try:
         executor.step()

@@ -124,6 +124,9 @@ def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
                 if dest is None:
                     unexpected.append(name)
                     break
+                seen.add(piece.name)
+                if dest.elsewhere:
+                    continue
                 tensor = dest.shard(piece.get())
                 if tensor.shape != dest.view.shape:
                     raise ValueError(
@@ -131,7 +134,6 @@ def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
                         f"expects {_full_shape_hint(piece.name, dest, tensor)}"
                     )
                 dest.store(tensor)
-                seen.add(piece.name)
                 del tensor  # nothing of this checkpoint tensor outlives its pieces
     for family, count in sorted(skipped.items()):
         logger.info("%s: skipped %d %s.* tensor(s) (not served yet)", where, count, family)
@@ -153,6 +155,9 @@ def _copy_fp8_whole(layout, destinations, name, get, get_scale, seen) -> bool:
     if len(pieces) != 1 or pieces[0].name not in destinations:
         return False
     dest = destinations[pieces[0].name]
+    if dest.elsewhere:
+        seen.add(pieces[0].name)
+        return True
     weight = pieces[0].get()
     if dest.fp8 != "store" or weight.shape != dest.view.shape:
         return False

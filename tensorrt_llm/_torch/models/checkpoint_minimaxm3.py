@@ -35,7 +35,13 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from tensorrt_llm._torch.models.weights import Destination, Piece, is_scale, plain_destination
+from tensorrt_llm._torch.models.weights import (
+    ELSEWHERE,
+    Destination,
+    Piece,
+    is_scale,
+    plain_destination,
+)
 from tensorrt_llm._torch.modules.fp8.block import scale_shape
 from tensorrt_llm._torch.modules.moe import StackedExperts
 
@@ -143,20 +149,25 @@ def _expert_destinations(
     fp8 = experts.fp8_block
     scales = getattr(experts, f"{leaf}_scale_inv") if fp8 == "store" else None
     gate_blocks = scale_shape(inter, 1)[0]
-    for e in range(experts.num_experts):
-        if leaf == "w13":
+    held = range(experts.expert_start, experts.expert_start + experts.num_experts)
+    for g in range(experts.num_global_experts):  # the checkpoint's expert ids
+        e = g - experts.expert_start  # this rank's
+        if g not in held:
+            names = ("w1", "w3") if leaf == "w13" else ("w2",)
+            yield from ((f"{owner}.{g}.{n}.weight", ELSEWHERE) for n in names)
+        elif leaf == "w13":
             rows = _shard_fn(tp, rank, dim=0)
             gate_s, up_s = (
                 (None, None)
                 if scales is None
                 else (scales[e, :gate_blocks], scales[e, gate_blocks:])
             )
-            yield f"{owner}.{e}.w1.weight", Destination(data[e, :inter], rows, gate_s, fp8)
-            yield f"{owner}.{e}.w3.weight", Destination(data[e, inter:], rows, up_s, fp8)
+            yield f"{owner}.{g}.w1.weight", Destination(data[e, :inter], rows, gate_s, fp8)
+            yield f"{owner}.{g}.w3.weight", Destination(data[e, inter:], rows, up_s, fp8)
         else:
             down_s = None if scales is None else scales[e]
             yield (
-                f"{owner}.{e}.w2.weight",
+                f"{owner}.{g}.w2.weight",
                 Destination(data[e], _shard_fn(tp, rank, dim=1), down_s, fp8),
             )
 

@@ -34,10 +34,14 @@ class Destination:
     ``..._scale_inv`` buffer; ``fp8 == "grid"`` rounds the values to the FP8 grid in the model's
     dtype (``linear.Fp8BlockLinear``)."""
 
-    view: torch.Tensor
+    view: torch.Tensor | None  # None: another rank's tensor (an expert it holds), not read here
     shard: Callable[[torch.Tensor], torch.Tensor]
     scale: torch.Tensor | None = None
     fp8: str | None = None
+
+    @property
+    def elsewhere(self) -> bool:
+        return self.view is None
 
     def store(self, tensor: torch.Tensor) -> None:
         """Copy ``tensor`` (this rank's shard, of the view's shape) in: quantized to FP8 with its
@@ -110,3 +114,7 @@ def plain_destination(module: torch.nn.Module, name: str, tensor: torch.Tensor) 
 
 def _whole(full: torch.Tensor) -> torch.Tensor:
     return full
+
+
+# a checkpoint tensor another rank holds (expert parallelism): counted as seen, never read
+ELSEWHERE = Destination(None, lambda full: full)

@@ -29,6 +29,7 @@ from torch import nn
 
 from tensorrt_llm._torch.distributed.communicator import all_reduce
 from tensorrt_llm._torch.distributed.mapping import Mapping
+from tensorrt_llm._torch.distributed.moe_all_to_all import all_to_all_experts, idle
 from tensorrt_llm._torch.modules.fp8.block import FP8, reference_linear, scale_shape
 from tensorrt_llm._torch.modules.fused import use_fused
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP, SwigluOai
@@ -46,13 +47,16 @@ def reference_experts(
 ) -> torch.Tensor:
     """``x [T, H]``, ``w13 [E, 2I, H]`` (gate rows, then up rows), ``w2 [E, H, I]``, ``weights,
     ids [T, k]`` -> ``sum_k weights * expert_ids(x)``, fp32 ``[T, H]``. Visits the experts some
-    token chose, in expert order (transformers' order of summation). FP8 weights come with their
+    token chose, in expert order (transformers' order of summation); an id of -1 is another
+    rank's expert (expert parallelism), skipped. FP8 weights come with their
     block scales, ``w13_scale_inv [E, 2 * cdiv(I, 128), cdiv(H, 128)]`` (the gate rows' blocks,
     then the up rows') and ``w2_scale_inv [E, cdiv(H, 128), cdiv(I, 128)]``; each GEMM then
     quantizes its input per token per 128-channel group (``fp8.block.reference_linear``)."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     inter = w13.shape[1] // 2
     for e in torch.unique(ids).tolist():
+        if e < 0:
+            continue
         token, choice = torch.where(ids == e)
         if w13_scale_inv is None:
             gate, up = F.linear(x[token], w13[e]).chunk(2, dim=-1)
@@ -87,7 +91,8 @@ def route(
 
 
 class StackedExperts(nn.Module):
-    """``num_experts`` SwiGLU-OAI MLPs, this rank's share of each one's intermediate columns."""
+    """This rank's routed experts (``Mapping.local_experts``), each its slice of the
+    intermediate columns (``Mapping.moe_shard``): SwiGLU-OAI MLPs, stacked."""
 
     def __init__(
         self,
@@ -98,12 +103,19 @@ class StackedExperts(nn.Module):
         glu: SwigluOai,
     ) -> None:
         super().__init__()
-        self.num_experts = num_experts
-        self.local_intermediate = mapping.shard(intermediate_size, "intermediate_size")
-        self.tp_size, self.tp_rank = mapping.attn_tp_size, mapping.attn_tp_rank
-        inter = self.local_intermediate
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size))  # [E, 2I, H]
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, inter))  # [E, H, I]
+        local = mapping.local_experts(num_experts)
+        self.num_global_experts, self.num_experts = num_experts, len(local)
+        self.expert_start = local.start
+        self.local_intermediate = mapping.moe_shard(intermediate_size)
+        self.tp_size, self.tp_rank = mapping.moe_tp_size, mapping.moe_tp_rank
+        self.ep_size = mapping.moe_ep_size
+        # EP under attention DP: tokens travel (``moe_all_to_all``); under TP attention every
+        # rank has every token and one all-reduce sums the ranks' shares
+        self.all_to_all = mapping.moe_all_to_all
+        self.reduce = not self.all_to_all and mapping.moe_ep_size * mapping.moe_tp_size > 1
+        inter, num_local = self.local_intermediate, self.num_experts
+        self.w13 = nn.Parameter(torch.empty(num_local, 2 * inter, hidden_size))  # [E, 2I, H]
+        self.w2 = nn.Parameter(torch.empty(num_local, hidden_size, inter))  # [E, H, I]
         self.glu = glu
         self.w13_scale_inv = self.w2_scale_inv = None
 
@@ -131,16 +143,30 @@ class StackedExperts(nn.Module):
         self.fp8_block = "store"
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """``x [T, H]``, ``weights, ids [T, k]`` -> ``sum_e w_e * expert_e(x)``, fp32 ``[T, H]``,
-        summed over the ranks."""
+        """``x [T, H]``, ``weights, ids [T, k]`` (global expert ids) -> ``sum_e w_e *
+        expert_e(x)``, fp32 ``[T, H]``, summed over the ranks."""
+        if self.all_to_all:
+            return all_to_all_experts(x, weights, ids, self.num_experts, self.ep_size, self.local)
+        if self.ep_size > 1:  # another rank's experts: -1, skipped
+            ids = ids - self.expert_start
+            ids = torch.where((ids >= 0) & (ids < self.num_experts), ids, -1)
+        out = self.local(x, weights, ids)
+        return all_reduce(out) if self.reduce else out
+
+    def local(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's experts over ``x``, ``ids`` local (-1: not here): fp32 ``[T, H]``."""
         args = (x, self.w13, self.w2, weights, ids, self.glu, self.w13_scale_inv, self.w2_scale_inv)
         if use_fused(x, self.w13):
             from tensorrt_llm._torch.modules.fused_moe.ops import fused_experts
 
-            out = fused_experts(*args)
-        else:
-            out = reference_experts(*args)
-        return all_reduce(out) if self.tp_size > 1 else out
+            return fused_experts(*args)
+        return reference_experts(*args)
+
+    def idle(self, top_k: int, like: torch.Tensor) -> None:
+        """A step without tokens on this rank: its part in the exchange (EP under attention DP);
+        ``like``: a tensor of the activations' dtype and device."""
+        hidden = self.w13.shape[2]
+        idle(hidden, top_k, self.num_experts, self.ep_size, self.local, like)
 
 
 class MiniMaxM3SparseMoeBlock(nn.Module):
@@ -162,6 +188,10 @@ class MiniMaxM3SparseMoeBlock(nn.Module):
         # [E] bool, set by a benchmark: the experts some token chose since it was cleared (a CUDA
         # graph captured while it is set records them on every replay)
         self.expert_hits: torch.Tensor | None = None
+
+    def idle(self) -> None:
+        """This layer's part in a step in which this rank has no tokens (``experts.all_to_all``)."""
+        self.experts.idle(self.top_k, self.gate.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., H]`` -> ``[..., H]``."""

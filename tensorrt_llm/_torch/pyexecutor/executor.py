@@ -23,6 +23,8 @@ class ExecutorStats:
     num_accepted_draft_tokens: int = 0
     num_transferred_tokens: int = 0  # prompt tokens whose KV a generation-only request pulled
     num_overlapped_steps: int = 0  # steps launched before the one ahead of them was read
+    # steps with nothing to run here in which the rank took part in the MoE layers' exchanges
+    num_idle_steps: int = 0
 
     @property
     def avg_decoded_tokens_per_iter(self) -> float | None:

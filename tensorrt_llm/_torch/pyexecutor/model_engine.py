@@ -35,6 +35,17 @@ class PyTorchModelEngine:
         self.num_context_tokens_computed = 0  # prompt tokens that went through a forward (stats)
         self.capture_layers: tuple[int, ...] = ()
         self.buffers = MetadataBuffers(device)  # the step metadata's device tensors, reused
+        # MoE layers whose tokens travel between ranks (EP under attention DP), in forward order
+        self.exchanging = [
+            m for m in model.modules() if getattr(getattr(m, "experts", None), "all_to_all", False)
+        ]
+
+    @torch.inference_mode()
+    def idle_forward(self) -> None:
+        """A step in which this rank has nothing to run: where the MoE layers exchange tokens
+        with the other ranks, it still takes part in each exchange, in the forward's order."""
+        for block in self.exchanging:
+            block.idle()
 
     def build_inputs(
         self, batch: ScheduledRequests

@@ -201,6 +201,8 @@ class PyExecutor:
         launched = bool(batch.batch_size)
         if launched:
             self._launch(batch)
+        else:
+            self.take_part()
         while self._unread and (
             not launched  # nothing runs behind it: nothing to overlap
             or len(self._unread) > 1
@@ -209,6 +211,13 @@ class PyExecutor:
         ):
             finished += self._read(self._unread[0])
         return finished
+
+    def take_part(self) -> None:
+        """A step with nothing to run here: where the MoE layers exchange tokens between the
+        ranks (EP under attention DP), this rank still takes part in each exchange."""
+        if self.model_engine.exchanging:
+            self.model_engine.idle_forward()
+            self.stats.num_idle_steps += 1
 
     def _hold_back(self, batch: ScheduledRequests) -> None:
         """Leave out of ``batch`` the requests the launched step may end by length: they wait
@@ -235,18 +244,22 @@ class PyExecutor:
     def _launch(self, batch: ScheduledRequests) -> None:
         """Prepare the batch's KV and queue its step; on failure the batch's requests end (after
         what is already launched is read)."""
+        forwarded = False
         try:
             self.resource_manager.prepare_resources(batch)
             for req in batch.context_requests:
                 if req.request_id in batch.reused_tokens:
                     req.skip_reused_prefix(batch.reused_tokens[req.request_id])
                     self.stats.num_reused_tokens += req.num_reused_tokens
+            forwarded = True
             self._unread.append(self._forward(batch))
         except Exception:
             for req in batch.all_requests:  # never leak a slot: the batch's requests end here
                 req.finish(FinishReason.ERROR)
                 self._release(req)
             self._drain()
+            if not forwarded:
+                self.take_part()
             raise
         self.stats.num_steps += 1
         self.stats.num_overlapped_steps += len(self._unread) > 1

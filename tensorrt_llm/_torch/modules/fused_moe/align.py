@@ -44,10 +44,14 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> Expert
     expert's run padded to ``block_m`` (the order within a run is the slots' order)."""
     flat = ids.reshape(-1).long()  # [num_slots]
     num_slots = flat.numel()
-    counts = torch.zeros(num_experts, dtype=torch.long, device=ids.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))  # [num_experts]
+    # a slot of -1 is another rank's expert (expert parallelism): a run past the last, of no
+    # blocks, whose slots are written to one spare row past the blocks and dropped
+    flat = torch.where(flat < 0, num_experts, flat)
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=ids.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))  # [num_experts + 1]
     padded = (counts + block_m - 1) // block_m * block_m
-    run_end = torch.cumsum(padded, 0)  # [num_experts]
+    padded[num_experts] = 0
+    run_end = torch.cumsum(padded, 0)  # [num_experts + 1]
     run_start = run_end - padded
     order = torch.sort(flat, stable=True).indices  # slots by expert  [num_slots]
     expert_of = flat[order]
@@ -55,10 +59,12 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> Expert
         torch.arange(num_slots, device=ids.device) - (torch.cumsum(counts, 0) - counts)[expert_of]
     )
     num_blocks = max_blocks(num_slots, num_experts, block_m)
-    sorted_slots = torch.full(
-        (num_blocks * block_m,), num_slots, dtype=torch.int32, device=ids.device
-    )
-    sorted_slots[run_start[expert_of] + rank] = order.int()
+    spare = num_blocks * block_m
+    sorted_slots = torch.full((spare + 1,), num_slots, dtype=torch.int32, device=ids.device)
+    where = torch.where(expert_of < num_experts, run_start[expert_of] + rank, spare)
+    sorted_slots[where] = order.int()
+    sorted_slots = sorted_slots[:spare]
+    run_end = run_end[:num_experts]
     block_start = torch.arange(num_blocks, device=ids.device) * block_m
     block_expert = torch.searchsorted(run_end, block_start, right=True)  # the run holding it
     block_expert = torch.where(block_expert < num_experts, block_expert, -1).int()

@@ -80,7 +80,8 @@ def fused_experts(
     tiles = tiles or moe_tiles(num_slots, num_experts, x.element_size(), fp8)
     blocks = align_by_expert(ids, num_experts, tiles.block_m)
     act = x.new_empty((blocks.num_blocks * tiles.block_m, inter))  # [rows, I]
-    per_slot = torch.empty((num_slots, hidden), dtype=torch.float32, device=x.device)
+    # zeros: a slot of another rank's expert (id -1, expert parallelism) is never written
+    per_slot = torch.zeros((num_slots, hidden), dtype=torch.float32, device=x.device)
     common = {
         "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k,
         "FP8": fp8, "EMULATE": is_interpreted(),

@@ -1,0 +1,163 @@
+"""Expert parallelism and MoE tensor parallelism on the CPU, over gloo, on a tiny published-
+architecture MiniMax-M3 in fp32 with 8 experts: each layout decodes one rank's greedy tokens, with
+logprobs within 1e-4, target only and with Eagle3 (unified draft cache).
+
+- ``tp2-ep2``: tensor-parallel attention, each rank 4 whole experts, one all-reduce of the shares;
+- ``adp2-ep2``: attention DP, each rank's tokens sent to the rank holding their experts and back
+  (all-to-all), a rank without tokens in a step taking part all the same;
+- ``tp2-moetp2``: tensor-parallel attention, each rank half of every expert's intermediate.
+"""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", minversion="5.24")
+
+from tensorrt_llm import LLM, SamplingParams  # noqa: E402
+from tensorrt_llm._torch.models.checkpoint import random_eagle3, save_pretrained  # noqa: E402
+from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config  # noqa: E402
+from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig  # noqa: E402
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 16
+LAYOUTS = {
+    "tp2-ep2": dict(tensor_parallel_size=2, moe_expert_parallel_size=2),
+    "adp2-ep2": dict(tensor_parallel_size=2, enable_attention_dp=True, moe_expert_parallel_size=2),
+    "tp2-moetp2": dict(tensor_parallel_size=2, moe_tensor_parallel_size=2),
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A random published M3 (transformers' layout) with MoE layers of 8 experts (top-2, a
+    nonzero score-correction bias), and a random Eagle3 drafter beside it."""
+    from transformers import MiniMaxM3VLForCausalLM, MiniMaxM3VLTextConfig
+
+    full, sparse = "full_attention", "minimax_m3_sparse"
+    config = MiniMaxM3VLTextConfig(
+        vocab_size=98,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=32,
+        dense_intermediate_size=48,
+        shared_intermediate_size=24,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        layer_types=[full, sparse, full, sparse],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        index_n_heads=2,
+        index_head_dim=16,
+        index_block_size=8,
+        index_topk_blocks=2,
+        index_local_blocks=1,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+        max_position_embeddings=512,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+    model = MiniMaxM3VLForCausalLM(config).eval()
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(
+                torch.randn(param.shape, generator=generator) * (0.3 if "norm" in name else 0.08)
+            )
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=generator) * 0.3)
+    root = tmp_path_factory.mktemp("m3-8-experts")
+    model.save_pretrained(root / "target")
+    draft = Eagle3Config.from_dict(
+        {
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "vocab_size": 98,
+            "draft_vocab_size": 98,
+            "target_hidden_size": 64,
+        }
+    )
+    save_pretrained(random_eagle3(draft, layer_idx=4, seed=3, std=0.1), draft, root / "eagle3")
+    return root
+
+
+def prompts() -> list[list[int]]:
+    """Six prompts: under attention DP each rank gets some, and ranks run steps without any."""
+    generator = torch.Generator().manual_seed(11)
+    return [
+        torch.randint(2, 98, (n,), generator=generator).tolist() for n in (5, 23, 41, 9, 60, 17)
+    ]
+
+
+def rank0_experts(llm: LLM) -> list:
+    executor = getattr(llm.executor, "local", llm.executor)  # attention DP: rank 0's own
+    return [
+        m for m in executor.model_engine.model.modules() if type(m).__name__ == "StackedExperts"
+    ]
+
+
+def decode(
+    model_dir, mode: str | None, check=None, **parallel
+) -> list[tuple[list[int], list[float]]]:
+    spec = None
+    if mode is not None:
+        spec = Eagle3DecodingConfig(
+            max_draft_len=3, speculative_model=str(model_dir / "eagle3"), draft_kv_cache=mode
+        )
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, logprobs=0, ignore_eos=True)
+    with LLM(
+        model_dir / "target",
+        skip_tokenizer_init=True,
+        device="cpu",
+        dtype="float32",
+        kv_cache_config=KvCacheConfig(tokens_per_block=32, max_tokens=2048),
+        speculative_config=spec,
+        **parallel,
+    ) as llm:
+        outputs = llm.generate(prompts(), params)
+        if check is not None:
+            check(llm)
+    return [(o.outputs[0].token_ids, [lp for lp, _ in o.outputs[0].logprobs]) for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def one_rank(model_dir) -> dict:
+    return {mode: decode(model_dir, mode) for mode in (None, "unified")}
+
+
+@pytest.mark.parametrize("mode", [None, "unified"], ids=["target", "eagle3"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_each_layout_decodes_as_one_rank(model_dir, one_rank, layout, mode):
+    def check(llm):
+        experts = rank0_experts(llm)
+        assert len(experts) == 3  # the three MoE layers
+        ep = LAYOUTS[layout].get("moe_expert_parallel_size", 1)
+        for e in experts:  # rank 0 holds its share only
+            assert (e.w13.shape[0], e.expert_start, e.local_intermediate) == (
+                8 // ep,
+                0,
+                32 // (2 // ep),
+            )
+        if "enable_attention_dp" in LAYOUTS[layout]:
+            stats, local = llm.executor.stats, llm.executor.local.stats
+            assert 0 < local.num_generated_tokens < stats.num_generated_tokens  # both ranks ran
+            assert local.num_idle_steps > 0  # steps rank 0 took part in without tokens
+
+    got = decode(model_dir, mode, check, **LAYOUTS[layout])
+    want = one_rank[mode]
+    assert [tokens for tokens, _ in got] == [tokens for tokens, _ in want]
+    worst = max(
+        abs(a - b)
+        for (_, mine), (_, theirs) in zip(got, want, strict=True)
+        for a, b in zip(mine, theirs, strict=True)
+    )
+    assert worst <= 1e-4, f"{layout}: logprobs off by {worst:.2e}"
