@@ -161,7 +161,8 @@ class LLM:
     def get_stats(self) -> dict:
         """The executor's counts (steps, prompt tokens computed, reused and transferred, tokens
         generated, decode iterations, accepted drafts: every rank's under attention DP), the
-        requests active and held for pulls, the KV slots, and where the drafter's KV was found."""
+        requests active and held for pulls, the KV slots, where the drafter's KV was found, and
+        the tokens each expert took."""
 
         def stats() -> dict:
             executor = self.executor
@@ -179,6 +180,10 @@ class LLM:
                 "kv_total_slots": self.kv_cache_manager.blocks_in_primary_pool,
                 "speculative": worker is not None,
                 "draft_kv_mode": worker.draft_kv_mode if worker is not None else None,
+                # per expert, the (token, choice) slots routed to it (every rank's tokens), and
+                # the expert groups that split them (``moe_expert_parallel_size``)
+                "expert_tokens": executor.expert_tokens(),
+                "moe_ep_size": self.mapping.moe_ep_size,
             }
 
         return self.between_steps(stats)

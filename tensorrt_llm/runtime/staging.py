@@ -46,3 +46,28 @@ class PinnedStaging:
         staged = self.take(values.numel(), dst.dtype).view(values.shape)
         self.copy_to(dst, staged.copy_(values))
         return dst
+
+
+class DeviceReadback:
+    """The host's view of a small device tensor, refreshed without waiting for the device: each
+    ``refresh`` queues a copy into pinned memory and, once the copy before it has completed,
+    takes its values (so on CUDA they may be a step behind; elsewhere they are current)."""
+
+    def __init__(self) -> None:
+        self._host: torch.Tensor | None = None
+        self._copied: torch.cuda.Event | None = None
+        self.values: list = []
+
+    def refresh(self, tensor: torch.Tensor) -> list:
+        if tensor.device.type != "cuda":
+            self.values = tensor.tolist()
+            return self.values
+        if self._copied is not None and self._copied.query():
+            self.values, self._copied = self._host.tolist(), None
+        if self._copied is None:
+            if self._host is None or self._host.shape != tensor.shape:
+                self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            self._host.copy_(tensor, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        return self.values

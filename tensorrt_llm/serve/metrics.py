@@ -4,8 +4,8 @@ Per request (observed by the HTTP handler, on the event loop): time to first tok
 latency (a step that emits n tokens counts n intervals of its duration / n), end-to-end latency,
 queue time (arrival to admission, when the scheduler grants the request its KV) and acceptance
 length. Counters of requests, errors and prompt tokens. The executor's own counts (generated,
-reused, computed and transferred tokens, KV slots, held transfers, the draft KV mode) are read when
-``/metrics`` is scraped.
+reused, computed and transferred tokens, KV slots, held transfers, the draft KV mode, the MoE
+layers' tokens per expert and per rank) are read when ``/metrics`` is scraped.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 if TYPE_CHECKING:
     from tensorrt_llm.llmapi import LLM
@@ -23,6 +23,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LATENCY_BUCKETS += (30.0, 60.0, 120.0, 300.0)
 AL_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
+LOAD_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.1, 1.25, 1.5, 2.0, 4.0)  # an expert's tokens / the mean
 
 
 def _seconds(what: str, doc: str, registry: CollectorRegistry) -> Histogram:
@@ -132,3 +133,36 @@ class _ExecutorCollector:
         modes = GaugeMetricFamily("trtllm_draft_kv_mode", "The drafter's KV cache", labels=["mode"])
         modes.add_metric([mode], 1)
         yield modes
+        if stats["expert_tokens"]:
+            yield from moe_load(stats["expert_tokens"], stats["moe_ep_size"])
+
+
+def moe_load(expert_tokens: list[int], ep_size: int):
+    """The MoE layers' balance: the (token, choice) slots each expert took, a histogram per rank
+    of its experts' load against the mean expert's, and the busiest rank against the mean rank
+    (the ranks: the expert groups of ``moe_expert_parallel_size``)."""
+    per_rank = len(expert_tokens) // ep_size
+    tokens = CounterMetricFamily(
+        "trtllm_moe_expert_tokens", "Tokens routed to each expert", labels=["rank", "expert"]
+    )
+    load = HistogramMetricFamily(
+        "trtllm_moe_expert_load", "Each expert's tokens / the mean expert's", labels=["rank"]
+    )
+    mean = sum(expert_tokens) / len(expert_tokens) or 1.0
+    ranks = []
+    for rank in range(ep_size):
+        held = expert_tokens[rank * per_rank : (rank + 1) * per_rank]
+        for i, count in enumerate(held):
+            tokens.add_metric([str(rank), str(rank * per_rank + i)], count)
+        shares = [count / mean for count in held]
+        buckets = [(str(le), sum(s <= le for s in shares)) for le in LOAD_BUCKETS]
+        load.add_metric([str(rank)], [*buckets, ("+Inf", len(shares))], sum(shares))
+        ranks.append(sum(held))
+    yield tokens
+    yield load
+    busiest = max(ranks) / (sum(ranks) / len(ranks)) if sum(ranks) else 1.0
+    yield GaugeMetricFamily(
+        "trtllm_moe_rank_imbalance",
+        "Tokens of the busiest rank's experts / the mean rank's",
+        busiest,
+    )

@@ -36,6 +36,7 @@ TP1, TP2, ADP2 = (
     {"tensor_parallel_size": 2},
     {"tensor_parallel_size": 2, "enable_attention_dp": True},
 )
+ADP2_EP2 = {**ADP2, "moe_expert_parallel_size": 2}  # the experts split, tokens by all-to-all
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +49,8 @@ def expected(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "layouts",
-    [(TP2, ADP2), (TP2, TP1), (TP1, TP2), (TP2, TP2)],
-    ids=["tp2-to-adp2", "tp2-to-tp1", "tp1-to-tp2", "tp2-to-tp2"],
+    [(TP2, ADP2), (TP2, ADP2_EP2), (TP2, TP1), (TP1, TP2), (TP2, TP2)],
+    ids=["tp2-to-adp2", "tp2-to-adp2-ep2", "tp2-to-tp1", "tp1-to-tp2", "tp2-to-tp2"],
 )
 def test_kv_crosses_between_parallel_layouts(layouts, expected, tmp_path):
     with disaggregated_deployment(OPTIONS, "cpu", tmp_path, layouts=layouts) as urls:

@@ -37,6 +37,7 @@ from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.logger import logger
+from tensorrt_llm.runtime.staging import DeviceReadback
 
 
 @dataclasses.dataclass
@@ -53,6 +54,7 @@ class AttentionDpExecutor:
         self._outbox: list[RankCommand] = []
         self._remote: dict[int, _Remote] = {}
         self._remote_stats: dict[int, ExecutorStats] = {}
+        self._remote_experts: dict[int, list[int]] = {}  # each rank's routing counts, reported
         self._affinity = PrefixAffinity(local.kv_cache_manager.tokens_per_block)
         self._slack = max(1, local.scheduler.max_batch_size // 2)
 
@@ -93,6 +95,13 @@ class AttentionDpExecutor:
         for stats in self._remote_stats.values():
             for f in dataclasses.fields(ExecutorStats):
                 setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
+        return total
+
+    def expert_tokens(self) -> list[int] | None:
+        """Every rank's routing counts summed (the other ranks' as of their last report)."""
+        total = self.local.expert_tokens()
+        for counts in self._remote_experts.values():
+            total = [a + b for a, b in zip(total, counts, strict=True)] if counts else total
         return total
 
     def rank_loads(self) -> list[int]:
@@ -176,6 +185,7 @@ class AttentionDpExecutor:
 
     def _apply_report(self, rank: int, report: dict) -> list[LlmRequest]:
         self._remote_stats[rank] = ExecutorStats(**report["stats"])
+        self._remote_experts[rank] = report["expert_tokens"]
         finished = []
         for update in report["requests"]:
             remote = self._remote.get(update["request_id"])
@@ -198,6 +208,7 @@ class ProgressReporter:
         self.mapping = mapping
         # request id -> (the request, output tokens already reported)
         self._watched: dict[int, tuple[LlmRequest, int]] = {}
+        self._experts = DeviceReadback()  # the routing counts, read without waiting for the step
 
     def before_step(self, started: list[LlmRequest]) -> None:
         """Watch the requests rank 0's commands ``started`` here (a generation-only one already
@@ -214,7 +225,12 @@ class ProgressReporter:
             self._watched[request_id] = (request, len(request.output_token_ids))
             if request.is_finished:
                 del self._watched[request_id]
-        report = {"stats": dataclasses.asdict(self.executor.stats), "requests": updates}
+        counts = self.executor.model_engine.expert_tokens()
+        report = {
+            "stats": dataclasses.asdict(self.executor.stats),
+            "requests": updates,
+            "expert_tokens": [] if counts is None else self._experts.refresh(counts),
+        }
         try:
             gather_json(report, self.mapping.world_size)
         except Exception:

@@ -111,7 +111,8 @@ class Mapping:
 
     @property
     def moe_ep_rank(self) -> int:
-        return self.rank // self.moe_tp_size
+        """This rank's expert group (0 where the experts are replicated: attention DP, EP 1)."""
+        return self.rank // self.moe_tp_size % self.moe_ep_size
 
     @property
     def moe_tp_rank(self) -> int:

@@ -150,6 +150,8 @@ def _expert_destinations(
     scales = getattr(experts, f"{leaf}_scale_inv") if fp8 == "store" else None
     gate_blocks = scale_shape(inter, 1)[0]
     held = range(experts.expert_start, experts.expert_start + experts.num_experts)
+    if held.stop > experts.num_global_experts:  # else some of this rank's would never load
+        raise ValueError(f"{owner}: experts {held} of {experts.num_global_experts} on this rank")
     for g in range(experts.num_global_experts):  # the checkpoint's expert ids
         e = g - experts.expert_start  # this rank's
         if g not in held:

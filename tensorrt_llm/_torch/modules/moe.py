@@ -188,6 +188,9 @@ class MiniMaxM3SparseMoeBlock(nn.Module):
         # [E] bool, set by a benchmark: the experts some token chose since it was cleared (a CUDA
         # graph captured while it is set records them on every replay)
         self.expert_hits: torch.Tensor | None = None
+        # [E] (token, choice) slots this rank's tokens routed to each expert, over the model's
+        # life (the load-balance figures; a device add per step, graph-safe)
+        self.register_buffer("routed", torch.zeros(num_experts, dtype=torch.long), persistent=False)
 
     def idle(self) -> None:
         """This layer's part in a step in which this rank has no tokens (``experts.all_to_all``)."""
@@ -199,5 +202,6 @@ class MiniMaxM3SparseMoeBlock(nn.Module):
         weights, ids = route(self.gate(flat), self.e_score_correction_bias, self.top_k)
         if self.expert_hits is not None:
             self.expert_hits.index_fill_(0, ids.flatten(), True)  # no host scalar: graph-safe
+        self.routed.index_add_(0, ids.flatten(), torch.ones_like(ids.flatten()))
         routed = self.experts(flat, weights, ids) * self.routed_scaling_factor
         return (routed + self.shared_experts(flat).float()).to(x.dtype).view(x.shape)

@@ -91,3 +91,7 @@ class Executor(Protocol):
 
     def step(self) -> list[LlmRequest]:
         """One iteration; returns the requests that finished in it (already freed)."""
+
+    def expert_tokens(self) -> list[int] | None:
+        """Per expert, the (token, choice) slots every rank's tokens routed to it, summed over the
+        MoE layers (None: no MoE layer)."""

@@ -36,9 +36,16 @@ class PyTorchModelEngine:
         self.capture_layers: tuple[int, ...] = ()
         self.buffers = MetadataBuffers(device)  # the step metadata's device tensors, reused
         # MoE layers whose tokens travel between ranks (EP under attention DP), in forward order
-        self.exchanging = [
-            m for m in model.modules() if getattr(getattr(m, "experts", None), "all_to_all", False)
-        ]
+        moe = [m for m in model.modules() if hasattr(m, "routed")]
+        self.exchanging = [m for m in moe if m.experts.all_to_all]
+        self._moe = moe
+
+    def expert_tokens(self) -> torch.Tensor | None:
+        """``[num_experts]``: the (token, choice) slots this rank's tokens routed to each expert,
+        summed over the MoE layers (None without any)."""
+        if not self._moe:
+            return None
+        return torch.stack([m.routed for m in self._moe]).sum(0)
 
     @torch.inference_mode()
     def idle_forward(self) -> None:

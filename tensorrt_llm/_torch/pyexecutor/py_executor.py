@@ -212,6 +212,11 @@ class PyExecutor:
             finished += self._read(self._unread[0])
         return finished
 
+    def expert_tokens(self) -> list[int] | None:
+        """This rank's routing counts (under TP attention every rank routes every token)."""
+        counts = self.model_engine.expert_tokens()
+        return None if counts is None else counts.tolist()
+
     def take_part(self) -> None:
         """A step with nothing to run here: where the MoE layers exchange tokens between the
         ranks (EP under attention DP), this rank still takes part in each exchange."""

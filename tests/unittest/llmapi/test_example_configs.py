@@ -23,6 +23,9 @@ def test_the_parallel_disaggregated_arm_is_tp2_context_and_adp2_generation():
     generation = TorchLlmArgs.from_kwargs(
         extra_llm_api_options=folder / "disagg_generation_adp2.yaml"
     )
-    assert context.mapping().describe() == "tp2" and context.cache_transceiver_config is not None
-    assert generation.mapping().describe() == "adp2"
+    assert (
+        context.mapping().describe() == "tp2-ep1-moetp2"
+        and context.cache_transceiver_config is not None
+    )
+    assert generation.mapping().describe() == "adp2-ep1-moetp1"
     assert generation.cache_transceiver_config is not None

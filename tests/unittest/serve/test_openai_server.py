@@ -185,6 +185,14 @@ def test_metrics_parse_and_the_latency_histograms_move(server, client):
     )  # about one interval per token after the first
     assert after["trtllm_requests"]["trtllm_requests_total"] >= 2
     assert after["trtllm_kv_cache_slots"]["trtllm_kv_cache_slots{state=used}"] == 0
+    # the bundled target's MoE layers (8 experts, top-2, on one rank): every routed token counted
+    routed = after["trtllm_moe_expert_tokens"]
+    moved = sum(routed.values()) - sum(before["trtllm_moe_expert_tokens"].values())
+    assert len(routed) == 8 and moved >= 2 * 3 * 2 * 12  # 2 requests x 3 layers x top-2 x tokens
+    load = after["trtllm_moe_expert_load"]
+    assert load["trtllm_moe_expert_load_count{rank=0}"] == 8
+    assert load["trtllm_moe_expert_load_sum{rank=0}"] == pytest.approx(8.0)  # shares of the mean
+    assert after["trtllm_moe_rank_imbalance"]["trtllm_moe_rank_imbalance"] == 1.0
 
 
 def test_include_usage_ends_the_stream_with_the_usage(client):

@@ -7,7 +7,12 @@ import pytest
 from disagg_helpers import context_reply, fingerprint, handle
 from pydantic import ValidationError
 
-from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
+from tensorrt_llm._torch.disaggregation.head_regroup import attention_ranks
+from tensorrt_llm._torch.disaggregation.params import (
+    DisaggregatedParams,
+    RequestType,
+    parallel_ranks,
+)
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
 
 
@@ -78,3 +83,10 @@ def test_fingerprints_name_the_fields_that_differ():
     # the parallel layout is part of it: a TP2 rank's slot holds half the heads of a TP1 slot
     (difference,) = mine.differences(fingerprint(4096, parallel="tp2"))
     assert difference == "parallel: local 'tp1' vs peer 'tp2'"
+    # and it records the MoE layout, which leaves the attention's (so the KV's) alone
+    ep = fingerprint(4096, parallel="adp2-ep2-moetp1")
+    assert ep.digest != fingerprint(4096, parallel="adp2-ep1-moetp1").digest
+    assert (parallel_ranks(ep.parallel), attention_ranks(ep.parallel)) == ((True, 2), 1)
+    assert attention_ranks("tp4-ep2-moetp2") == 4
+    with pytest.raises(ValueError, match="is not a parallel layout"):
+        parallel_ranks("adp2-ep2")

@@ -16,7 +16,12 @@ transformers = pytest.importorskip("transformers", minversion="5.24")
 from tensorrt_llm import LLM, SamplingParams  # noqa: E402
 from tensorrt_llm._torch.models.checkpoint import random_eagle3, save_pretrained  # noqa: E402
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config  # noqa: E402
-from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig  # noqa: E402
+from tensorrt_llm.llmapi.llm_args import (  # noqa: E402
+    CudaGraphConfig,
+    Eagle3DecodingConfig,
+    KvCacheConfig,
+    TorchLlmArgs,
+)
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 16
@@ -107,7 +112,7 @@ def rank0_experts(llm: LLM) -> list:
 
 def decode(
     model_dir, mode: str | None, check=None, **parallel
-) -> list[tuple[list[int], list[float]]]:
+) -> tuple[list[tuple[list[int], list[float]]], list[int]]:
     spec = None
     if mode is not None:
         spec = Eagle3DecodingConfig(
@@ -126,7 +131,9 @@ def decode(
         outputs = llm.generate(prompts(), params)
         if check is not None:
             check(llm)
-    return [(o.outputs[0].token_ids, [lp for lp, _ in o.outputs[0].logprobs]) for o in outputs]
+        routed = llm.get_stats()["expert_tokens"]  # every rank's tokens, per expert
+    completions = [o.outputs[0] for o in outputs]
+    return [(c.token_ids, [lp for lp, _ in c.logprobs]) for c in completions], routed
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +159,10 @@ def test_each_layout_decodes_as_one_rank(model_dir, one_rank, layout, mode):
             assert 0 < local.num_generated_tokens < stats.num_generated_tokens  # both ranks ran
             assert local.num_idle_steps > 0  # steps rank 0 took part in without tokens
 
-    got = decode(model_dir, mode, check, **LAYOUTS[layout])
-    want = one_rank[mode]
+    got, routed = decode(model_dir, mode, check, **LAYOUTS[layout])
+    want, one_rank_routed = one_rank[mode]
+    # the same tokens went through the same routing: each expert took as many as on one rank
+    assert routed == one_rank_routed and len(routed) == 8 and sum(routed) > 0
     assert [tokens for tokens, _ in got] == [tokens for tokens, _ in want]
     worst = max(
         abs(a - b)
@@ -161,3 +170,52 @@ def test_each_layout_decodes_as_one_rank(model_dir, one_rank, layout, mode):
         for a, b in zip(mine, theirs, strict=True)
     )
     assert worst <= 1e-4, f"{layout}: logprobs off by {worst:.2e}"
+
+
+def test_a_layout_that_cannot_be_served_fails_before_any_rank_starts(model_dir, tmp_path):
+    with pytest.raises(ValueError, match="moe_expert_parallel_size=4 does not divide tensor_par"):
+        LLM(model_dir / "target", device="cpu", tensor_parallel_size=2, moe_expert_parallel_size=4)
+    options = tmp_path / "adp_moe_tp.yaml"
+    options.write_text(
+        "tensor_parallel_size: 2\nenable_attention_dp: true\nmoe_tensor_parallel_size: 2\n"
+    )
+    with pytest.raises(ValueError, match="set moe_expert_parallel_size=2"):
+        TorchLlmArgs.from_kwargs(extra_llm_api_options=options, model="m")
+    # the exchange of EP under attention DP is sized on the host: not in a CUDA graph (yet asked)
+    args = TorchLlmArgs(model="m", cuda_graph_config=CudaGraphConfig(), **LAYOUTS["adp2-ep2"])
+    with pytest.raises(ValueError, match="MoE layers' all-to-all is sized on the host"):
+        args.to_executor_config(512, "bfloat16", "cuda")
+    assert (
+        TorchLlmArgs(model="m", **LAYOUTS["adp2-ep2"])
+        .to_executor_config(512, "bfloat16", "cuda")
+        .cuda_graph
+        is None
+    )
+
+
+def test_the_load_figures_histogram_each_ranks_experts_and_compare_the_busiest_rank():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tensorrt_llm.serve.metrics import moe_load
+
+    class Collector:
+        def collect(self):
+            yield from moe_load([10, 0, 5, 5, 20, 4, 4, 4], ep_size=2)  # mean expert 6.5
+
+    registry = CollectorRegistry()
+    registry.register(Collector())
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
+    assert samples[("trtllm_moe_expert_tokens_total", (("expert", "4"), ("rank", "1")))] == 20
+    bucket = "trtllm_moe_expert_load_bucket"
+    # rank 0's experts at 10, 0, 5, 5 tokens: 1.54, 0, 0.77, 0.77 of the mean
+    assert samples[(bucket, (("le", "0.25"), ("rank", "0")))] == 1
+    assert samples[(bucket, (("le", "0.9"), ("rank", "0")))] == 3
+    assert samples[(bucket, (("le", "2.0"), ("rank", "0")))] == 4
+    assert samples[(bucket, (("le", "+Inf"), ("rank", "1")))] == 4
+    # ranks at 20 and 32 tokens: the busiest 32 / 26
+    assert samples[("trtllm_moe_rank_imbalance", ())] == pytest.approx(32 / 26)

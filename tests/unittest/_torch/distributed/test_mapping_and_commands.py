@@ -19,9 +19,19 @@ from tensorrt_llm.sampling_params import SamplingParams
 
 def test_tensor_parallelism_splits_the_weights_and_attention_dp_replicates_them():
     tp = Mapping(world_size=4, tp_size=4, rank=3)
-    assert (tp.attn_tp_size, tp.attn_tp_rank, tp.dp_size, tp.describe()) == (4, 3, 1, "tp4")
+    assert (tp.attn_tp_size, tp.attn_tp_rank, tp.dp_size, tp.describe()) == (
+        4,
+        3,
+        1,
+        "tp4-ep1-moetp4",
+    )
     adp = Mapping(world_size=4, tp_size=4, rank=3, enable_attention_dp=True)
-    assert (adp.attn_tp_size, adp.attn_tp_rank, adp.dp_size, adp.describe()) == (1, 0, 4, "adp4")
+    assert (adp.attn_tp_size, adp.attn_tp_rank, adp.dp_size, adp.describe()) == (
+        1,
+        0,
+        4,
+        "adp4-ep1-moetp1",
+    )
     assert adp.shard(6, "num_attention_heads") == 6
     with pytest.raises(
         ValueError, match="num_attention_heads=6 is not divisible by tensor_parallel_size=4"
@@ -31,6 +41,59 @@ def test_tensor_parallelism_splits_the_weights_and_attention_dp_replicates_them(
         Mapping(world_size=2, tp_size=2, rank=2)
     with pytest.raises(ValueError, match="no pipeline parallelism"):
         Mapping(world_size=4, tp_size=2)
+
+
+def test_the_moe_layout_splits_experts_and_intermediates_over_the_ranks():
+    # TP4 as EP2 x MoE TP2: rank r is expert group r // 2, intermediate slice r % 2
+    layouts = [Mapping(4, 4, r, moe_ep_size=2) for r in range(4)]
+    assert [(m.moe_tp_size, m.moe_ep_rank, m.moe_tp_rank) for m in layouts] == [
+        (2, 0, 0),
+        (2, 0, 1),
+        (2, 1, 0),
+        (2, 1, 1),
+    ]
+    assert [m.local_experts(8) for m in layouts] == [range(0, 4)] * 2 + [range(4, 8)] * 2
+    assert layouts[3].moe_shard(32) == 16 and layouts[3].describe() == "tp4-ep2-moetp2"
+    # either size alone gives the other; attention DP replicates the experts unless split whole
+    assert (Mapping(2, 2, 0, moe_tp_size=1).moe_ep_size, Mapping(2, 2, 0).moe_tp_size) == (2, 2)
+    adp = Mapping(2, 2, 1, enable_attention_dp=True)
+    assert (adp.moe_ep_size, adp.moe_tp_size, adp.moe_all_to_all) == (1, 1, False)
+    assert adp.local_experts(8) == range(0, 8)  # every rank holds every expert
+    adp_ep = Mapping(2, 2, 1, enable_attention_dp=True, moe_ep_size=2)
+    assert (adp_ep.local_experts(8), adp_ep.moe_all_to_all) == (range(4, 8), True)
+    assert not Mapping(2, 2, 1, moe_ep_size=2).moe_all_to_all  # TP attention: one all-reduce
+
+
+@pytest.mark.parametrize(
+    "layout, error",
+    [
+        (dict(moe_ep_size=4), "moe_expert_parallel_size=4 does not divide tensor_parallel_size=2"),
+        (dict(moe_tp_size=3), "moe_tensor_parallel_size=3 does not divide"),
+        (dict(moe_ep_size=0), "moe_expert_parallel_size=0 must be >= 1"),
+        (
+            dict(moe_ep_size=1, moe_tp_size=1),
+            r"moe_expert_parallel_size \* moe_tensor_parallel_size != tensor_parallel_size: "
+            r"1 \* 1 != 2",
+        ),
+        (
+            dict(enable_attention_dp=True, moe_tp_size=2),
+            "moe_tensor_parallel_size=2 with enable_attention_dp: .* set "
+            "moe_expert_parallel_size=2",
+        ),
+    ],
+)
+def test_a_moe_layout_that_cannot_be_served_names_the_options_and_the_rule(layout, error):
+    with pytest.raises(ValueError, match=error):
+        Mapping(2, 2, 0, **layout)
+
+
+def test_experts_or_intermediates_that_do_not_split_evenly_are_a_clear_error():
+    with pytest.raises(ValueError, match="num_local_experts=6 is not divisible by moe_expert_par"):
+        Mapping(4, 4, 0, moe_ep_size=4).local_experts(6)
+    with pytest.raises(ValueError, match="intermediate_size=30 .* moe_tensor_parallel_size=4"):
+        Mapping(4, 4, 0).moe_shard(30)
+    with pytest.raises(ValueError, match="under attention DP the experts are split over every"):
+        Mapping(4, 4, 0, enable_attention_dp=True, moe_ep_size=2)
 
 
 def test_fewer_kv_heads_than_ranks_are_replicated_over_the_ranks_that_read_them():
