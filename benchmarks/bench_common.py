@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import statistics
 import time
 from pathlib import Path
@@ -210,3 +211,17 @@ def time_us(fn, iters: int) -> float:
         torch.cuda.synchronize()
         samples.append(start.elapsed_time(end) * 1000 / iters)
     return sorted(samples)[len(samples) // 2]
+
+
+def parallel_options(layout: str) -> dict:
+    """The ``LLM`` options of a layout name: ``tp<N>`` (tensor parallel), ``adp<N>`` (attention
+    DP), each optionally ``-ep<M>`` (the experts split over M ranks, ``moe_expert_parallel_size``;
+    the rest of the N ranks split each expert: ``moe_tensor_parallel_size``)."""
+    match = re.fullmatch(r"(tp|adp)([1-9][0-9]*)(?:-ep([1-9][0-9]*))?", layout)
+    if match is None:
+        raise ValueError(f"layout {layout!r}: expected tp<N>, adp<N>, tp<N>-ep<M> or adp<N>-ep<M>")
+    kind, ranks, ep = match.groups()
+    options = {"tensor_parallel_size": int(ranks), "enable_attention_dp": kind == "adp"}
+    if ep is not None:
+        options["moe_expert_parallel_size"] = int(ep)
+    return options

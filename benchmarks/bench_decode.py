@@ -54,6 +54,7 @@ from bench_common import (
     bench_target_config,
     copy_bandwidth,
     machine_name,
+    parallel_options,
     sync_device,
 )
 from reference_decoder import ReferenceDecoder
@@ -95,7 +96,7 @@ class Settings:
     max_num_tokens: int
     max_seconds: float
     seed: int
-    tp_size: int = 1  # tensor-parallel ranks (bench_multi_gpu.py)
+    parallel: str = "tp1"  # the ranks' layout (bench_multi_gpu.py: ``parallel_options``)
     mlp: str = "moe"  # "dense": the all-dense variant of the benchmark model
     load_format: str = "auto"  # "dummy": configs only, random weights made on the device
     quant: str | None = None  # "fp8": FP8 block scales (QuantConfig FP8_BLOCK_SCALES); a run
@@ -169,7 +170,7 @@ def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
         attn_backend=s.attn_backend,
         speculative_config=spec,
         disable_overlap_scheduler=not s.overlap,
-        tensor_parallel_size=s.tp_size,
+        **parallel_options(s.parallel),
         load_format=s.load_format,
         quant_config=QuantConfig(quant_algo="FP8_BLOCK_SCALES") if s.quant == "fp8" else None,
         **({} if s.cuda_graphs else {"cuda_graph_config": None}),
@@ -267,7 +268,7 @@ def timed_run(
         for i, prompt in enumerate(prompts)
     ]
     before = dataclasses.replace(executor.stats)
-    runner = executor.cuda_graph_runner
+    runner = getattr(executor, "local", executor).cuda_graph_runner  # attention DP: rank 0's
     replays_before = runner.num_replays if runner is not None else 0
     for request in requests:
         executor.enqueue_request(request)
@@ -277,9 +278,11 @@ def timed_run(
     # until every prompt's last chunk is launched (with the overlap, its token is read in the
     # next call, which launches the first decode step)
     while any(r.is_context_init_state for r in requests):
-        num_steps = executor.stats.num_steps
+        # (under attention DP another rank's progress shows in its reported tokens)
+        before_step = executor.stats.num_steps, sum(len(r.output_token_ids) for r in requests)
         executor.step()
-        if executor.stats.num_steps == num_steps:
+        after_step = executor.stats.num_steps, sum(len(r.output_token_ids) for r in requests)
+        if after_step == before_step:
             raise RuntimeError("the executor scheduled nothing: the KV pool is too small")
         num_prefill_steps += 1
     sync_device(s.device)

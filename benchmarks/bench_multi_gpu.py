@@ -1,14 +1,19 @@
-"""TP1 against TP2: decode step and throughput of the M3-shaped benchmark model on one and two GPUs.
+"""One GPU against parallel layouts: decode step and throughput of the M3-shaped benchmark model.
+
+The layouts (``--layouts``, ``bench_common.parallel_options``): ``tp1`` (one rank, the
+reference), ``tp2`` (tensor parallel: the experts' intermediate split, MoE TP2), ``tp2-ep2`` (tensor-
+parallel attention, each rank half the experts: EP2) and ``adp2-ep2`` (attention DP, each rank
+half the experts, tokens exchanged by all-to-all: EP2).
 
 The same seeded random model and drafter as ``bench_decode.py`` (whose cells this script runs), for
-each tensor-parallel size, mode and batch: an ``LLM`` with ``tensor_parallel_size`` ranks (rank 0
-in this process, the others spawned), warmed up, then ``batch`` random prompts decoded greedily
-with every ``executor.step()`` of rank 0 timed (a step spans every rank: the ranks meet in each
-layer's all-reduce). The ratio printed per mode and batch is TP2 step / TP1 step (below 1: TP2 is
-faster) and TP2 tokens/s / TP1 tokens/s, both from this one run.
+each layout, mode and batch: an ``LLM`` of the layout's ranks (rank 0 in this process, the others
+spawned), warmed up, then ``batch`` random prompts decoded greedily with every ``executor.step()``
+of rank 0 timed (a step spans every rank: the ranks meet in each layer's all-reduce, or in each MoE
+layer's all-to-all). The ratios printed per mode and batch are each layout's step / the first
+layout's (below 1: faster) and its tokens/s / the first layout's, all from this one run.
 
 Also checks the layouts decode alike, on 64 greedy tokens after each of a few random prompts
-(TP1's tokens are the reference):
+(the first layout's tokens are the reference):
 
 - free-running agreement: the fraction of positions where a layout's greedy tokens equal TP1's.
   One flipped near-tie (bf16 sums in another order) changes everything after it, and a random
@@ -23,7 +28,8 @@ Also checks the layouts decode alike, on 64 greedy tokens after each of a few ra
   rounding difference of that size could flip it), and the share of positions that are decisive.
   A wrong shard fails here; a flipped near-tie does not count.
 
-    python benchmarks/bench_multi_gpu.py [--tp 1,2] [--batches 1,16,64] [--modes target,unified]
+    python benchmarks/bench_multi_gpu.py [--layouts tp1,tp2,tp2-ep2,adp2-ep2] [--batches 1,16,64]
+        [--modes target,unified]
     python benchmarks/bench_multi_gpu.py --device cpu --scale tiny --batches 1,2 --new-tokens 4
 """
 
@@ -38,7 +44,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import MLPS, machine_name
+from bench_common import MLPS, machine_name, parallel_options
 from bench_decode import SCALE_DEFAULTS, Cell, Settings, random_prompts, run_cell, write_checkpoints
 
 from tensorrt_llm import LLM, SamplingParams
@@ -57,7 +63,11 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     parser.add_argument(
         "--mlp", default="moe", choices=MLPS, help="dense: every MLP dense (bench_common.py)"
     )
-    parser.add_argument("--tp", default="1,2", help="comma-separated tensor-parallel sizes")
+    parser.add_argument(
+        "--layouts",
+        default="tp1,tp2,tp2-ep2,adp2-ep2",
+        help="comma-separated, the first the reference: tp<N>, adp<N>, tp<N>-ep<M>, adp<N>-ep<M>",
+    )
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--modes", default="target,unified", help="of target, unified, separate")
     parser.add_argument("--prompt-len", type=int)
@@ -67,7 +77,9 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], help="default: bf16 on CUDA")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    args.tp = [int(t) for t in args.tp.split(",")]
+    args.layouts = args.layouts.split(",")
+    for layout in args.layouts:
+        parallel_options(layout)  # a bad name fails here
     args.batches = [int(b) for b in args.batches.split(",") if b]  # "": agreement only
     args.modes = args.modes.split(",")
     prompt_len, new_tokens, _, _ = SCALE_DEFAULTS[args.scale]
@@ -112,7 +124,7 @@ def decode(
         max_seq_len=s.prompt_len + AGREEMENT_TOKENS + 1,
         dtype=s.dtype,
         device=s.device,
-        tensor_parallel_size=s.tp_size,
+        **parallel_options(s.parallel),
     )
     try:
         params = SamplingParams(
@@ -143,7 +155,7 @@ def share_equal(a: list[int], b: list[int]) -> float:
 
 
 def agreement(base: Decodes, other: Decodes) -> dict[str, float]:
-    """``other`` against TP1's ``base`` (see the module docstring)."""
+    """``other`` against the reference layout's ``base`` (see the module docstring)."""
     reference = [t for tokens in base.tokens for t in tokens]
     diff = other.forced_logits - base.forced_logits
     top = base.forced_logits.topk(2, dim=-1).values
@@ -164,23 +176,26 @@ def main(argv: list[str] | None = None) -> dict:
     s, args = parse_args(argv)
     logger.set_level("warning")
     started = time.perf_counter()
-    cells: dict[tuple[int, str, int], Cell] = {}
-    agreements: dict[int, dict[str, float]] = {}
+    cells: dict[tuple[str, str, int], Cell] = {}
+    agreements: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_multi_gpu_") as tmp:
         target_dir, draft_dir = write_checkpoints(Path(tmp), s)
         vocab = load_config(target_dir).vocab_size
         prompts = random_prompts(args.agreement_prompts, s.prompt_len, vocab, s.seed + 11)
-        decodes: dict[int, Decodes] = {}
-        for tp in sorted(args.tp):
-            ts = dataclasses.replace(s, tp_size=tp)
-            base = decodes.get(min(args.tp))
-            decodes[tp] = decode(target_dir, ts, prompts, base.tokens if base else None)
-            agreements[tp] = agreement(decodes[min(args.tp)], decodes[tp])
+        decodes: dict[str, Decodes] = {}
+        first = args.layouts[0]
+        for layout in args.layouts:
+            ls = dataclasses.replace(s, parallel=layout)
+            base = decodes.get(first)
+            decodes[layout] = decode(target_dir, ls, prompts, base.tokens if base else None)
+            agreements[layout] = agreement(decodes[first], decodes[layout])
             for batch in args.batches:
                 for mode in args.modes:
-                    cells[tp, mode, batch] = cell = run_cell(target_dir, draft_dir, mode, batch, ts)
+                    cells[layout, mode, batch] = cell = run_cell(
+                        target_dir, draft_dir, mode, batch, ls
+                    )
                     print(
-                        f"[{time.perf_counter() - started:6.1f} s] tp{tp} {mode} batch {batch}: "
+                        f"[{time.perf_counter() - started:6.1f} s] {layout} {mode} batch {batch}: "
                         f"step {cell.decode_step_ms:.2f} ms",
                         file=sys.stderr,
                         flush=True,
@@ -189,43 +204,51 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def report(cells, agreements, s: Settings, args) -> dict:
+    first = args.layouts[0]
     print(
-        f"TP1 vs TP2, random published-M3 model ({s.scale}, {s.mlp} MLPs), {s.dtype}, {s.attn_backend}, "
-        f"cuda graphs {'on' if s.cuda_graphs else 'off'}, prompt {s.prompt_len} + "
-        f"{s.new_tokens} new tokens; machine: {machine_name(s.device)} x "
-        f"{torch.cuda.device_count() if s.device == 'cuda' else 1}"
+        f"{', '.join(args.layouts)}, random published-M3 model ({s.scale}, {s.mlp} MLPs), "
+        f"{s.dtype}, {s.attn_backend}, cuda graphs {'on' if s.cuda_graphs else 'off'} (off under "
+        f"adp-ep), prompt {s.prompt_len} + {s.new_tokens} new tokens; machine: "
+        f"{machine_name(s.device)} x {torch.cuda.device_count() if s.device == 'cuda' else 1}"
     )
-    print(f"{'tp':>3} {'mode':<9} {'batch':>5} {'prefill s':>9} {'step ms':>9} {'tokens/s':>10}")
-    for (tp, mode, batch), c in sorted(cells.items()):
+    print(
+        f"{'layout':<9} {'mode':<9} {'batch':>5} {'prefill s':>9} {'step ms':>9} {'tokens/s':>10}"
+    )
+    order = {layout: i for i, layout in enumerate(args.layouts)}
+    for (layout, mode, batch), c in sorted(
+        cells.items(), key=lambda kv: (order[kv[0][0]], kv[0][1:])
+    ):
         print(
-            f"{tp:>3} {mode:<9} {batch:>5} {c.prefill_s:>9.2f} {c.decode_step_ms:>9.2f} "
+            f"{layout:<9} {mode:<9} {batch:>5} {c.prefill_s:>9.2f} {c.decode_step_ms:>9.2f} "
             f"{c.decode_tokens_per_s:>10.1f}"
         )
     lines = []
-    base, other = min(args.tp), max(args.tp)
-    for mode in args.modes:
-        for batch in args.batches:
-            a, b = cells.get((base, mode, batch)), cells.get((other, mode, batch))
-            if a is not None and b is not None and base != other:
-                lines.append(
-                    f"{mode} batch {batch}: TP{other} / TP{base} step = "
-                    f"{b.decode_step_ms / a.decode_step_ms:.2f}, tokens/s = "
-                    f"{b.decode_tokens_per_s / a.decode_tokens_per_s:.2f}"
-                )
-    for tp, a in sorted(agreements.items()):
+    for layout in args.layouts[1:]:
+        for mode in args.modes:
+            for batch in args.batches:
+                a, b = cells.get((first, mode, batch)), cells.get((layout, mode, batch))
+                if a is not None and b is not None:
+                    lines.append(
+                        f"{mode} batch {batch}: {layout} / {first} step = "
+                        f"{b.decode_step_ms / a.decode_step_ms:.2f}, tokens/s = "
+                        f"{b.decode_tokens_per_s / a.decode_tokens_per_s:.2f}"
+                    )
+    for layout, a in agreements.items():
         lines.append(
-            f"TP{tp} vs TP{base}, {AGREEMENT_TOKENS} greedy tokens after {args.agreement_prompts} "
-            f"prompts: free-running {a['free_running']:.4f}, teacher-forced "
-            f"{a['teacher_forced']:.4f}, layout {a['layout']:.4f} (logits relative RMS "
-            f"{a['logits_relative_rms']:.2e}), decisive {a['decisive']:.4f} on "
+            f"{layout} vs {first}, {AGREEMENT_TOKENS} greedy tokens after "
+            f"{args.agreement_prompts} prompts: free-running {a['free_running']:.4f}, "
+            f"teacher-forced {a['teacher_forced']:.4f}, layout {a['layout']:.4f} (logits "
+            f"relative RMS {a['logits_relative_rms']:.2e}), decisive {a['decisive']:.4f} on "
             f"{a['decisive_share']:.1%} of positions"
         )
     for line in lines:
         print(line)
     record = {
         "settings": dataclasses.asdict(s),
-        "cells": [{"tp": tp, **dataclasses.asdict(c)} for (tp, _, _), c in sorted(cells.items())],
-        "agreement": {f"tp{tp}": a for tp, a in agreements.items()},
+        "cells": [
+            {"layout": layout, **dataclasses.asdict(c)} for (layout, _, _), c in cells.items()
+        ],
+        "agreement": agreements,
         "summary": lines,
     }
     if args.json is not None:

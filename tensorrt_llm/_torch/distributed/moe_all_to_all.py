@@ -14,6 +14,10 @@ none, ``idle``):
 
 A rank's partial for a token is the sum over its own experts in expert order, and the ranks hold
 consecutive experts, so the sums are added in the order one rank adds them.
+
+In a CUDA graph nothing may be sized on the host, so ``all_to_all_fixed`` sends every rank a
+buffer of a fixed ``capacity`` rows (at most one per token: a rank's most tokens in a graph step),
+its unused rows with ids -1 (no expert runs them), and needs no counts: every split is the same.
 """
 
 from __future__ import annotations
@@ -64,6 +68,50 @@ def all_to_all_experts(
     _exchange(back, partial, send, recv)
     out = torch.zeros((num_tokens, hidden), dtype=torch.float32, device=x.device)
     return out.index_add_(0, pair_token, back)
+
+
+def all_to_all_fixed(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    experts_per_rank: int,
+    ep_size: int,
+    compute: Compute,
+    capacity: int,
+) -> torch.Tensor:
+    """``all_to_all_experts`` through buffers of ``capacity`` rows per destination (``T <=
+    capacity``), with nothing read on the host: a CUDA graph captures it. The same sums, added
+    in the same order."""
+    num_tokens, hidden = x.shape
+    top_k = ids.shape[1]
+    if num_tokens > capacity:
+        raise ValueError(f"{num_tokens} tokens exceed the exchange's capacity of {capacity}")
+    dest = ids.long() // experts_per_rank  # [T, k]
+    hit = torch.zeros(num_tokens, ep_size, dtype=torch.bool, device=x.device)
+    hit.scatter_(1, dest, True)
+    # row of (token, destination) in the send buffer; a pair not sent goes to a spare last row
+    order = torch.cumsum(hit.long(), dim=0) - 1  # [T, ep]: the token's place among those sent
+    ranks = torch.arange(ep_size, device=x.device)
+    spare = ep_size * capacity
+    row = torch.where(hit, ranks * capacity + order, spare).reshape(-1)  # [T * ep]
+    send_x = x.new_zeros((spare + 1, hidden))
+    send_x[row] = x.repeat_interleave(ep_size, dim=0)
+    local = ids.long()[:, None, :] - (ranks * experts_per_rank)[None, :, None]  # [T, ep, k]
+    local = torch.where((local >= 0) & (local < experts_per_rank), local, -1)
+    meta = torch.cat([local.float(), weights.float()[:, None, :].expand(-1, ep_size, -1)], -1)
+    send_meta = torch.full((spare + 1, 2 * top_k), -1.0, device=x.device)
+    send_meta[row] = meta.reshape(-1, 2 * top_k)
+    got_x, got_meta = torch.empty_like(send_x[:spare]), torch.empty_like(send_meta[:spare])
+    dist.all_to_all_single(got_x, send_x[:spare])
+    dist.all_to_all_single(got_meta, send_meta[:spare])
+    partial = compute(got_x, got_meta[:, top_k:], got_meta[:, :top_k].long())  # [ep * C, H]
+    back = torch.zeros((spare + 1, hidden), dtype=torch.float32, device=x.device)
+    dist.all_to_all_single(back[:spare], partial.contiguous())
+    parts = back[row].view(num_tokens, ep_size, hidden)  # the spare row: zeros
+    out = torch.zeros((num_tokens, hidden), dtype=torch.float32, device=x.device)
+    for rank in range(ep_size):  # in rank order, as all_to_all_experts adds them
+        out += parts[:, rank]
+    return out
 
 
 def idle(

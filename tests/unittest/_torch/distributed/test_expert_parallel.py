@@ -219,3 +219,48 @@ def test_the_load_figures_histogram_each_ranks_experts_and_compare_the_busiest_r
     assert samples[(bucket, (("le", "+Inf"), ("rank", "1")))] == 4
     # ranks at 20 and 32 tokens: the busiest 32 / 26
     assert samples[("trtllm_moe_rank_imbalance", ())] == pytest.approx(32 / 26)
+
+
+def _exchange_rank(rank: int, init: str, out: str) -> None:
+    """One rank of ``test_the_fixed_exchange_gives_the_sized_ones_sums``."""
+    import torch.distributed as dist
+
+    from tensorrt_llm._torch.distributed.moe_all_to_all import (
+        all_to_all_experts,
+        all_to_all_fixed,
+    )
+    from tensorrt_llm._torch.modules.gated_mlp import SwigluOai
+    from tensorrt_llm._torch.modules.moe import reference_experts, route
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    generator = torch.Generator().manual_seed(0)
+    w13 = torch.randn(8, 2 * 16, 32, generator=generator) * 0.1
+    w2 = torch.randn(8, 32, 16, generator=generator) * 0.1
+    glu = SwigluOai()
+    tokens = (5, 0)[rank]  # rank 1 has no tokens: it still runs rank 0's on its experts
+    x = torch.randn(tokens, 32, generator=torch.Generator().manual_seed(rank + 1))
+    weights, ids = route(x @ torch.randn(32, 8, generator=generator), torch.zeros(8), 2)
+    mine = slice(4 * rank, 4 * rank + 4)
+
+    def compute(rx, rw, rids):
+        return reference_experts(rx, w13[mine], w2[mine], rw, rids, glu)
+
+    sized = all_to_all_experts(x, weights, ids, 4, 2, compute)
+    fixed = all_to_all_fixed(x, weights, ids, 4, 2, compute, capacity=6)
+    whole = reference_experts(x, w13, w2, weights, ids, glu)
+    torch.save({"sized": sized, "fixed": fixed, "whole": whole}, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_the_fixed_exchange_gives_the_sized_ones_sums(tmp_path):
+    """Two ranks over gloo, 4 experts each: the exchange sized by the counts, the one of fixed
+    buffers (a CUDA graph's) and one rank holding all 8 experts give the same bits."""
+    import torch.multiprocessing as mp
+
+    init = f"file://{tmp_path / 'init'}"
+    mp.spawn(_exchange_rank, args=(init, str(tmp_path / "out")), nprocs=2)
+    rank0 = torch.load(tmp_path / "out.0")
+    assert rank0["sized"].shape == (5, 32) and rank0["sized"].abs().sum() > 0
+    assert torch.equal(rank0["sized"], rank0["whole"])
+    assert torch.equal(rank0["fixed"], rank0["whole"])
+    assert torch.load(tmp_path / "out.1")["sized"].shape == (0, 32)

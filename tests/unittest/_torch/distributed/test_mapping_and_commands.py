@@ -187,7 +187,8 @@ def test_a_follower_reports_a_request_that_a_failed_step_ended(monkeypatch):
     sent = []
     monkeypatch.setattr(data_parallel, "gather_json", lambda report, world: sent.append(report))
     request = LlmRequest(3, [1, 2], 4, SamplingParams(max_tokens=4))
-    executor = SimpleNamespace(active=[request], stats=ExecutorStats())
+    no_moe = SimpleNamespace(expert_tokens=lambda: None)
+    executor = SimpleNamespace(active=[request], stats=ExecutorStats(), model_engine=no_moe)
     reporter = data_parallel.ProgressReporter(executor, Mapping(2, 2, 1, True))
     reporter.before_step([])
     request.output_token_ids.append(7)  # the step made a token
