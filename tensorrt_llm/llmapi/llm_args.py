@@ -239,14 +239,6 @@ class TorchLlmArgs(StrictBaseModel):
         graphs = self.cuda_graph_config
         if graphs is None:
             return None
-        if self.mapping().moe_all_to_all:  # the exchange's sizes are read on the host per step
-            if "cuda_graph_config" in self.model_fields_set:
-                raise ValueError(
-                    "cuda_graph_config with enable_attention_dp and moe_expert_parallel_size > 1: "
-                    "the MoE layers' all-to-all is sized on the host each step, which a CUDA "
-                    "graph does not capture (pass cuda_graph_config=None)"
-                )
-            return None
         if device.startswith("cuda") and attn_backend == "TRITON":
             return graphs.to_runtime(self.max_batch_size)
         if "cuda_graph_config" in self.model_fields_set:

@@ -95,6 +95,13 @@ def gather_json(obj: object, world_size: int) -> list[object]:
     return [json.loads(b[: int(s)].numpy().tobytes()) for b, s in zip(buffers, sizes)]
 
 
+def max_over_ranks(values: list[int]) -> list[int]:
+    """Each of ``values``' largest over the ranks, on every rank (control group)."""
+    tensor = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_control_group)
+    return tensor.tolist()
+
+
 def control_barrier() -> None:
     """Wait until every rank reaches this point (control group)."""
     dist.barrier(group=_control_group)

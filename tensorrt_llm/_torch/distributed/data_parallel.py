@@ -12,7 +12,7 @@ bring up to date, so callers read every request the same way. Every step is one 
 commands and one gather of the reports over the control group. With the experts replicated
 (one rank) the ranks' forwards share no collective; with expert parallelism the MoE layers
 exchange tokens (``moe_all_to_all.py``), so every rank takes part in every step, a rank with
-nothing to run in the exchanges alone (``PyTorchModelEngine.idle_forward``).
+nothing to run in the exchanges alone (``PyExecutor.take_part``, ``moe_all_to_all.ExchangeSync``).
 
 """
 

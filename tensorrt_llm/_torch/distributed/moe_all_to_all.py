@@ -27,6 +27,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from tensorrt_llm._torch.distributed.communicator import max_over_ranks
+
 # ``(x [R, H], weights [R, k] fp32, local ids [R, k])`` -> fp32 ``[R, H]``
 Compute = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -115,15 +117,72 @@ def all_to_all_fixed(
 
 
 def idle(
-    hidden: int, top_k: int, experts_per_rank: int, ep_size: int, compute: Compute, like
+    hidden: int,
+    top_k: int,
+    experts_per_rank: int,
+    ep_size: int,
+    compute: Compute,
+    like: torch.Tensor,
+    capacity: int | None = None,
 ) -> None:
     """A rank with no tokens in a step: its part in one layer's exchanges (it may still receive
-    the others' tokens, and runs its experts over them)."""
-    all_to_all_experts(
-        like.new_empty((0, hidden)),
-        torch.empty((0, top_k), dtype=torch.float32, device=like.device),
-        torch.empty((0, top_k), dtype=torch.long, device=like.device),
-        experts_per_rank,
-        ep_size,
-        compute,
-    )
+    the others' tokens, and runs its experts over them); through the fixed buffers of
+    ``capacity`` rows if given."""
+    x = like.new_empty((0, hidden))
+    weights = torch.empty((0, top_k), dtype=torch.float32, device=like.device)
+    ids = torch.empty((0, top_k), dtype=torch.long, device=like.device)
+    if capacity is None:
+        all_to_all_experts(x, weights, ids, experts_per_rank, ep_size, compute)
+    else:
+        all_to_all_fixed(x, weights, ids, experts_per_rank, ep_size, compute, capacity)
+
+
+class ExchangeSync:
+    """A rank's side of the MoE layers' exchanges under attention DP with EP: before each step's
+    forward the ranks agree, in one all-reduce over the control group, on
+
+    - how the layers exchange in it: through the fixed buffers of ``capacity`` rows when no
+      rank has more tokens (every graph step, whose buffers cannot be sized per step), else sized
+      by the counts;
+    - how many passes each rank makes: a rank that captures a CUDA graph runs the step once
+      eagerly first (its exchanges executed, the capture's only recorded), so when one does,
+      every other rank makes one pass without tokens first.
+
+    ``moe_blocks``: the exchanging MoE layers, in forward order."""
+
+    def __init__(self, moe_blocks: list, capacity: int) -> None:
+        self.blocks = moe_blocks
+        self.capacity = capacity
+        self.owed = 0  # passes without tokens this rank makes before its forward
+
+    def agree(self, batch, runner) -> None:
+        """``batch``: this step's ``ScheduledRequests`` (None: nothing to run here); ``runner``:
+        the ``CUDAGraphRunner``, if any."""
+        bucket = runner.bucket_size(batch) if runner is not None and batch is not None else None
+        tokens = captures = 0
+        if bucket is not None:
+            tokens = bucket * runner.tokens_per_seq  # the padded rows are exchanged too
+            captures = int(runner.capture_pending(batch, bucket))
+        elif batch is not None:
+            tokens = sum(r.context_chunk_size for r in batch.context_requests)
+            tokens += sum(1 + len(r.py_draft_tokens) for r in batch.generation_requests)
+        most, any_capture = max_over_ranks([tokens, captures])
+        fixed = self.capacity if most <= self.capacity else None
+        for block in self.blocks:
+            block.experts.capacity = fixed
+        self.owed = int(any_capture and not captures)
+
+    def settle(self) -> None:
+        """Before this rank's forward: the passes it owes."""
+        passes, self.owed = self.owed, 0
+        for _ in range(passes):
+            self.idle_pass()
+
+    def idle_step(self) -> None:
+        """A step without tokens here: the owed passes, then this step's."""
+        self.settle()
+        self.idle_pass()
+
+    def idle_pass(self) -> None:
+        for block in self.blocks:
+            block.idle()

@@ -211,9 +211,8 @@ def apply_commands(
 def step_quietly(executor: PyExecutor) -> None:
     """One step of a follower: a step that fails has ended its batch (as on rank 0); the follower
     logs it and goes on, so the ranks stay together."""
-    if not executor.has_work:
-        executor.take_part()
-        return
+    if not executor.has_work and executor.model_engine.exchange is None:
+        return  # (where the MoE layers exchange tokens, every rank steps)
     try:
         executor.step()
     except Exception:

@@ -29,7 +29,11 @@ from torch import nn
 
 from tensorrt_llm._torch.distributed.communicator import all_reduce
 from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.distributed.moe_all_to_all import all_to_all_experts, idle
+from tensorrt_llm._torch.distributed.moe_all_to_all import (
+    all_to_all_experts,
+    all_to_all_fixed,
+    idle,
+)
 from tensorrt_llm._torch.modules.fp8.block import FP8, reference_linear, scale_shape
 from tensorrt_llm._torch.modules.fused import use_fused
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP, SwigluOai
@@ -112,6 +116,8 @@ class StackedExperts(nn.Module):
         # EP under attention DP: tokens travel (``moe_all_to_all``); under TP attention every
         # rank has every token and one all-reduce sums the ranks' shares
         self.all_to_all = mapping.moe_all_to_all
+        # set per step (``ExchangeSync``): the exchange's fixed rows per rank, or None: sized
+        self.capacity: int | None = None
         self.reduce = not self.all_to_all and mapping.moe_ep_size * mapping.moe_tp_size > 1
         inter, num_local = self.local_intermediate, self.num_experts
         self.w13 = nn.Parameter(torch.empty(num_local, 2 * inter, hidden_size))  # [E, 2I, H]
@@ -146,7 +152,10 @@ class StackedExperts(nn.Module):
         """``x [T, H]``, ``weights, ids [T, k]`` (global expert ids) -> ``sum_e w_e *
         expert_e(x)``, fp32 ``[T, H]``, summed over the ranks."""
         if self.all_to_all:
-            return all_to_all_experts(x, weights, ids, self.num_experts, self.ep_size, self.local)
+            args = (x, weights, ids, self.num_experts, self.ep_size, self.local)
+            if self.capacity is not None:
+                return all_to_all_fixed(*args, self.capacity)
+            return all_to_all_experts(*args)
         if self.ep_size > 1:  # another rank's experts: -1, skipped
             ids = ids - self.expert_start
             ids = torch.where((ids >= 0) & (ids < self.num_experts), ids, -1)
@@ -166,7 +175,7 @@ class StackedExperts(nn.Module):
         """A step without tokens on this rank: its part in the exchange (EP under attention DP);
         ``like``: a tensor of the activations' dtype and device."""
         hidden = self.w13.shape[2]
-        idle(hidden, top_k, self.num_experts, self.ep_size, self.local, like)
+        idle(hidden, top_k, self.num_experts, self.ep_size, self.local, like, self.capacity)
 
 
 class MiniMaxM3SparseMoeBlock(nn.Module):

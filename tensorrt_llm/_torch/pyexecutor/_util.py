@@ -11,6 +11,7 @@ import dataclasses
 
 import torch
 
+from tensorrt_llm._torch.distributed.moe_all_to_all import ExchangeSync
 from tensorrt_llm._torch.models.checkpoint import load_eagle3
 from tensorrt_llm._torch.models.modeling_speculative import default_layers_to_capture
 from tensorrt_llm._torch.models.registry import ModelConfig, get_model_classes
@@ -166,6 +167,11 @@ def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig
     runner = None
     if executor_config.cuda_graph is not None:
         runner = CUDAGraphRunner(engine, resources, executor_config.cuda_graph, worker)
+    if engine.exchanging:  # a graph step's most tokens per rank: the exchange's fixed rows
+        sizes = executor_config.cuda_graph.batch_sizes if executor_config.cuda_graph else ()
+        width = 1 + (spec.max_draft_len if spec is not None else 0)
+        capacity = max((executor_config.max_batch_size, *sizes)) * width
+        engine.exchange = ExchangeSync(engine.exchanging, capacity)
     return PyExecutor(
         engine,
         resources,

@@ -28,20 +28,20 @@ are put back after it), the capture, then the replay.
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
+from tensorrt_llm._torch.pyexecutor.graph_bucket import Bucket, GraphStep, addresses
 from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens
 from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState, PenaltyRows, draft_pairs
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import (
-    SamplingTensors,
     host_rows,
+    logprobs_top,
     sample,
     uses_top_k,
 )
@@ -55,69 +55,6 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
 PADDING_REQUEST_ID = -1  # the padding sequence's id in every KV manager (request ids are >= 0)
-
-
-@dataclass
-class _Bucket:
-    """A batch size's static inputs. ``inputs`` holds the token ids ``[B * T]``, each sequence's
-    first position ``[B]``, and in a sampled bucket each row's top-k, seed and counter ``[3, B]``
-    (with Eagle3, then its ``DraftProbStore`` slot ``[B]``),
-    copied in one transfer through pinned staging (the temperatures and top-p ``[2, B]`` in a
-    second, ``float_inputs``); ``md`` and ``chain_md`` keep their buffers for the bucket's life
-    (``rebind`` per step)."""
-
-    batch_size: int
-    inputs: torch.Tensor  # on the device
-    md: AttentionMetadata
-    chain_md: AttentionMetadata | None
-    _: KW_ONLY  # the rest by name: a field added here cannot take another's place
-    float_inputs: torch.Tensor | None = None  # a sampled bucket's
-    uses_top_k: bool = False  # a sampled bucket's draws sort (``sampler.sample``)
-    top_logprobs: int | None = None  # the logprobs the graph computes (their top count), if any
-    # a bucket with penalties or bias: each row's LogitsState slot [B], and presence and
-    # frequency [2, B]
-    penalty_slots: torch.Tensor | None = None
-    penalties: torch.Tensor | None = None
-    # the host side of each copy (on CUDA pinned, reused once the last copy from it is done)
-    staging: tuple[PinnedStaging, ...] = ()
-    graph: torch.cuda.CUDAGraph | None = None
-    # logits [B * T, V], target argmax [B, T], and with Eagle3 num_accepted [B], drafts [B, K]
-    outputs: tuple[torch.Tensor, ...] = ()
-    addresses: dict[str, int] = field(default_factory=dict)  # what the graph reads, at capture
-
-    @property
-    def input_ids(self) -> torch.Tensor:
-        return self.inputs[: self.md.num_tokens]
-
-    @property
-    def first_positions(self) -> torch.Tensor:
-        return self.inputs[self.md.num_tokens : self.md.num_tokens + self.batch_size]
-
-    @property
-    def sampled(self) -> bool:
-        return self.float_inputs is not None
-
-    def sampling(self) -> SamplingTensors:
-        start = self.md.num_tokens + self.batch_size
-        top_k, seed, counter = self.inputs[start : start + 3 * self.batch_size].view(3, -1)
-        temperature, top_p = self.float_inputs.view(2, -1)
-        return SamplingTensors(
-            temperature, top_k, top_p, seed, counter, False, uses_top_k=self.uses_top_k
-        )
-
-    @property
-    def slots(self) -> torch.Tensor:
-        """(a sampled Eagle3 bucket) each row's ``DraftProbStore`` slot"""
-        return self.inputs[self.md.num_tokens + 4 * self.batch_size :]
-
-
-@dataclass
-class GraphStep:
-    """What a replayed step gives the executor: its logits rows and its tokens."""
-
-    logits: torch.Tensor  # [num_requests * tokens_per_seq, vocab]
-    num_logits: list[int]
-    tokens: DeviceTokens
 
 
 class CUDAGraphRunner:
@@ -145,7 +82,7 @@ class CUDAGraphRunner:
         self.tokens_per_seq = 1 + self.max_draft_len
         target = engine.kv_cache_manager
         self.kv_len_bound = target.max_blocks_per_seq * target.tokens_per_block
-        self._buckets: dict[int, _Bucket] = {}
+        self._buckets: dict[int, Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if options.capture else None
         self.num_replays = 0
         if options.enable_padding:
@@ -201,10 +138,7 @@ class CUDAGraphRunner:
         requests = batch.generation_requests
         pad = batch_size - len(requests)
         request_ids = [r.request_id for r in requests] + [PADDING_REQUEST_ID] * pad
-        # greedy, sampled by top-p (and temperature) only, or sampled with a top-k
-        mode = (not all(r.sampling_params.greedy for r in requests)) + uses_top_k(requests)
-        penalized = any(r.sampling_params.processes_logits for r in requests)
-        key = (batch_size, mode, top_logprobs, penalized)
+        key = self._key(batch, batch_size, top_logprobs)
         bucket = self._buckets.get(key) or self._new_bucket(request_ids, key)
         self._write_inputs(bucket, batch, request_ids)
         if not self.options.capture:
@@ -212,7 +146,7 @@ class CUDAGraphRunner:
         elif bucket.graph is None:
             self._capture(bucket)
         else:
-            if _addresses(bucket, self._store, self._logits_state) != bucket.addresses:
+            if addresses(bucket, self._store, self._logits_state) != bucket.addresses:
                 raise RuntimeError(
                     f"the CUDA graph of batch size {batch_size} reads tensors that moved"
                 )
@@ -220,7 +154,21 @@ class CUDAGraphRunner:
         self.num_replays += 1
         return self._result(bucket, batch)
 
-    def _new_bucket(self, request_ids: list[int], key: tuple) -> _Bucket:
+    def _key(self, batch: ScheduledRequests, batch_size: int, top_logprobs: int | None) -> tuple:
+        requests = batch.generation_requests
+        # greedy, sampled by top-p (and temperature) only, or sampled with a top-k
+        mode = (not all(r.sampling_params.greedy for r in requests)) + uses_top_k(requests)
+        penalized = any(r.sampling_params.processes_logits for r in requests)
+        return batch_size, mode, top_logprobs, penalized
+
+    def capture_pending(self, batch: ScheduledRequests, batch_size: int) -> bool:
+        """Whether running ``batch`` in bucket ``batch_size`` captures a graph first (an eager
+        run, the capture, then the replay)."""
+        key = self._key(batch, batch_size, logprobs_top(batch.all_requests))
+        bucket = self._buckets.get(key)
+        return self.options.capture and (bucket is None or bucket.graph is None)
+
+    def _new_bucket(self, request_ids: list[int], key: tuple) -> Bucket:
         """A bucket for ``len(request_ids)`` sequences, its metadata first bound to these."""
         device, width, batch_size = self.engine.device, self.tokens_per_seq, len(request_ids)
         mode = key[1]
@@ -244,7 +192,7 @@ class CUDAGraphRunner:
             )
 
         chain_md = metadata(1) if self.spec_worker is not None else None
-        bucket = _Bucket(
+        bucket = Bucket(
             batch_size,
             inputs,
             metadata(width),
@@ -261,7 +209,7 @@ class CUDAGraphRunner:
         return bucket
 
     def _write_inputs(
-        self, bucket: _Bucket, batch: ScheduledRequests, request_ids: list[int]
+        self, bucket: Bucket, batch: ScheduledRequests, request_ids: list[int]
     ) -> None:
         """The batch's tokens and first positions in one host-to-device copy; the block tables
         (and the draft manager's, where the drafter reads it) into the bucket's buffers."""
@@ -301,7 +249,7 @@ class CUDAGraphRunner:
             self.spec_worker.prefetch_draft_table(bucket.md, draft_manager)
             bucket.chain_md.rebind(request_ids, copied_from=bucket.md)
 
-    def _step(self, bucket: _Bucket) -> tuple[torch.Tensor, ...]:
+    def _step(self, bucket: Bucket) -> tuple[torch.Tensor, ...]:
         """The captured work: device tensors in, device tensors out."""
         engine, md = self.engine, bucket.md
         md.place(bucket.first_positions)
@@ -329,7 +277,7 @@ class CUDAGraphRunner:
         with_logprobs.with_logprobs(logits, bucket.top_logprobs)
         return logits, *outputs, *with_logprobs.logprobs
 
-    def _adjust(self, bucket: _Bucket, logits: torch.Tensor) -> None:
+    def _adjust(self, bucket: Bucket, logits: torch.Tensor) -> None:
         """Penalties and bias, in place: ``T`` rows per sequence, each counting the drafts
         ahead of it (``logits_processing``)."""
         num_seqs, width = bucket.batch_size, self.tokens_per_seq
@@ -350,7 +298,7 @@ class CUDAGraphRunner:
     def _logits_state(self) -> LogitsState:
         return self.resource_manager.get_resource_manager(ResourceManagerType.LOGITS_STATE)
 
-    def _capture(self, bucket: _Bucket) -> None:
+    def _capture(self, bucket: Bucket) -> None:
         stream = torch.cuda.Stream(self.engine.device)
         stream.wait_stream(torch.cuda.current_stream())
         counts = None
@@ -364,11 +312,11 @@ class CUDAGraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             bucket.outputs = self._step(bucket)
-        bucket.graph, bucket.addresses = graph, _addresses(bucket, self._store, self._logits_state)
+        bucket.graph, bucket.addresses = graph, addresses(bucket, self._store, self._logits_state)
         graph.replay()
         logger.info("captured a CUDA graph for batch size %d", bucket.batch_size)
 
-    def _result(self, bucket: _Bucket, batch: ScheduledRequests) -> GraphStep:
+    def _result(self, bucket: Bucket, batch: ScheduledRequests) -> GraphStep:
         """The bucket's outputs, for the batch's rows (views: the next replay rewrites them)."""
         n, width = len(batch.generation_requests), self.tokens_per_seq
         logits, target, *spec = bucket.outputs
@@ -378,22 +326,3 @@ class CUDAGraphRunner:
         tokens = DeviceTokens(list(range(n)), target[:n], *(t[:n] for t in spec))
         tokens.logprobs = logprobs
         return GraphStep(logits[: n * width], [width] * n, tokens)
-
-
-def _addresses(
-    bucket: _Bucket, store: DraftProbStore | None, logits_state: LogitsState | None
-) -> dict[str, int]:
-    """Where the tensors a graph reads live (they must not move between capture and replay)."""
-    out = {"inputs": bucket.inputs.data_ptr()}
-    if bucket.penalties is not None:
-        out.update(penalty_slots=bucket.penalty_slots.data_ptr())
-        out.update(penalties=bucket.penalties.data_ptr())
-        out.update(counts=logits_state.counts.data_ptr(), bias=logits_state.bias.data_ptr())
-    if bucket.sampled:
-        out["float_inputs"] = bucket.float_inputs.data_ptr()
-        if store is not None:
-            out.update(q=store.table.data_ptr(), has_q=store.has_q.data_ptr())
-    for tag, metadata in (("step", bucket.md), ("chain", bucket.chain_md)):
-        if metadata is not None:
-            out.update({f"{tag}/{k}": v for k, v in metadata.tensor_addresses().items()})
-    return out

@@ -35,10 +35,15 @@ class PyTorchModelEngine:
         self.num_context_tokens_computed = 0  # prompt tokens that went through a forward (stats)
         self.capture_layers: tuple[int, ...] = ()
         self.buffers = MetadataBuffers(device)  # the step metadata's device tensors, reused
-        # MoE layers whose tokens travel between ranks (EP under attention DP), in forward order
-        moe = [m for m in model.modules() if hasattr(m, "routed")]
-        self.exchanging = [m for m in moe if m.experts.all_to_all]
-        self._moe = moe
+        self._moe = [m for m in model.modules() if hasattr(m, "routed")]
+        # where the MoE layers exchange tokens between ranks (EP under attention DP): the
+        # ranks' agreement on each step's exchanges (``ExchangeSync``, set by the creation site)
+        self.exchange = None
+
+    @property
+    def exchanging(self) -> list:
+        """The MoE layers whose tokens travel between ranks, in forward order."""
+        return [m for m in self._moe if m.experts.all_to_all]
 
     def expert_tokens(self) -> torch.Tensor | None:
         """``[num_experts]``: the (token, choice) slots this rank's tokens routed to each expert,
@@ -46,13 +51,6 @@ class PyTorchModelEngine:
         if not self._moe:
             return None
         return torch.stack([m.routed for m in self._moe]).sum(0)
-
-    @torch.inference_mode()
-    def idle_forward(self) -> None:
-        """A step in which this rank has nothing to run: where the MoE layers exchange tokens
-        with the other ranks, it still takes part in each exchange, in the forward's order."""
-        for block in self.exchanging:
-            block.idle()
 
     def build_inputs(
         self, batch: ScheduledRequests

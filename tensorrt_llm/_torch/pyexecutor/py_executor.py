@@ -17,7 +17,7 @@ from tensorrt_llm._torch.pyexecutor.launched_step import (
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
-from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, sample
+from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, logprobs_top, sample
 from tensorrt_llm._torch.pyexecutor.scheduler import (
     GuaranteedNoEvictScheduler,
     ScheduledRequests,
@@ -199,6 +199,8 @@ class PyExecutor:
                 batch.feed = None
                 batch.pause([r for r in batch.all_requests if r.is_finished])
         launched = bool(batch.batch_size)
+        if self.model_engine.exchange is not None:  # the ranks agree on the MoE exchanges
+            self.model_engine.exchange.agree(batch if launched else None, self.cuda_graph_runner)
         if launched:
             self._launch(batch)
         else:
@@ -213,15 +215,13 @@ class PyExecutor:
         return finished
 
     def expert_tokens(self) -> list[int] | None:
-        """This rank's routing counts (under TP attention every rank routes every token)."""
-        counts = self.model_engine.expert_tokens()
+        counts = self.model_engine.expert_tokens()  # (TP attention: every rank routes every token)
         return None if counts is None else counts.tolist()
 
     def take_part(self) -> None:
-        """A step with nothing to run here: where the MoE layers exchange tokens between the
-        ranks (EP under attention DP), this rank still takes part in each exchange."""
-        if self.model_engine.exchanging:
-            self.model_engine.idle_forward()
+        """Nothing to run here: where the MoE layers exchange tokens, take part all the same."""
+        if self.model_engine.exchange is not None:
+            self.model_engine.exchange.idle_step()
             self.stats.num_idle_steps += 1
 
     def _hold_back(self, batch: ScheduledRequests) -> None:
@@ -363,11 +363,12 @@ class PyExecutor:
         decoding = [r.state is LlmRequestState.GENERATION_IN_PROGRESS for r in batch.all_requests]
         runner = self.cuda_graph_runner
         bucket = runner.bucket_size(batch) if runner is not None else None
-        top = max((r.sampling_params.logprobs or 0 for r in batch.all_requests), default=0)
-        wants_logprobs = any(r.sampling_params.logprobs is not None for r in batch.all_requests)
+        top_logprobs = logprobs_top(batch.all_requests)
+        if self.model_engine.exchange is not None:  # the passes this rank owes the others
+            self.model_engine.exchange.settle()
         if bucket is not None:
             # logprobs inside the graph: the next replay rewrites the bucket's logits
-            graph = runner.run(batch, bucket, top if wants_logprobs else None)
+            graph = runner.run(batch, bucket, top_logprobs)
             # generation logits are copied from the bucket's at the read: read before a replay
             keeps_logits = any(
                 r.sampling_params.return_generation_logits for r in batch.all_requests
@@ -388,8 +389,8 @@ class PyExecutor:
             tokens = self.spec_worker.launch(batch, output)
         else:
             tokens = self._sample(batch, output)
-            if wants_logprobs:
-                tokens.with_logprobs(logits, top)
+            if top_logprobs is not None:
+                tokens.with_logprobs(logits, top_logprobs)
         if slots is not None:  # the penalties' counts, on the device
             state.record_step(tokens, slots)
         return LaunchedStep(

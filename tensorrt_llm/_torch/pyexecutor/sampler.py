@@ -109,6 +109,14 @@ def uses_top_k(requests: Sequence[LlmRequest]) -> bool:
     return any(not r.sampling_params.greedy and r.sampling_params.top_k for r in requests)
 
 
+def logprobs_top(requests: Sequence[LlmRequest]) -> int | None:
+    """The most top logprobs any of ``requests`` asks for (0: each token's own), None when none
+    asks for logprobs."""
+    if all(r.sampling_params.logprobs is None for r in requests):
+        return None
+    return max(r.sampling_params.logprobs or 0 for r in requests)
+
+
 def host_rows(requests: Sequence[LlmRequest]) -> tuple[list[list[float]], list[list[int]]]:
     """The requests' sampling rows on the host: ``[temperature, top_p]`` and ``[top_k, seed,
     counter]``, one column per request (a greedy request's temperature is 0)."""

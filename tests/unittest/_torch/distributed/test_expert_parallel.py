@@ -4,7 +4,8 @@ logprobs within 1e-4, target only and with Eagle3 (unified draft cache).
 
 - ``tp2-ep2``: tensor-parallel attention, each rank 4 whole experts, one all-reduce of the shares;
 - ``adp2-ep2``: attention DP, each rank's tokens sent to the rank holding their experts and back
-  (all-to-all), a rank without tokens in a step taking part all the same;
+  (all-to-all, sized by the counts or through fixed buffers), a rank without tokens in a step
+  taking part all the same;
 - ``tp2-moetp2``: tensor-parallel attention, each rank half of every expert's intermediate.
 """
 
@@ -17,7 +18,6 @@ from tensorrt_llm import LLM, SamplingParams  # noqa: E402
 from tensorrt_llm._torch.models.checkpoint import random_eagle3, save_pretrained  # noqa: E402
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config  # noqa: E402
 from tensorrt_llm.llmapi.llm_args import (  # noqa: E402
-    CudaGraphConfig,
     Eagle3DecodingConfig,
     KvCacheConfig,
     TorchLlmArgs,
@@ -27,7 +27,14 @@ pytestmark = pytest.mark.slow
 NEW_TOKENS = 16
 LAYOUTS = {
     "tp2-ep2": dict(tensor_parallel_size=2, moe_expert_parallel_size=2),
-    "adp2-ep2": dict(tensor_parallel_size=2, enable_attention_dp=True, moe_expert_parallel_size=2),
+    # a batch of 4: steps of at most 4 x (1 + drafts) tokens on every rank exchange through the
+    # fixed buffers (a CUDA graph's), the prefills through buffers sized by the counts
+    "adp2-ep2": dict(
+        tensor_parallel_size=2,
+        enable_attention_dp=True,
+        moe_expert_parallel_size=2,
+        max_batch_size=4,
+    ),
     "tp2-moetp2": dict(tensor_parallel_size=2, moe_tensor_parallel_size=2),
 }
 
@@ -181,16 +188,6 @@ def test_a_layout_that_cannot_be_served_fails_before_any_rank_starts(model_dir, 
     )
     with pytest.raises(ValueError, match="set moe_expert_parallel_size=2"):
         TorchLlmArgs.from_kwargs(extra_llm_api_options=options, model="m")
-    # the exchange of EP under attention DP is sized on the host: not in a CUDA graph (yet asked)
-    args = TorchLlmArgs(model="m", cuda_graph_config=CudaGraphConfig(), **LAYOUTS["adp2-ep2"])
-    with pytest.raises(ValueError, match="MoE layers' all-to-all is sized on the host"):
-        args.to_executor_config(512, "bfloat16", "cuda")
-    assert (
-        TorchLlmArgs(model="m", **LAYOUTS["adp2-ep2"])
-        .to_executor_config(512, "bfloat16", "cuda")
-        .cuda_graph
-        is None
-    )
 
 
 def test_the_load_figures_histogram_each_ranks_experts_and_compare_the_busiest_rank():
@@ -264,3 +261,43 @@ def test_the_fixed_exchange_gives_the_sized_ones_sums(tmp_path):
     assert torch.equal(rank0["sized"], rank0["whole"])
     assert torch.equal(rank0["fixed"], rank0["whole"])
     assert torch.load(tmp_path / "out.1")["sized"].shape == (0, 32)
+
+
+def test_the_ranks_agree_on_each_steps_exchange_and_the_passes_a_capture_takes(monkeypatch):
+    """``ExchangeSync`` with the ranks' all-reduce stubbed: fixed buffers when no rank has more
+    tokens than they hold; a rank that captures a CUDA graph runs the step twice (an eager run,
+    then the replay), so every other rank first makes one pass without tokens."""
+    from types import SimpleNamespace
+
+    from tensorrt_llm._torch.distributed import moe_all_to_all
+
+    passes, sent = [], []
+    experts = SimpleNamespace(capacity=None)
+    block = SimpleNamespace(experts=experts, idle=lambda: passes.append(experts.capacity))
+    sync = moe_all_to_all.ExchangeSync([block], capacity=8)
+    runner = SimpleNamespace(
+        bucket_size=lambda batch: 2, tokens_per_seq=4, capture_pending=lambda batch, size: False
+    )
+    others = {"tokens": 0, "capture": 1}  # another rank captures
+
+    def max_over_ranks(values):
+        sent.append(values)
+        return [max(values[0], others["tokens"]), max(values[1], others["capture"])]
+
+    monkeypatch.setattr(moe_all_to_all, "max_over_ranks", max_over_ranks)
+    sync.agree(object(), runner)
+    assert sent[-1] == [8, 0] and (experts.capacity, sync.owed) == (8, 1)  # bucket 2 x 4 rows
+    sync.settle()
+    sync.settle()  # owed once
+    assert passes == [8]
+    runner.capture_pending = lambda batch, size: True  # this rank captures: owes nothing
+    sync.agree(object(), runner)
+    assert sent[-1] == [8, 1] and sync.owed == 0
+    others["tokens"], others["capture"] = 9, 0  # a rank's prefill overflows the fixed rows
+    sync.agree(object(), runner)
+    assert experts.capacity is None and sync.owed == 0
+    others["tokens"], others["capture"] = 0, 1
+    passes.clear()
+    sync.agree(None, runner)  # nothing to run here while another rank captures
+    sync.idle_step()
+    assert sent[-1] == [0, 0] and passes == [8, 8]

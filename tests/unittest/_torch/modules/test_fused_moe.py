@@ -33,6 +33,14 @@ def test_the_block_count_depends_on_the_token_count_only():
     assert (a.block_expert >= 0).sum() == 2 and (b.block_expert >= 0).sum() == 16
 
 
+def test_another_ranks_experts_are_in_no_run():
+    ids = torch.tensor([[1, -1], [-1, -1], [0, 1]])  # -1: an expert another rank holds (EP)
+    blocks = align_by_expert(ids, num_experts=2, block_m=2)
+    S = 6
+    assert blocks.sorted_slots.tolist() == [4, S, 0, 5] + [S] * 4
+    assert blocks.block_expert.tolist() == [0, 1, -1, -1]
+
+
 def make_case(num_tokens, hidden, inter, num_experts, top_k, dtype, seed, skew=None):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(num_tokens, hidden, generator=g)
@@ -81,6 +89,17 @@ def test_skewed_routing_and_empty_experts(skew):
     else:
         assert set(ids.flatten().tolist()) == {1, 4}
     check(case, torch.float32)
+
+
+def test_a_ranks_share_under_expert_parallelism():
+    """Experts 0-3 of 8 held here, the slots of 4-7 marked -1: the reference's sum over experts
+    0-3 alone."""
+    x, w13, w2, weights, ids = make_case(21, 64, 40, 8, 2, torch.float32, seed=5)
+    local = torch.where(ids < 4, ids, -1)
+    assert (local < 0).any() and (local >= 0).any()
+    got = fused_experts(x, w13[:4], w2[:4], weights, local, GLU)
+    want = reference_experts(x, w13, w2, torch.where(ids < 4, weights, 0.0), ids, GLU)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_bf16_inputs():
