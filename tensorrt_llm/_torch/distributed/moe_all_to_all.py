@@ -142,46 +142,55 @@ class ExchangeSync:
     forward the ranks agree, in one all-reduce over the control group, on
 
     - how the layers exchange in it: through the fixed buffers of ``capacity`` rows when no
-      rank has more tokens (every graph step, whose buffers cannot be sized per step), else sized
-      by the counts;
-    - how many passes each rank makes: a rank that captures a CUDA graph runs the step once
-      eagerly first (its exchanges executed, the capture's only recorded), so when one does,
-      every other rank makes one pass without tokens first.
+      rank has more tokens (``graphs``: then the CUDA graphs may replay, whose buffers cannot be
+      sized per step), else sized by the counts (every rank runs eagerly);
+    - how many exchange passes every rank makes (``passes``): a rank that captures a CUDA graph
+      runs its step twice (once eagerly, then the replay; the capture itself only records), so
+      when one does, every rank makes two: the others one without tokens first.
 
     ``moe_blocks``: the exchanging MoE layers, in forward order."""
 
     def __init__(self, moe_blocks: list, capacity: int) -> None:
         self.blocks = moe_blocks
         self.capacity = capacity
-        self.owed = 0  # passes without tokens this rank makes before its forward
+        self.graphs = True
+        self.passes = 1
 
     def agree(self, batch, runner) -> None:
-        """``batch``: this step's ``ScheduledRequests`` (None: nothing to run here); ``runner``:
-        the ``CUDAGraphRunner``, if any."""
-        bucket = runner.bucket_size(batch) if runner is not None and batch is not None else None
+        """``batch``: this step's ``ScheduledRequests``; ``runner``: the ``CUDAGraphRunner``, if
+        any."""
         tokens = captures = 0
+        bucket = None
+        if batch.batch_size and runner is not None:
+            bucket = runner.bucket_size(batch)
         if bucket is not None:
             tokens = bucket * runner.tokens_per_seq  # the padded rows are exchanged too
             captures = int(runner.capture_pending(batch, bucket))
-        elif batch is not None:
+        else:
             tokens = sum(r.context_chunk_size for r in batch.context_requests)
             tokens += sum(1 + len(r.py_draft_tokens) for r in batch.generation_requests)
         most, any_capture = max_over_ranks([tokens, captures])
-        fixed = self.capacity if most <= self.capacity else None
+        self.graphs = most <= self.capacity
         for block in self.blocks:
-            block.experts.capacity = fixed
-        self.owed = int(any_capture and not captures)
+            block.experts.capacity = self.capacity if self.graphs else None
+        self.passes = 2 if any_capture and self.graphs else 1
 
-    def settle(self) -> None:
-        """Before this rank's forward: the passes it owes."""
-        passes, self.owed = self.owed, 0
-        for _ in range(passes):
+    def settle(self, batch, bucket: int | None, runner) -> int | None:
+        """Before this rank's forward of ``batch``: the bucket it runs in (None: eagerly) as
+        agreed, after the passes without tokens it owes the others."""
+        if not self.graphs:
+            bucket = None
+        captures = bucket is not None and runner.capture_pending(batch, bucket)
+        if captures and self.passes < 2:  # (not announced: the batch changed since) eagerly
+            bucket, captures = None, False
+        for _ in range(self.passes - 1 - captures):
             self.idle_pass()
+        return bucket
 
     def idle_step(self) -> None:
-        """A step without tokens here: the owed passes, then this step's."""
-        self.settle()
-        self.idle_pass()
+        """A step without a forward here: as many passes without tokens as the others make."""
+        for _ in range(self.passes):
+            self.idle_pass()
 
     def idle_pass(self) -> None:
         for block in self.blocks:

@@ -194,13 +194,13 @@ class PyExecutor:
         if self._unread and batch.batch_size:
             batch.feed = self._unread[-1].feed()
             self._hold_back(batch)
-            if batch.batch_size and not self._can_feed(batch):
-                finished += self._read(self._unread[-1])
-                batch.feed = None
-                batch.pause([r for r in batch.all_requests if r.is_finished])
-        launched = bool(batch.batch_size)
         if self.model_engine.exchange is not None:  # the ranks agree on the MoE exchanges
-            self.model_engine.exchange.agree(batch if launched else None, self.cuda_graph_runner)
+            self.model_engine.exchange.agree(batch, self.cuda_graph_runner)
+        if batch.feed is not None and batch.batch_size and not self._can_feed(batch):
+            finished += self._read(self._unread[-1])
+            batch.feed = None
+            batch.pause([r for r in batch.all_requests if r.is_finished])
+        launched = bool(batch.batch_size)
         if launched:
             self._launch(batch)
         else:
@@ -244,7 +244,9 @@ class PyExecutor:
         if not fed or self.spec_worker is None:
             return True
         runner = self.cuda_graph_runner  # Eagle3 moves the positions on the device: graphs only
-        return runner is not None and runner.bucket_size(batch) is not None
+        exchange = self.model_engine.exchange  # (which the ranks' MoE exchanges may rule out)
+        graphs = runner is not None and (exchange is None or exchange.graphs)
+        return graphs and runner.bucket_size(batch) is not None
 
     def _launch(self, batch: ScheduledRequests) -> None:
         """Prepare the batch's KV and queue its step; on failure the batch's requests end (after
@@ -364,8 +366,8 @@ class PyExecutor:
         runner = self.cuda_graph_runner
         bucket = runner.bucket_size(batch) if runner is not None else None
         top_logprobs = logprobs_top(batch.all_requests)
-        if self.model_engine.exchange is not None:  # the passes this rank owes the others
-            self.model_engine.exchange.settle()
+        if self.model_engine.exchange is not None:  # as agreed; first the passes it owes
+            bucket = self.model_engine.exchange.settle(batch, bucket, runner)
         if bucket is not None:
             # logprobs inside the graph: the next replay rewrites the bucket's logits
             graph = runner.run(batch, bucket, top_logprobs)
