@@ -49,8 +49,8 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> Expert
     flat = torch.where(flat < 0, num_experts, flat)
     counts = torch.zeros(num_experts + 1, dtype=torch.long, device=ids.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))  # [num_experts + 1]
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded[num_experts] = 0
+    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
+    padded = torch.cat([padded, torch.zeros_like(counts[:1])])  # (no scalar from the host)
     run_end = torch.cumsum(padded, 0)  # [num_experts + 1]
     run_start = run_end - padded
     order = torch.sort(flat, stable=True).indices  # slots by expert  [num_slots]
