@@ -1,6 +1,6 @@
 """Disaggregated serving between servers of several ranks, on the CPU (gloo, NIXL over UCX in
 DRAM): a tensor-parallel context server feeds a generation server of another layout (one rank,
-attention DP, tensor parallel), and a one-rank context server feeds a tensor-parallel one. Heads
+attention DP with the experts replicated or split by EP, tensor parallel), and a one-rank context server feeds a tensor-parallel one. Heads
 are regrouped between the layouts; the replies equal an aggregated one-rank server's, the
 generation side computes no prompt token, and no slot stays held on either side, also after a
 burst of requests with hang-ups through a cache too small to leak in (every rank stays in step).
@@ -107,7 +107,11 @@ def burst(router: str, count: int) -> list[str]:
         return list(pool.map(one, range(count)))
 
 
-@pytest.mark.parametrize("layouts", [(TP2, TP2), (TP2, ADP2)], ids=["tp2-to-tp2", "tp2-to-adp2"])
+@pytest.mark.parametrize(
+    "layouts",
+    [(TP2, TP2), (TP2, ADP2), (TP2, ADP2_EP2)],
+    ids=["tp2-to-tp2", "tp2-to-adp2", "tp2-to-adp2-ep2"],
+)
 def test_a_burst_with_hang_ups_leaves_every_rank_in_step(layouts, expected, tmp_path):
     # 16 slots of 128 tokens per rank: a hold or a pull left behind on any rank would soon starve
     # that rank, and its allocations (so its steps) would part from rank 0's
