@@ -2,7 +2,7 @@
 experts, and the results come back, by ``all_to_all_single`` (NCCL on GPUs, gloo on the CPU).
 
 Per MoE layer and step, on every rank of the expert group (a rank without tokens takes part with
-none, ``idle``):
+none, ``StackedExperts.idle``):
 
 1. each token is sent once to each rank holding one of its chosen experts, with its ``k`` routing
    weights and its expert ids local to that rank (-1 for a choice held elsewhere);
@@ -114,27 +114,6 @@ def all_to_all_fixed(
     for rank in range(ep_size):  # in rank order, as all_to_all_experts adds them
         out += parts[:, rank]
     return out
-
-
-def idle(
-    hidden: int,
-    top_k: int,
-    experts_per_rank: int,
-    ep_size: int,
-    compute: Compute,
-    like: torch.Tensor,
-    capacity: int | None = None,
-) -> None:
-    """A rank with no tokens in a step: its part in one layer's exchanges (it may still receive
-    the others' tokens, and runs its experts over them); through the fixed buffers of
-    ``capacity`` rows if given."""
-    x = like.new_empty((0, hidden))
-    weights = torch.empty((0, top_k), dtype=torch.float32, device=like.device)
-    ids = torch.empty((0, top_k), dtype=torch.long, device=like.device)
-    if capacity is None:
-        all_to_all_experts(x, weights, ids, experts_per_rank, ep_size, compute)
-    else:
-        all_to_all_fixed(x, weights, ids, experts_per_rank, ep_size, compute, capacity)
 
 
 class ExchangeSync:

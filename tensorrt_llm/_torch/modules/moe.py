@@ -29,11 +29,7 @@ from torch import nn
 
 from tensorrt_llm._torch.distributed.communicator import all_reduce
 from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.distributed.moe_all_to_all import (
-    all_to_all_experts,
-    all_to_all_fixed,
-    idle,
-)
+from tensorrt_llm._torch.distributed.moe_all_to_all import all_to_all_experts, all_to_all_fixed
 from tensorrt_llm._torch.modules.fp8.block import FP8, reference_linear, scale_shape
 from tensorrt_llm._torch.modules.fused import use_fused
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP, SwigluOai
@@ -172,10 +168,10 @@ class StackedExperts(nn.Module):
         return reference_experts(*args)
 
     def idle(self, top_k: int, like: torch.Tensor) -> None:
-        """A step without tokens on this rank: its part in the exchange (EP under attention DP);
-        ``like``: a tensor of the activations' dtype and device."""
-        hidden = self.w13.shape[2]
-        idle(hidden, top_k, self.num_experts, self.ep_size, self.local, like, self.capacity)
+        """A step without tokens on this rank: its part in the exchange (EP under attention DP),
+        as ``forward`` of no tokens; ``like``: a tensor of the activations' dtype and device."""
+        empty = torch.empty((0, top_k), device=like.device)
+        self.forward(like.new_empty((0, self.w13.shape[2])), empty, empty.long())
 
 
 class MiniMaxM3SparseMoeBlock(nn.Module):
