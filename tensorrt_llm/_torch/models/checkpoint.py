@@ -105,7 +105,7 @@ def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
     where = f"model={str(model_dir)!r}"
     with torch.no_grad():
         for name, get in checkpoint_tensors(model_dir):
-            family = layout.skipped_family(name)
+            family = layout.skipped_family(name, model.config)
             if family is not None:
                 skipped[family] += 1
                 continue

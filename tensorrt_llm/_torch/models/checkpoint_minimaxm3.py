@@ -22,8 +22,16 @@ the stacked experts are named one expert at a time as the hub names them
                                                         ...gate_proj (rows :I), ...up_proj (I:)
     model.layers.N.self_attn.indexer.{q,k}_{proj,norm}  self_attn.index_{q,k}_{proj,norm}
 
-Tensors of parts not served yet (``vision_tower``, ``multi_modal_projector``, ``patch_merge_mlp``,
-``mtp``) are skipped, one log line per family. Each canonical name has one destination on this
+The vision side (``modeling_minimaxm3_vision.py``)::
+
+    hub                                                 canonical (= transformers' less ``model.``)
+    vision_tower.vision_model.embeddings.patch_embedding  vision_tower.embeddings.proj
+    vision_tower.vision_model.encoder.layers.N          vision_tower.layers.N
+    vision_tower.vision_model.pre_layrnorm              vision_tower.pre_layrnorm
+    multi_modal_projector.linear_{1,2}                  multi_modal_projector.linear_{1,2}
+    patch_merge_mlp.linear_{1,2}                        multi_modal_projector.merge_linear_{1,2}
+
+A text-only model (no ``vision_config``) skips them, one log line per family, as it skips ``mtp``. Each canonical name has one destination on this
 rank: a view of a parameter and the rank's shard of the full tensor (``shard_weight``). The loader
 itself (files, shards, strictness, the tied LM head) is ``checkpoint.py``'s.
 """
@@ -45,11 +53,25 @@ from tensorrt_llm._torch.models.weights import (
 from tensorrt_llm._torch.modules.fp8.block import scale_shape
 from tensorrt_llm._torch.modules.moe import StackedExperts
 
-SKIPPED_FAMILIES = re.compile(r"(?:^|\.)(vision_tower|multi_modal_projector|patch_merge_mlp|mtp)\.")
+SKIPPED_FAMILIES = re.compile(r"(?:^|\.)(mtp)\.")
+VISION_FAMILIES = re.compile(r"^(?:model\.)?(vision_tower|multi_modal_projector|patch_merge_mlp)\.")
 _PREFIXES = (  # checkpoint prefix -> canonical prefix
     ("language_model.model.", "model."),
     ("language_model.lm_head.", "lm_head."),
     ("model.language_model.", "model."),
+    ("vision_tower.vision_model.embeddings.patch_embedding.", "vision_tower.embeddings.proj."),
+    ("vision_tower.vision_model.encoder.", "vision_tower."),
+    ("vision_tower.vision_model.", "vision_tower."),
+    ("patch_merge_mlp.linear_", "multi_modal_projector.merge_linear_"),
+    ("model.vision_tower.", "vision_tower."),
+    ("model.multi_modal_projector.", "multi_modal_projector."),
+)
+_HUB_VISION = (  # canonical prefix -> hub prefix
+    ("vision_tower.embeddings.proj.", "vision_tower.vision_model.embeddings.patch_embedding."),
+    ("vision_tower.layers.", "vision_tower.vision_model.encoder.layers."),
+    ("vision_tower.", "vision_tower.vision_model."),
+    ("multi_modal_projector.merge_linear_", "patch_merge_mlp.linear_"),
+    ("multi_modal_projector.", "multi_modal_projector."),
 )
 _RENAMES = (  # within a layer, checkpoint infix -> canonical infix
     (".block_sparse_moe.e_score_correction_bias", ".mlp.e_score_correction_bias"),
@@ -65,8 +87,10 @@ class MiniMaxM3CheckpointLayout:
     """How MiniMax-M3 checkpoints name this model's tensors (the module docstring)."""
 
     @staticmethod
-    def skipped_family(name: str) -> str | None:
+    def skipped_family(name: str, config) -> str | None:
         match = SKIPPED_FAMILIES.search(name)
+        if match is None and config.vision is None:
+            match = VISION_FAMILIES.search(name)
         return match.group(1) if match else None
 
     @staticmethod
@@ -112,6 +136,9 @@ class MiniMaxM3CheckpointLayout:
         """The hub checkpoint's name of a canonical tensor (``MiniMaxM3SparseForConditionalGeneration``)."""
         if canonical.startswith("lm_head."):
             return "language_model." + canonical
+        for prefix, hub in _HUB_VISION:
+            if canonical.startswith(prefix):
+                return hub + canonical[len(prefix) :]
         match = re.match(r"^model\.layers\.(\d+)\.mlp\.(.*)$", canonical)
         if match and int(match.group(1)) in config.moe_layer_ids:
             canonical = f"model.layers.{match.group(1)}.block_sparse_moe.{match.group(2)}"

@@ -85,3 +85,12 @@ def check_per_layer(
     bad = sorted({v for v in values if v not in allowed})
     if bad:
         raise ValueError(f"{where}: {key} has {bad}; expected entries in {list(allowed)}")
+
+
+def checkpoint_dtype(*configs: dict[str, Any]) -> str:
+    """The model's dtype: the first of ``configs`` (outer first, as transformers) that names one."""
+    for source in configs:
+        for key in ("dtype", "torch_dtype"):
+            if source.get(key) is not None:
+                return str(source[key]).removeprefix("torch.")
+    return "float32"  # transformers' default when a config names none

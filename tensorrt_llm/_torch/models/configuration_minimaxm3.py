@@ -3,7 +3,8 @@
 Two forms hold the same text model:
 
 - the VL checkpoints (``architectures: [MiniMaxM3SparseForConditionalGeneration]``, ``model_type:
-  minimax_m3_vl``) nest it under ``text_config``, beside ``vision_config`` and the projector keys;
+  minimax_m3_vl``) nest it under ``text_config``, beside ``vision_config`` and the projector keys
+  (``vision``: ``modeling_minimaxm3_vision.py``; a VL config without ``vision_config`` is text only);
 - transformers' text-only save (``MiniMaxM3VLForCausalLM``, ``minimax_m3_vl_text``) is flat.
 
 Inside, the hub's legacy names are mapped as transformers maps them: ``sparse_attention_config:
@@ -27,11 +28,13 @@ from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.models.config_utils import (
     check_model_type,
     check_per_layer,
+    checkpoint_dtype,
     read_config_json,
     read_generation_config,
     token_ids,
     warn_unknown,
 )
+from tensorrt_llm._torch.models.modeling_minimaxm3_vision import MiniMaxM3VisionConfig
 from tensorrt_llm._torch.modules.moe import MoeConfig
 from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer
 from tensorrt_llm.quantization import FP8_BLOCK_FORMAT, checkpoint_quantization
@@ -64,7 +67,7 @@ IGNORED_TEXT_KEYS = frozenset(
         "sparse_attention_freq", "quantization_config",
     }
 )  # fmt: skip
-# Top-level keys of the VL form besides text_config: the parts not served yet, and bookkeeping.
+# Top-level keys of the VL form besides text_config: the vision side's, videos', and bookkeeping.
 IGNORED_VL_KEYS = frozenset(
     {
         "vision_config", "image_token_index", "video_token_index", "image_token_id",
@@ -113,6 +116,7 @@ class MiniMaxM3Config:
     architectures: tuple[str, ...] = (VL_ARCHITECTURE,)
     quant_algo: str | None = None  # the checkpoint's (quantization_config): "FP8_BLOCK_SCALES"
     modules_to_not_convert: tuple[str, ...] = ()  # left unquantized by the checkpoint
+    vision: MiniMaxM3VisionConfig | None = None  # the vision tower and projector, if any
 
     def __post_init__(self) -> None:
         where = "config.json"
@@ -242,8 +246,10 @@ class MiniMaxM3Config:
             kwargs["quant_algo"] = algo.value
         prefix = "" if text is data else "text_config."
         warn_unknown({k if k in data else prefix + k for k in unknown}, "config.json")
-        kwargs["torch_dtype"] = _dtype(text, outer)
+        kwargs["torch_dtype"] = checkpoint_dtype(outer, text)
         kwargs["architectures"] = architectures
+        if outer.get("vision_config") is not None:
+            kwargs["vision"] = MiniMaxM3VisionConfig.from_dict(outer)
         for key in ("bos_token_id", "eos_token_id"):  # the outer config's first, as transformers
             if key in text or key in outer:
                 value = outer[key] if outer.get(key) is not None else text.get(key)
@@ -274,7 +280,7 @@ class MiniMaxM3Config:
         text: dict[str, Any] = asdict(self)
         for key in (
             "architectures", "torch_dtype", "eos_token_ids", "rope_theta", "partial_rotary_factor",
-            "quant_algo", "modules_to_not_convert",
+            "quant_algo", "modules_to_not_convert", "vision",
         ):  # fmt: skip
             text.pop(key)
         if self.quant_algo is not None:
@@ -300,12 +306,14 @@ class MiniMaxM3Config:
                 "dtype": self.torch_dtype,
                 **text,
             }
+        vision, outer = self.vision.to_dict() if self.vision else (None, {})
         return {
             "architectures": list(self.architectures),
             "model_type": VL_MODEL_TYPE,
             "dtype": self.torch_dtype,
             "tie_word_embeddings": self.tie_word_embeddings,
             "text_config": {"model_type": TEXT_MODEL_TYPE, **text},
+            **({"vision_config": vision, **outer} if vision else {}),
         }
 
 
@@ -314,7 +322,7 @@ def _text_kwargs(text: dict[str, Any], where: str, unknown: set[str]) -> dict[st
     names = {f.name for f in fields(MiniMaxM3Config)}
     direct = names - {
         "architectures", "torch_dtype", "eos_token_ids", "bos_token_id", "quant_algo",
-        "modules_to_not_convert",
+        "modules_to_not_convert", "vision",
     }  # fmt: skip
     kwargs = {k: text[k] for k in direct if k in text and text[k] is not None}
     if "num_experts" in text and "num_local_experts" not in text:  # transformers' attribute_map
@@ -377,14 +385,6 @@ def _legacy_kwargs(text: dict[str, Any], where: str, unknown: set[str]) -> dict[
             raise ValueError(f"{where}: moe_layer_freq={freq!r} must be a list of 0/1 per layer")
         out["mlp_layer_types"] = tuple(MOE_MLP if f else DENSE_MLP for f in freq)
     return out
-
-
-def _dtype(text: dict[str, Any], outer: dict[str, Any]) -> str:
-    for source in (outer, text):  # the model's dtype is the outer config's, as transformers
-        for key in ("dtype", "torch_dtype"):
-            if source.get(key) is not None:
-                return str(source[key]).removeprefix("torch.")
-    return "float32"  # transformers' default when a config names none
 
 
 def _check_positive(config: MiniMaxM3Config, where: str) -> None:

@@ -21,6 +21,10 @@ that goes with it (``msa_backend_for``):
 - ``forward(input_ids [B, T])`` with no metadata runs whole sequences from position 0 under the
   training backend (``tensorrt_llm._torch.training.use_training_backend``): training.
 
+A VL checkpoint adds the vision tower and projector (``modeling_minimaxm3_vision.py``):
+``encode_images`` turns image patches into one embedding per image token, and ``forward(...,
+multimodal=(rows, embeddings))`` puts them in place of those rows' token embeddings.
+
 Both return hidden states after the final norm; ``compute_logits`` applies the LM head. Hidden states
 of chosen layers can be captured (``capture_layers``) for an Eagle3 drafter. How the hub's and
 transformers' checkpoint names map onto these modules: ``checkpoint_minimaxm3.py``.
@@ -41,6 +45,10 @@ from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.models.checkpoint_minimaxm3 import MiniMaxM3CheckpointLayout
 from tensorrt_llm._torch.models.configuration_minimaxm3 import MOE_MLP, MiniMaxM3Config
+from tensorrt_llm._torch.models.modeling_minimaxm3_vision import (
+    MiniMaxM3MultiModalProjector,
+    MiniMaxM3VisionModel,
+)
 from tensorrt_llm._torch.modules.gated_mlp import GatedMLP, SwigluOai
 from tensorrt_llm._torch.modules.linear import ColumnParallelLinear, RowParallelLinear
 from tensorrt_llm._torch.modules.moe import MiniMaxM3SparseMoeBlock
@@ -170,6 +178,18 @@ class MiniMaxM3ForCausalLM(nn.Module):
         )
         if cfg.tie_word_embeddings and mapping.attn_tp_size == 1:
             self.lm_head.weight = self.model.embed_tokens.weight
+        if cfg.vision is not None:  # replicated on every rank
+            self.vision_tower = MiniMaxM3VisionModel(cfg.vision)
+            self.multi_modal_projector = MiniMaxM3MultiModalProjector(cfg.vision)
+
+    def encode_images(
+        self, patches: torch.Tensor, grid_thw: list[tuple[int, int, int]]
+    ) -> list[torch.Tensor]:
+        """Each image's token embeddings ``[num_image_tokens, hidden]`` (in the model's dtype) from
+        the patches of all of them, concatenated ``[num_patches, C*T*P*P]``."""
+        features = self.multi_modal_projector(self.vision_tower(patches, grid_thw))
+        merge = self.config.vision.merge_area
+        return list(features.split([t * h * w // merge for t, h, w in grid_thw]))
 
     def forward(
         self,
@@ -177,8 +197,10 @@ class MiniMaxM3ForCausalLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         attn_metadata: AttentionMetadata | None = None,
         capture_layers: tuple[int, ...] = (),
+        multimodal: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Hidden states after the final norm, and the outputs of ``capture_layers`` (in that order).
+        ``multimodal``: ``(rows [n], embeddings [n, hidden])`` replace those rows' token embeddings.
 
         With metadata: ``input_ids [num_tokens]``, positions default to ``attn_metadata.position_ids``.
         Without (the training backend): ``input_ids [B, T]``, positions default to ``0..T-1``.
@@ -191,6 +213,9 @@ class MiniMaxM3ForCausalLM(nn.Module):
             else:
                 position_ids = attn_metadata.position_ids.to(input_ids.device)
         hidden = self.model.embed_tokens(input_ids)
+        if multimodal is not None:
+            rows, embeddings = multimodal
+            hidden = hidden.index_copy(0, rows, embeddings.to(hidden.dtype))
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             hidden = layer(hidden, position_ids, attn_metadata, self.attn_backend)
