@@ -20,6 +20,7 @@ from tensorrt_llm._torch.pyexecutor.executor import Executor
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.bundled import bundled_target
+from tensorrt_llm.inputs import MultimodalPrompts
 from tensorrt_llm.llmapi.disaggregated import DisaggregatedServing
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs, default_attn_backend
 from tensorrt_llm.llmapi.outputs import CompletionOutput, OutputTracker, RequestOutput
@@ -29,14 +30,16 @@ from tensorrt_llm.sampling_params import GenerationDefaults, SamplingParams
 
 __all__ = ["LLM", "GenerationRequest", "RequestOutput", "CompletionOutput"]
 
-PromptInputs = str | list[int]
+# text, token ids, or upstream's dict: {"prompt" or "prompt_token_ids": ..., "multi_modal_data":
+# {"image": [...]}} (``tensorrt_llm.inputs.multimodal_prompts``)
+PromptInputs = str | list[int] | dict
 OnUpdate = Callable[[RequestOutput], None]
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """What ``LLM.submit`` runs: a prompt (text or token ids), its sampling, and in a
-    disaggregated deployment its ``disaggregated_params`` (``LLM.disaggregated``)."""
+    """What ``LLM.submit`` runs: a prompt (text, token ids, or a dict with images), its sampling,
+    and in a disaggregated deployment its ``disaggregated_params`` (``LLM.disaggregated``)."""
 
     prompt: PromptInputs
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
@@ -90,6 +93,7 @@ class LLM:
         self.model_config = engine.config
         self.model = engine.model
         self.tokenizer = engine.tokenizer
+        self.multimodal = MultimodalPrompts(args.model, engine.config.vision, engine.tokenizer)
         self.eos_token_ids = engine.config.eos_token_ids
         self.generation_defaults = GenerationDefaults.from_generation_config(
             read_generation_config(args.model), f"{args.model}/generation_config.json"
@@ -202,7 +206,7 @@ class LLM:
     ) -> RequestOutput | list[RequestOutput]:
         """Generate for one prompt or a batch (continuous batching inside); outputs in input
         order. ``disaggregated_params`` (one, or one per prompt): see ``LLM.disaggregated``."""
-        single = isinstance(inputs, str) or (
+        single = isinstance(inputs, str | dict) or (
             isinstance(inputs, list) and inputs and isinstance(inputs[0], int)
         )
         prompts = [inputs] if single else list(inputs)
@@ -225,8 +229,11 @@ class LLM:
 
     # ---- requests --------------------------------------------------------------------------------
     def _prepare(self, request: GenerationRequest) -> _Job:
-        prompt = request.prompt
-        if isinstance(prompt, str):
+        prompt, multimodal = self._prompt_with_images(request.prompt)
+        if multimodal is not None:
+            text, token_ids = multimodal.text, multimodal.token_ids
+            multimodal = multimodal.multimodal
+        elif isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("skip_tokenizer_init=True: prompts must be lists of token ids")
             text, token_ids = prompt, self.tokenizer.encode(prompt)
@@ -256,12 +263,32 @@ class LLM:
             max_new_tokens=min(params.max_tokens, self.max_seq_len - len(token_ids)),
             sampling_params=params,
             end_ids=(params.end_id,) if params.end_id is not None else self.eos_token_ids,
+            multimodal=multimodal,
         )
         load_kv = None
         if request.disaggregated_params is not None:
             load_kv = self.disaggregated.prepare(llm_request, request.disaggregated_params)
         decode = self.tokenizer.decode if self.tokenizer is not None else None
         return _Job(llm_request, OutputTracker(llm_request, text, decode), load_kv)
+
+    def _prompt_with_images(self, prompt: PromptInputs):
+        """``(prompt, None)`` for text or token ids; for a dict, its prompt and (with images)
+        the expanded prompt and its images (``MultimodalPrompt``)."""
+        if not isinstance(prompt, dict):
+            return prompt, None
+        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"})
+        if unknown or ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+            raise ValueError(
+                "a prompt dict takes one of 'prompt' or 'prompt_token_ids', and "
+                f"'multi_modal_data'; got keys {sorted(prompt)}"
+            )
+        inner = prompt.get("prompt", prompt.get("prompt_token_ids"))
+        if "multi_modal_data" not in prompt:
+            return inner, None
+        if self.mapping.world_size > 1:
+            raise ValueError("prompts with images are served on one rank only (world size 1)")
+        multimodal = self.multimodal.prepare(inner, prompt["multi_modal_data"])
+        return inner, multimodal if multimodal.multimodal is not None else None
 
     def _dispatch(self, job: _Job, on_update: OnUpdate, final_only: bool = False) -> None:
         """Hand ``job`` to the engine loop; ``on_update`` gets an output after every step, or

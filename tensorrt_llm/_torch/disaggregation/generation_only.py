@@ -144,7 +144,7 @@ class PromptKvPull:
         reused = 0
         for manager in self.executor.resource_manager.kv_cache_managers.values():
             got = manager.add_sequence(
-                request.request_id, request.prompt_token_ids, request.cache_salt
+                request.request_id, request.prompt_key_ids, request.cache_salt
             )
             reused = got if manager is target else reused
             if not manager.resize_sequence(request.request_id, request.prompt_len):

@@ -279,7 +279,7 @@ class KVCacheManagerV2(BaseResourceManager):
         rid = req.request_id
         is_new = rid not in self._caches
         if is_new:
-            self.add_sequence(rid, req.prompt_token_ids, req.cache_salt)
+            self.add_sequence(rid, req.prompt_key_ids, req.cache_salt)
         start = max(req.context_current_position, batch.reused_tokens.get(rid, 0))
         if not self.is_draft:
             start = max(start, self._caches[rid].num_reused_tokens)
@@ -318,14 +318,14 @@ class KVCacheManagerV2(BaseResourceManager):
             self.commit_sequence(
                 req.request_id,
                 req.context_current_position,
-                req.prompt_token_ids,
+                req.prompt_key_ids,
                 shrink=req.request_id not in keep,
             )
         for req in scheduled_batch.generation_requests:
             self.commit_sequence(
                 req.request_id,
                 req.get_num_tokens() - 1,
-                req.get_tokens(),
+                req.get_key_tokens(),
                 shrink=req.request_id not in keep,
             )
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tensorrt_llm._torch.pyexecutor.multimodal import MultimodalInput
 from tensorrt_llm.sampling_params import SamplingParams
 
 
@@ -64,10 +65,17 @@ class LlmRequest:
     # drafts made) and keeps its KV for a generation server to pull.
     context_only: bool = False
     admitted_at: float | None = None  # time.monotonic() when the scheduler granted its KV
+    multimodal: MultimodalInput | None = None  # its images (``multimodal.py``)
+    # the prompt as the KV cache keys its blocks: each image's placeholders replaced by its key id
+    prompt_key_ids: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
         seed = self.sampling_params.seed
         self.seed = seed if seed is not None else random.getrandbits(63)
+        mm = self.multimodal
+        self.prompt_key_ids = (
+            self.prompt_token_ids if mm is None else mm.key_tokens(self.prompt_token_ids)
+        )
 
     @property
     def prompt_len(self) -> int:
@@ -94,6 +102,10 @@ class LlmRequest:
 
     def get_tokens(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def get_key_tokens(self) -> list[int]:
+        """``get_tokens`` as block keys see them (``prompt_key_ids``)."""
+        return self.prompt_key_ids + self.output_token_ids
 
     def get_num_tokens(self) -> int:
         return self.prompt_len + len(self.output_token_ids)

@@ -8,6 +8,7 @@ import torch
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
+from tensorrt_llm._torch.pyexecutor.multimodal import MultimodalEncoder
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 from tensorrt_llm._torch.pyexecutor.token_feed import on_device
 
@@ -25,6 +26,9 @@ class ForwardOutput:
     captured: list[torch.Tensor]
 
 
+ENCODER_CACHE_TOKENS = 32768  # image tokens whose embeddings stay cached for reuse
+
+
 class PyTorchModelEngine:
     def __init__(
         self, model: torch.nn.Module, kv_cache_manager: KVCacheManagerV2, device: torch.device
@@ -39,6 +43,11 @@ class PyTorchModelEngine:
         # where the MoE layers exchange tokens between ranks (EP under attention DP): the
         # ranks' agreement on each step's exchanges (``ExchangeSync``, set by the creation site)
         self.exchange = None
+        self.encoder = (  # images, for a model with a vision tower
+            MultimodalEncoder(model, device, ENCODER_CACHE_TOKENS)
+            if hasattr(model, "vision_tower")
+            else None
+        )
 
     @property
     def exchanging(self) -> list:
@@ -99,8 +108,12 @@ class PyTorchModelEngine:
     def forward(self, batch: ScheduledRequests) -> ForwardOutput:
         input_ids, metadata, num_logits = self.build_inputs(batch)
         self.num_context_tokens_computed += sum(metadata.seq_lens[: metadata.num_contexts])
+        extra = {}
+        if self.encoder is not None and batch.context_requests:
+            self.encoder.prepare(batch.context_requests)
+            extra["multimodal"] = self.encoder.rows(batch.context_requests)
         hidden, captured = self.model(
-            input_ids, attn_metadata=metadata, capture_layers=self.capture_layers
+            input_ids, attn_metadata=metadata, capture_layers=self.capture_layers, **extra
         )
         logits = self.model.compute_logits(hidden[self.logits_rows(metadata, num_logits)])
         return ForwardOutput(logits, num_logits, hidden, metadata, captured)
