@@ -188,9 +188,20 @@ class LLM:
                 # the expert groups that split them (``moe_expert_parallel_size``)
                 "expert_tokens": executor.expert_tokens(),
                 "moe_ep_size": self.mapping.moe_ep_size,
+                **self._image_stats(),
             }
 
         return self.between_steps(stats)
+
+    def _image_stats(self) -> dict:
+        """Images through the vision tower, and those its encoder cache saved (this rank's)."""
+        encoder = self.rank_executor.model_engine.encoder
+        if encoder is None:
+            return {"images_encoded": 0, "image_cache_hits": 0}
+        return {
+            "images_encoded": encoder.cache.num_encoded,
+            "image_cache_hits": encoder.cache.num_hits,
+        }
 
     def between_steps(self, fn: Callable[[], object]):
         """``fn()`` where no step runs: on the engine loop's thread while it runs, else here."""

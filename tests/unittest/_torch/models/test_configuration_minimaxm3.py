@@ -24,7 +24,7 @@ def nested(text: dict, **outer) -> dict:
         "architectures": [VL_ARCHITECTURE],
         "model_type": "minimax_m3_vl",
         "text_config": {"model_type": "minimax_m3_vl_text", **text},
-        "vision_config": {"hidden_size": 16},
+        "vision_config": {"hidden_size": 16, "num_attention_heads": 2},
         "image_token_index": 200025,
         **outer,
     }
@@ -34,7 +34,14 @@ def test_the_nested_and_the_flat_forms_give_the_same_text_model():
     flat = MiniMaxM3Config.from_dict({**TEXT, "architectures": [TEXT_ARCHITECTURE]})
     vl = MiniMaxM3Config.from_dict(nested(TEXT))
     assert vl.architectures == (VL_ARCHITECTURE,) and flat.architectures == (TEXT_ARCHITECTURE,)
-    assert vl == MiniMaxM3Config(**{**flat.__dict__, "architectures": (VL_ARCHITECTURE,)})
+    text_part = {**vl.__dict__, "vision": None}
+    assert MiniMaxM3Config(**text_part) == MiniMaxM3Config(
+        **{**flat.__dict__, "architectures": (VL_ARCHITECTURE,)}
+    )
+    assert flat.vision is None
+    vision = vl.vision  # the vision side: its own keys, the outer ones, the text width
+    assert (vision.hidden_size, vision.num_attention_heads, vision.patch_size) == (16, 2, 14)
+    assert (vision.image_token_id, vision.text_hidden_size) == (200025, TEXT["hidden_size"])
     assert vl.sparse_layer_ids == (1, 2) and vl.moe_layer_ids == (1,) and vl.rotary_dim == 4
 
 
@@ -44,6 +51,10 @@ def test_to_dict_round_trips_in_both_forms():
         data = json.loads(json.dumps(config.to_dict()))
         assert ("text_config" in data) == (architecture == VL_ARCHITECTURE)
         assert MiniMaxM3Config.from_dict(data) == config
+    with_vision = MiniMaxM3Config.from_dict(nested(TEXT))
+    data = json.loads(json.dumps(with_vision.to_dict()))
+    assert data["vision_config"]["rope_parameters"]["rope_type"] == "axial"
+    assert MiniMaxM3Config.from_dict(data) == with_vision
 
 
 def test_the_hubs_legacy_names_map_as_transformers_maps_them():
