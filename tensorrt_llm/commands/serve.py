@@ -33,8 +33,11 @@ def build_server(
     served_model_name: str | None = None,
     api_key: str | None = None,
     tp_size: int | None = None,
+    *,
+    allowed_local_media_path: Path | None = None,
 ):
     from tensorrt_llm.llmapi import LLM
+    from tensorrt_llm.serve.media import MediaOptions
     from tensorrt_llm.serve.openai_server import OpenAIServer
 
     options = load_yaml_options(config) if config else {}
@@ -49,8 +52,11 @@ def build_server(
                 f"--tp_size {tp_size} and tensor_parallel_size in {config}: give one of them"
             )
         options["tensor_parallel_size"] = tp_size
+    if allowed_local_media_path is not None and not allowed_local_media_path.is_dir():
+        raise ValueError(f"--allowed-local-media-path {allowed_local_media_path}: not a directory")
+    media = MediaOptions(allowed_local_media_path=allowed_local_media_path)
     llm = LLM(model, **options)
-    return OpenAIServer(llm, served_model_name or Path(model).name, api_key)
+    return OpenAIServer(llm, served_model_name or Path(model).name, api_key, media)
 
 
 def serve_disaggregated(argv: list[str]) -> int:
@@ -124,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         help="require 'Authorization: Bearer <key>' on every path but /health "
         "(default: TRTLLM_API_KEY)",
     )
+    parser.add_argument(
+        "--allowed-local-media-path",
+        type=Path,
+        default=None,
+        help="a directory whose files chat requests may name as image_url file:// (default: none)",
+    )
     args = parser.parse_args(argv)
     try:
         bind_ucx_to(args.host)  # KV transfers listen where the HTTP server does
@@ -134,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             args.served_model_name,
             args.api_key,
             args.tp_size,
+            allowed_local_media_path=args.allowed_local_media_path,
         )
     except ValueError as exc:
         print(f"trtllm-serve: {exc}", file=sys.stderr)

@@ -60,8 +60,10 @@ class MultimodalPrompts:
         unknown = sorted(set(data) - {"image"})
         if unknown:
             raise ValueError(f"multi_modal_data: {unknown} not served; only 'image' is")
-        images = data.get("image") or []
-        return images if isinstance(images, list | tuple) else [images]
+        images = data.get("image")
+        if images is None:
+            return []
+        return list(images) if isinstance(images, list | tuple) else [images]
 
     def prepare(self, prompt: str | list[int], multi_modal_data: Any) -> MultimodalPrompt:
         sources = self.images(multi_modal_data)
@@ -73,6 +75,9 @@ class MultimodalPrompts:
             raise ValueError(f"{len(sources)} images in one prompt; at most {self.max_images}")
         items = []
         for i, source in enumerate(sources):
+            if isinstance(source, ImageItem):  # processed already (the server's)
+                items.append(source)
+                continue
             try:
                 items.append(self.processor(source))
             except (ValueError, TypeError) as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -142,19 +142,38 @@ class TextPart(OpenAIBaseModel):
     text: str
 
 
+class ImageUrl(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # "detail": the processor sizes every image alike
+
+    url: str
+
+
+class ImageUrlPart(OpenAIBaseModel):
+    """An image: a ``data:`` URL, an ``http(s)`` URL, or ``file://`` under the server's
+    ``--allowed-local-media-path`` (``serve/media.py``)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
 class ChatMessage(BaseModel):
-    """A message; content given as a list of text parts is joined. Other keys (``name``) are
-    ignored."""
+    """A message: text, or a list of text and image parts. Other keys (``name``) are ignored."""
 
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]
+    content: str | list[Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]]
 
-    @field_validator("content")
-    @classmethod
-    def _join_parts(cls, value):
-        return value if isinstance(value, str) else "".join(part.text for part in value)
+    def text(self, image_mark: str = "") -> str:
+        """The content as text, each image part written as ``image_mark``."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text if isinstance(p, TextPart) else image_mark for p in self.content)
+
+    def image_urls(self) -> list[str]:
+        if isinstance(self.content, str):
+            return []
+        return [p.image_url.url for p in self.content if isinstance(p, ImageUrlPart)]
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -22,7 +22,7 @@ from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
 from tensorrt_llm.llmapi.llm import LLM, GenerationRequest, RequestOutput
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
-from tensorrt_llm.serve import guards
+from tensorrt_llm.serve import guards, media
 from tensorrt_llm.serve.choices import ChoiceStream, Renderer, merged
 from tensorrt_llm.serve.errors import ServerError, error_response, install_error_handling
 from tensorrt_llm.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -40,9 +40,17 @@ DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its cli
 
 
 class OpenAIServer:
-    def __init__(self, llm: LLM, model_name: str, api_key: str | None = None) -> None:
-        """``api_key``: when set, every path but ``/health`` needs ``Authorization: Bearer``."""
+    def __init__(
+        self,
+        llm: LLM,
+        model_name: str,
+        api_key: str | None = None,
+        media_options: media.MediaOptions | None = None,
+    ) -> None:
+        """``api_key``: when set, every path but ``/health`` needs ``Authorization: Bearer``.
+        ``media_options``: where chat images may come from (``serve/media.py``)."""
         self.llm = llm
+        self.media = media_options or media.MediaOptions()
         self.model_name = model_name
         self.metrics = ServerMetrics(llm)
         self.app = FastAPI(title="trtllm-serve")
@@ -102,16 +110,10 @@ class OpenAIServer:
         @app.post("/v1/chat/completions")
         async def chat(body: ChatCompletionRequest, request: Request):
             timer = self.metrics.timer()
-            messages = [m.model_dump() for m in body.messages]
-            guards.refuse_control_tokens(self.llm.tokenizer, messages)
-            tokenizer = self.llm.tokenizer
-            try:  # the checkpoint's template may refuse a conversation (raise_exception)
-                token_ids = await asyncio.to_thread(
-                    lambda: tokenizer.encode(tokenizer.apply_chat_template(messages))
-                )
-            except ValueError as exc:
-                raise ServerError(400, str(exc), param="messages") from None
-            return await self._serve(body, [token_ids], request, timer, chat=True)
+            plain = [{"role": m.role, "content": m.text()} for m in body.messages]
+            guards.refuse_control_tokens(self.llm.tokenizer, plain)
+            prompt = await media.chat_prompt(self.llm, body.messages, self.media)
+            return await self._serve(body, [prompt], request, timer, chat=True)
 
     # ---- generation ---------------------------------------------------------------------------
     def _params(self, body) -> SamplingParams:
@@ -179,7 +181,9 @@ class OpenAIServer:
             else "prompt"
         )
         streams, ids = self._streams(jobs, timer, shared_prefix=body.n > 1, param=param)
-        usage = _Usage(sum(len(p) for p in prompts))
+        usage = _Usage(
+            sum(len(p["prompt_token_ids"] if isinstance(p, dict) else p) for p in prompts)
+        )
         self.metrics.requests.inc()
         self.metrics.prompt_tokens.inc(usage.prompt_tokens)
         rid = new_id("chatcmpl" if chat else "cmpl")

@@ -52,3 +52,26 @@ def bundled_server():
     yield server, url
     stop()
     server.close()
+
+
+@pytest.fixture(scope="module")
+def vl_server(tmp_path_factory):
+    """A live trtllm-serve of a tiny random MiniMax-M3 with a vision tower (CPU), taking local
+    images from its ``media`` directory: (OpenAIServer, base URL, media directory)."""
+    import sys
+    from pathlib import Path
+
+    from tensorrt_llm.commands.serve import build_server
+
+    sys.path.insert(0, str(Path(__file__).parent / "llmapi"))
+    from llm_helpers import write_tiny_vl_checkpoint
+
+    root = tmp_path_factory.mktemp("vl-server")
+    model = write_tiny_vl_checkpoint(root / "m3-vl")
+    media = root / "media"
+    media.mkdir()
+    server = build_server(model, None, device="cpu", allowed_local_media_path=media)
+    url, stop = _serve_in_thread(server.app)
+    yield server, url, media
+    stop()
+    server.close()

@@ -56,3 +56,47 @@ def write_tiny_eagle3(model_dir: Path, target_dir: Path, seed: int = 1, **overri
         random_eagle3(config, target.num_hidden_layers, seed=seed, std=0.15), config, model_dir
     )
     return model_dir
+
+
+VL_VISION = dict(  # head_dim 12: 3D RoPE on 3 x 4 channels; patches of 4 pixels, merged 2 x 2
+    hidden_size=24, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, patch_size=4
+)
+VL_PREPROCESSOR = {"size": {"shortest_edge": 64, "longest_edge": 32 * 32}}
+
+
+def write_tiny_vl_checkpoint(model_dir: Path, seed: int = 0) -> Path:
+    """A random-init tiny MiniMax-M3 with a vision tower (hub layout), a character tokenizer that
+    knows the image marks, the chat template of the bundled model and a preprocessor config."""
+    import json
+
+    from tensorrt_llm.inputs.multimodal_prompts import IMAGE_TOKEN, VISION_END, VISION_START
+    from tensorrt_llm.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS
+
+    bundled = Path(__file__).parents[3] / "examples" / "models" / "m3-tiny" / "target"
+    specials = [*CHAT_SPECIAL_TOKENS, IMAGE_TOKEN, VISION_START, VISION_END]
+    tokenizer = build_char_tokenizer(CHAT_ALPHABET, specials)
+    text = {
+        **TINY,
+        "vocab_size": tokenizer.get_vocab_size(),
+        "index_block_size": 16,
+        "eos_token_id": tokenizer.token_to_id("<|end|>"),
+    }
+    del text["architectures"], text["model_type"], text["dtype"]
+    config = MiniMaxM3Config.from_dict(
+        {
+            "architectures": ["MiniMaxM3SparseForConditionalGeneration"],
+            "model_type": "minimax_m3_vl",
+            "dtype": "float32",
+            "text_config": text,
+            "vision_config": VL_VISION,
+            "projector_hidden_size": 32,
+            "image_token_index": tokenizer.token_to_id(IMAGE_TOKEN),
+        }
+    )
+    save_pretrained(random_model(config, seed=seed, std=0.15), config, model_dir)
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+    (model_dir / "tokenizer_config.json").write_text(
+        (bundled / "tokenizer_config.json").read_text()
+    )
+    (model_dir / "preprocessor_config.json").write_text(json.dumps(VL_PREPROCESSOR))
+    return model_dir

@@ -261,7 +261,7 @@ def test_trtllm_serve_keeps_connections_past_the_clients_expiry(monkeypatch, tmp
     monkeypatch.setattr(
         serve,
         "build_server",
-        lambda *args: type("S", (), {"app": None, "close": lambda self: None})(),
+        lambda *args, **kwargs: type("S", (), {"app": None, "close": lambda self: None})(),
     )
     config = tmp_path / "disagg.yaml"
     config.write_text(
