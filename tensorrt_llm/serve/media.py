@@ -21,6 +21,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from tensorrt_llm._torch.pyexecutor.multimodal import ImageItem
 from tensorrt_llm.inputs import IMAGE_TOKEN
 from tensorrt_llm.serve.errors import ServerError
 
@@ -123,9 +124,13 @@ def _fetch(url: str, where: str, options: MediaOptions) -> bytes:
     return data
 
 
-async def chat_prompt(llm, messages, options: MediaOptions) -> list[int] | dict:
+async def chat_prompt(llm, messages, options: MediaOptions, known=None) -> list[int] | dict:
     """The prompt of a chat: its token ids, or (with images) upstream's prompt dict holding the
-    expanded token ids and the processed images. Refusals are 400s naming the part."""
+    expanded token ids and the processed images. Refusals are 400s naming the part.
+
+    ``known``: a generation-only request's ``disaggregated_params.images``: the context server
+    processed the images; their token counts and digests are all this server needs (nothing is
+    fetched)."""
     parts = image_parts(messages)
     tokenizer = llm.tokenizer
     marked = [{"role": m.role, "content": m.text(IMAGE_TOKEN)} for m in messages]
@@ -144,6 +149,15 @@ async def chat_prompt(llm, messages, options: MediaOptions) -> list[int] | dict:
             f"{len(parts)} images in one request; at most {prompts.max_images}",
             param="messages",
         )
+    if known is not None:
+        if len(known) != len(parts):
+            raise ServerError(
+                400,
+                f"{len(parts)} images for the {len(known)} of disaggregated_params.images",
+                param="disaggregated_params",
+            )
+        images = [ImageItem.known(ref.digest, ref.num_tokens) for ref in known]
+        return await _expanded(prompts, text, images)
     images = []
     for where, url in parts:
         data = await asyncio.to_thread(image_bytes, url, where, options)
@@ -151,6 +165,10 @@ async def chat_prompt(llm, messages, options: MediaOptions) -> list[int] | dict:
             images.append(await asyncio.to_thread(prompts.processor, data))
         except (ValueError, TypeError) as exc:
             raise ServerError(400, f"{where}: {exc}", param=where) from None
+    return await _expanded(prompts, text, images)
+
+
+async def _expanded(prompts, text: str, images: list) -> dict:
     try:
         prompt = await asyncio.to_thread(prompts.prepare, text, {"image": images})
     except ValueError as exc:

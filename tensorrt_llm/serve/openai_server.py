@@ -112,7 +112,9 @@ class OpenAIServer:
             timer = self.metrics.timer()
             plain = [{"role": m.role, "content": m.text()} for m in body.messages]
             guards.refuse_control_tokens(self.llm.tokenizer, plain)
-            prompt = await media.chat_prompt(self.llm, body.messages, self.media)
+            disagg = body.disaggregated_params
+            known = disagg.images if disagg and disagg.has_handle else None
+            prompt = await media.chat_prompt(self.llm, body.messages, self.media, known)
             return await self._serve(body, [prompt], request, timer, chat=True)
 
     # ---- generation ---------------------------------------------------------------------------

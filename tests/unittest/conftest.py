@@ -75,3 +75,9 @@ def vl_server(tmp_path_factory):
     yield server, url, media
     stop()
     server.close()
+
+
+@pytest.fixture(scope="session")
+def serve_in_thread():
+    """``serve_in_thread(app) -> (url, stop)``: an app on a free loopback port in a thread."""
+    return _serve_in_thread

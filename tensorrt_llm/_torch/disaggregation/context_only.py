@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tensorrt_llm._torch.disaggregation import trust
-from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
+from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, ImageRef, RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 
 if TYPE_CHECKING:
@@ -37,8 +37,20 @@ def context_result(
         draft_tokens=list(request.py_draft_tokens),
         prompt_token_ids=list(request.prompt_token_ids),
         transfer_handle=transceiver.export(request.request_id, hold_s),
+        images=image_refs(request),
     )
     return trust.sign(reply, transceiver.secret)
+
+
+def image_refs(request: LlmRequest) -> list[ImageRef] | None:
+    """Where the prompt's images are and their digests (None for a text prompt)."""
+    mm = request.multimodal
+    if mm is None:
+        return None
+    return [
+        ImageRef(offset=offset, num_tokens=image.num_tokens, digest=image.digest)
+        for image, offset in zip(mm.images, mm.offsets, strict=True)
+    ]
 
 
 def release_pulled(executor: PyExecutor, transceiver: KvCacheTransceiver) -> int:

@@ -24,6 +24,7 @@ from tensorrt_llm._torch.disaggregation.params import (
     TransferHandle,
 )
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.multimodal import ImageItem, MultimodalInput
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
@@ -61,10 +62,35 @@ def resume_from_context(
         raise ValueError(
             f"request {request.request_id}: its prompt is not disaggregated_params.prompt_token_ids"
         )
+    _take_images(request, params)
     request.output_token_ids = [params.first_token]
     request.py_draft_tokens = list(params.draft_tokens)
     request.num_sampling_steps = 1  # the context server's step drew the first token
     return PromptKvPull(executor, transceiver, handle, **pull_options)
+
+
+def _take_images(request: LlmRequest, params: DisaggregatedParams) -> None:
+    """The prompt's images as the context server saw them (``params.images``): the request's own
+    must be the same ones; a request made from token ids alone takes them, so that its blocks are
+    keyed by the images' digests as the context server's are."""
+    refs = [(r.offset, r.num_tokens, r.digest) for r in params.images or []]
+    mm = request.multimodal
+    if mm is not None:
+        own = [(o, i.num_tokens, i.digest) for i, o in zip(mm.images, mm.offsets, strict=True)]
+        if own != refs:
+            raise ValueError(
+                f"request {request.request_id}: its images are not the ones the context server "
+                "prefilled (disaggregated_params.images)"
+            )
+        return
+    if any(offset + n > request.prompt_len for offset, n, _ in refs):
+        raise ValueError(
+            f"request {request.request_id}: disaggregated_params.images past its prompt"
+        )
+    if refs:
+        images = [ImageItem.known(digest, n) for _, n, digest in refs]
+        request.multimodal = MultimodalInput(images, [offset for offset, _, _ in refs])
+        request.prompt_key_ids = request.multimodal.key_tokens(request.prompt_token_ids)
 
 
 def _check_tokens(params: DisaggregatedParams, executor: PyExecutor) -> None:

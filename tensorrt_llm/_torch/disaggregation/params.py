@@ -5,7 +5,7 @@ nothing is unpickled. One request's round trip:
 
     router -> context server      {"request_type": "context_only"}
     context server -> router      {"request_type": "context_only", "first_token", "draft_tokens",
-                                   "prompt_token_ids", "transfer_handle"}
+                                   "prompt_token_ids", "transfer_handle", "images" (if any)}
                                or {"request_type": "finished", "output_token_ids", "finish_reason"}
     router -> generation server   the handle reply, with "request_type": "generation_only"
 
@@ -180,6 +180,15 @@ class TransferHandle(_Message):
         return [first, *self.other_ranks]
 
 
+class ImageRef(_Message):
+    """An image of a prompt by where its tokens are and its digest: the generation server keys
+    the prompt's blocks by it (``multimodal.py``) and never needs the image itself."""
+
+    offset: NonNegativeInt  # its first placeholder's prompt position
+    num_tokens: int = Field(gt=0)
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 _HANDLE_FIELDS = ("first_token", "prompt_token_ids", "transfer_handle")
 _FINISHED_FIELDS = ("output_token_ids", "finish_reason")
 
@@ -198,6 +207,7 @@ class DisaggregatedParams(_Message):
     draft_tokens: list[int] = Field(default_factory=list)  # the drafts made with it
     prompt_token_ids: list[int] | None = None
     transfer_handle: TransferHandle | None = None
+    images: list[ImageRef] | None = None  # the prompt's images, in order (a handle field)
     output_token_ids: list[int] | None = None
     finish_reason: FinishReason | None = None
     # HMAC-SHA256 (hex) of the other fields but request_type, by the context server (trust.py)
@@ -207,6 +217,7 @@ class DisaggregatedParams(_Message):
     def _fields_match_the_request_type(self) -> DisaggregatedParams:
         kind, handle_given = self.request_type.value, _given(self, _HANDLE_FIELDS)
         if self.request_type is RequestType.FINISHED:
+            handle_given += ["images"] if self.images is not None else []
             if handle_given:
                 raise ValueError(f"request_type={kind!r} takes no {handle_given}")
             if self.finish_reason is None:

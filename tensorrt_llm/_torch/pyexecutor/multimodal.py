@@ -29,12 +29,20 @@ KEY_ID_BITS = 62
 
 @dataclass(frozen=True)
 class ImageItem:
-    """One processed image: its patches (host, fp32), patch grid and content digest."""
+    """One processed image: its patches (host, fp32), patch grid and content digest. A generation
+    server resuming a disaggregated request knows only the digest and the token count (its KV
+    comes from the context server; it never encodes the image): ``patches`` and ``grid_thw`` None.
+    """
 
-    patches: torch.Tensor  # [num_patches, C * T * P * P]
-    grid_thw: tuple[int, int, int]
+    patches: torch.Tensor | None  # [num_patches, C * T * P * P]
+    grid_thw: tuple[int, int, int] | None
     digest: str  # sha256 hex of the grid and the patches: equal only for the same pixels
     num_tokens: int  # placeholder tokens it fills (patches / merge**2)
+
+    @classmethod
+    def known(cls, digest: str, num_tokens: int) -> ImageItem:
+        """An image known by its digest and token count alone."""
+        return cls(None, None, digest, num_tokens)
 
     @property
     def key_id(self) -> int:

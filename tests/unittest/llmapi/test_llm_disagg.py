@@ -168,3 +168,50 @@ def test_the_overlap_scheduler_keeps_the_generation_servers_tokens(prompts):
     aggregated = target_only(False).generate(prompts[:3], params[:3])
     assert got[True][:3] == [o.outputs[0].token_ids for o in aggregated]
     assert all(len(t) == 30 for t in got[True])
+
+
+def test_an_image_prompt_resumes_from_its_kv_without_the_image(tmp_path):
+    """A tiny random M3 with a vision tower: the generation side gets token ids and the context
+    server's image digests (never the image), encodes nothing, computes no prompt token, and
+    decodes the aggregated LLM's tokens with its AL. Two images behind the same text share no
+    block on the generation side: each prompt is pulled whole."""
+    import numpy as np
+    from llm_helpers import write_tiny_eagle3, write_tiny_vl_checkpoint
+
+    target = write_tiny_vl_checkpoint(tmp_path / "m3-vl")
+    draft = write_tiny_eagle3(tmp_path / "eagle3", target)
+
+    def make_vl(disagg):
+        return LLM(
+            target,
+            device="cpu",
+            kv_cache_config=KvCacheConfig(tokens_per_block=16, max_tokens=4096),
+            speculative_config=Eagle3DecodingConfig(
+                max_draft_len=3, speculative_model=str(draft), draft_kv_cache="unified"
+            ),
+            cache_transceiver_config=CacheTransceiverConfig() if disagg else None,
+        )
+
+    rng = np.random.RandomState(0)
+    images = [rng.randint(0, 255, (32, 48, 3), dtype=np.uint8) for _ in range(2)]
+    text = "<|user|>see ]<]image[>[ and tell<|end|><|assistant|>"  # the image in block 0
+    prompts = [{"prompt": text, "multi_modal_data": {"image": [image]}} for image in images]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    aggregated = make_vl(False).generate(prompts, params)
+    assert aggregated[0].outputs[0].token_ids != aggregated[1].outputs[0].token_ids
+    ctx, gen = make_vl(True), make_vl(True)
+    replies = prefill(ctx, prompts, params)
+    assert [len(r.images) for r in replies] == [1, 1]
+    assert replies[0].images[0].digest != replies[1].images[0].digest
+    outputs = [resume(gen, [reply], params)[0] for reply in replies]  # one after the other
+    for got, expected in zip(outputs, aggregated, strict=True):
+        assert got.outputs[0].token_ids == expected.outputs[0].token_ids
+        assert got.outputs[0].avg_decoded_tokens_per_iter == pytest.approx(
+            expected.outputs[0].avg_decoded_tokens_per_iter, abs=0.05
+        )
+    stats = gen.get_stats()
+    assert stats["num_context_tokens_computed"] == 0 and stats["images_encoded"] == 0
+    assert stats["num_transferred_tokens"] == sum(len(r.prompt_token_ids) for r in replies)
+    assert ctx.disaggregated.release_pulled() == 2
+    for llm in (ctx, gen):
+        assert llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == 0
