@@ -5,9 +5,9 @@ import base64
 import sys
 from pathlib import Path
 
-import openai
+import pytest
 
-from tensorrt_llm.commands.serve import build_server
+from tensorrt_llm.inputs import IMAGE_TOKEN
 
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "models"))
@@ -19,6 +19,10 @@ QUESTION = "Ann has 58 cups. Ann gets 67 more cups. How many cups does Ann have 
 def test_the_vl_example_answers_text_as_the_bundled_model(
     tmp_path, bundled_server, serve_in_thread
 ):
+    import openai
+
+    from tensorrt_llm.commands.serve import build_server
+
     target = make(tmp_path / "m3-tiny-vl")
     server = build_server(target, None, "cpu", allowed_local_media_path=ROOT / "examples")
     url, stop = serve_in_thread(server.app)
@@ -57,3 +61,39 @@ def test_the_vl_example_answers_text_as_the_bundled_model(
     finally:
         stop()
         server.close()
+
+
+@pytest.mark.gpu
+def test_the_vl_example_on_cuda_is_lossless_under_eagle3(tmp_path):
+    """bf16 on CUDA, decode steps in CUDA graphs: Eagle3 (unified) gives the target-only tokens
+    on prompts with images, and the text answer stays the bundled model's."""
+    from PIL import Image
+
+    from tensorrt_llm import LLM, SamplingParams
+
+    target = make(tmp_path / "m3-tiny-vl")
+    spec = {
+        "decoding_type": "Eagle3",
+        "max_draft_len": 3,
+        "speculative_model": str(target.parent / "eagle3"),
+    }
+    picture = Image.open(ROOT / "examples/results/al_per_turn.png")
+    question = f"<|user|>{QUESTION}<|end|><|assistant|>"
+    prompts = [question] + [
+        {
+            "prompt": f"<|user|>{QUESTION}{IMAGE_TOKEN}<|end|><|assistant|>",
+            "multi_modal_data": {"image": [picture.resize(size)]},
+        }
+        for size in ((200, 100), (64, 64), (300, 300))
+    ]
+    params = SamplingParams(max_tokens=80, temperature=0)
+    outputs = {}
+    for name, options in (("target", {}), ("eagle3", {"speculative_config": spec})):
+        llm = LLM(target, device="cuda", **options)
+        try:
+            outputs[name] = [o.outputs[0] for o in llm.generate(prompts, params)]
+        finally:
+            llm.shutdown()
+    assert [o.token_ids for o in outputs["eagle3"]] == [o.token_ids for o in outputs["target"]]
+    assert outputs["eagle3"][0].text.endswith("The answer is 125.")
+    assert outputs["eagle3"][0].avg_decoded_tokens_per_iter > 2.0
