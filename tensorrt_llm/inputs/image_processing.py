@@ -15,6 +15,8 @@ patch and merge sizes.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import hashlib
 import io
 import json
@@ -27,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from tensorrt_llm._torch.models.modeling_minimaxm3_vision import MiniMaxM3VisionConfig
-from tensorrt_llm._torch.pyexecutor.multimodal import ImageItem
+from tensorrt_llm._torch.pyexecutor.multimodal import ImageItem, MultimodalInput
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -131,16 +133,26 @@ class MiniMaxM3ImageProcessor:
         pixels = pixels.view(image.size[1], image.size[0], 3).permute(2, 0, 1)  # [3, H, W]
         factor = cfg.patch_size * cfg.merge_size
         h, w = smart_resize(*pixels.shape[1:], factor, cfg.min_pixels, cfg.max_pixels)
-        x = pixels[None].float()
         if (h, w) != tuple(pixels.shape[1:]):
-            x = F.interpolate(x, size=(h, w), mode="bicubic", antialias=True, align_corners=False)
-            x = x.round().clamp(0, 255)
-        mean = torch.tensor(cfg.image_mean).view(1, 3, 1, 1)
-        std = torch.tensor(cfg.image_std).view(1, 3, 1, 1)
-        x = (x * cfg.rescale_factor - mean) / std
-        patches, grid = self.patchify(x[0])
+            x = F.interpolate(
+                pixels[None].float(),
+                size=(h, w),
+                mode="bicubic",
+                antialias=True,
+                align_corners=False,
+            )
+            pixels = x[0].round().clamp(0, 255).to(torch.uint8)
+        return self.from_pixels(pixels.contiguous())
+
+    def from_pixels(self, pixels: torch.Tensor) -> ImageItem:
+        """The image of resized 8-bit ``pixels [3, H, W]`` (H and W multiples of patch * merge)."""
+        cfg = self.config
+        mean = torch.tensor(cfg.image_mean).view(3, 1, 1)
+        std = torch.tensor(cfg.image_std).view(3, 1, 1)
+        patches, grid = self.patchify((pixels.float() * cfg.rescale_factor - mean) / std)
         digest = hashlib.sha256(str(grid).encode() + patches.numpy().tobytes()).hexdigest()
-        return ImageItem(patches, grid, digest, self.num_tokens(grid))
+        processing = dataclasses.asdict(cfg)
+        return ImageItem(patches, grid, digest, self.num_tokens(grid), pixels, processing)
 
     def patchify(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """``[C, H, W]`` -> ``[gh * gw, C * T * P * P]`` block-major patches and the grid."""
@@ -152,3 +164,42 @@ class MiniMaxM3ImageProcessor:
         x = x.permute(1, 4, 2, 5, 0, 3, 6)  # [gh/m, gw/m, m, m, C, P, P]
         x = x.unsqueeze(5).expand(-1, -1, -1, -1, -1, t, -1, -1)  # the temporal copies
         return x.reshape(gh * gw, c * t * p * p).contiguous(), (1, gh, gw)
+
+
+def images_to_json(mm: MultimodalInput | None) -> list[dict] | None:
+    """A request's images as another rank needs them: where they are, their digests, and (when
+    this rank holds them) their resized pixels and processor settings, to make the same patches.
+    The pixels travel as base64 bytes: a quarter of the patches' size, nothing to unpickle."""
+    if mm is None:
+        return None
+    out = []
+    for image, offset in zip(mm.images, mm.offsets, strict=True):
+        entry = {"offset": offset, "num_tokens": image.num_tokens, "digest": image.digest}
+        if image.pixels is not None:
+            entry["shape"] = list(image.pixels.shape)
+            entry["pixels"] = base64.b64encode(image.pixels.numpy().tobytes()).decode()
+            entry["processing"] = image.processing
+        out.append(entry)
+    return out
+
+
+def images_from_json(entries: list[dict] | None) -> MultimodalInput | None:
+    """``images_to_json``'s images, their patches made again from the pixels; a patch digest that
+    differs from the sender's is an error (the ranks would see different images)."""
+    if entries is None:
+        return None
+    images = []
+    for entry in entries:
+        if "pixels" not in entry:
+            images.append(ImageItem.known(entry["digest"], entry["num_tokens"]))
+            continue
+        raw = bytearray(base64.b64decode(entry["pixels"]))
+        pixels = torch.frombuffer(raw, dtype=torch.uint8).view(*entry["shape"])
+        processing = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in entry["processing"].items()
+        }
+        image = MiniMaxM3ImageProcessor(ImageProcessorConfig(**processing)).from_pixels(pixels)
+        if image.digest != entry["digest"]:
+            raise RuntimeError(f"an image's patches differ between ranks ({entry['digest'][:12]})")
+        images.append(image)
+    return MultimodalInput(images, [entry["offset"] for entry in entries])

@@ -296,8 +296,6 @@ class LLM:
         inner = prompt.get("prompt", prompt.get("prompt_token_ids"))
         if "multi_modal_data" not in prompt:
             return inner, None
-        if self.mapping.world_size > 1:
-            raise ValueError("prompts with images are served on one rank only (world size 1)")
         multimodal = self.multimodal.prepare(inner, prompt["multi_modal_data"])
         return inner, multimodal if multimodal.multimodal is not None else None
 

@@ -39,7 +39,7 @@ from tensorrt_llm._torch.distributed.commands import (
 from tensorrt_llm._torch.distributed.communicator import broadcast_bytes
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
-from tensorrt_llm._torch.pyexecutor.multimodal import ImageItem, MultimodalInput
+from tensorrt_llm.inputs.image_processing import images_from_json, images_to_json
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
 
@@ -72,16 +72,8 @@ def request_to_json(request: LlmRequest) -> dict:
         "end_ids": list(request.end_ids),
         "cache_salt": request.cache_salt,
         "context_only": request.context_only,
-        # its images by digest (they key its blocks); their patches stay on rank 0
-        "images": _image_refs(request),
+        "images": images_to_json(request.multimodal),
     }
-
-
-def _image_refs(request: LlmRequest) -> list | None:
-    mm = request.multimodal
-    if mm is None:
-        return None
-    return [[o, i.num_tokens, i.digest] for i, o in zip(mm.images, mm.offsets, strict=True)]
 
 
 def request_from_json(data: dict) -> LlmRequest:
@@ -96,12 +88,7 @@ def request_from_json(data: dict) -> LlmRequest:
         end_ids=tuple(data["end_ids"]),
         cache_salt=data["cache_salt"],
         context_only=data["context_only"],
-        multimodal=None
-        if data.get("images") is None
-        else MultimodalInput(
-            [ImageItem.known(digest, n) for _, n, digest in data["images"]],
-            [offset for offset, _, _ in data["images"]],
-        ),
+        multimodal=images_from_json(data.get("images")),
     )
 
 

@@ -38,6 +38,10 @@ class ImageItem:
     grid_thw: tuple[int, int, int] | None
     digest: str  # sha256 hex of the grid and the patches: equal only for the same pixels
     num_tokens: int  # placeholder tokens it fills (patches / merge**2)
+    # the resized 8-bit pixels [3, H, W] and the processor settings that made the patches from
+    # them: what another rank needs to make the same patches (``distributed/ranks.py``)
+    pixels: torch.Tensor | None = None
+    processing: dict | None = None
 
     @classmethod
     def known(cls, digest: str, num_tokens: int) -> ImageItem:

@@ -130,3 +130,22 @@ def test_a_model_without_a_vision_tower_refuses_images(tmp_path):
         MultimodalPrompts(tmp_path, None).prepare([1], {"image": [picture(0, 8, 8)]})
     with pytest.raises(ValueError, match=r"\['video'\] not served"):
         MultimodalPrompts(tmp_path, None).prepare([1], {"video": []})
+
+
+def test_images_cross_ranks_as_pixels_and_give_the_same_patches(prompts):
+    """What a follower rank gets (JSON: base64 pixels, the processor settings) makes the same
+    patches and digest; an image known only by digest crosses as such."""
+    from tensorrt_llm._torch.pyexecutor.multimodal import ImageItem, MultimodalInput
+    from tensorrt_llm.inputs.image_processing import images_from_json, images_to_json
+
+    image = prompts.processor(picture(5, 24, 40))
+    known = ImageItem.known("ab" * 32, 3)
+    wire = json.loads(json.dumps(images_to_json(MultimodalInput([image, known], [2, 40]))))
+    got = images_from_json(wire)
+    assert got.offsets == [2, 40]
+    assert torch.equal(got.images[0].patches, image.patches)
+    assert (got.images[0].digest, got.images[0].grid_thw) == (image.digest, image.grid_thw)
+    assert got.images[1] == known
+    wire[0]["digest"] = "cd" * 32
+    with pytest.raises(RuntimeError, match="patches differ between ranks"):
+        images_from_json(wire)

@@ -23,7 +23,7 @@ from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config  # noqa
 from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig  # noqa: E402
 
 NEW_TOKENS = 16
-VOCAB, IMAGE_ID = 97, 96
+VOCAB, IMAGE_ID = 96, 95  # vocab even: two ranks split the LM head
 BLOCK = 8  # tokens per KV block: the image tokens fill whole blocks
 TEXT = dict(
     vocab_size=VOCAB,
@@ -47,7 +47,7 @@ TEXT = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
     max_position_embeddings=512,
     bos_token_id=0,
-    eos_token_id=1,
+    eos_token_id=None,  # generate runs NEW_TOKENS whatever comes
 )
 # head_dim 24: 3D RoPE on 3 x 8 channels; patches of 4 pixels, merged 2 x 2
 VISION = dict(
@@ -257,3 +257,26 @@ def test_images_decode_as_transformers_on_cuda(published):
         llm.shutdown()
     for output, name in zip(outputs, CASES, strict=True):
         check(output, reference[name], tolerance=2e-3)
+
+
+@pytest.mark.parametrize("layout", ["tp2", "adp2"])
+def test_images_decode_as_transformers_on_two_ranks(published, layout):
+    """Tensor parallelism, and attention data parallelism (each rank its own requests): each rank
+    makes the patches again from the pixels rank 0 sends, and encodes its images itself."""
+    root, _, reference = published
+    llm = LLM(
+        root / "hub",
+        skip_tokenizer_init=True,
+        device="cpu",
+        dtype="float32",
+        kv_cache_config=KvCacheConfig(tokens_per_block=BLOCK, max_tokens=1024),
+        tensor_parallel_size=2,
+        enable_attention_dp=layout == "adp2",
+    )
+    try:
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, logprobs=0, ignore_eos=True)
+        outputs = llm.generate([request(name) for name in CASES], params)
+    finally:
+        llm.shutdown()
+    for output, name in zip(outputs, CASES, strict=True):
+        check(output, reference[name])
