@@ -164,3 +164,12 @@ def test_multi_gpu_benchmark_runs_end_to_end_on_the_cpu_over_gloo(tmp_path):
         assert a["logits_relative_rms"] < 1e-5, layout
     summary = record["summary"]
     assert all(any(f"{layout} / tp1 step" in line for line in summary) for layout in layouts[1:])
+
+
+def test_vision_benchmark_runs_a_tiny_tower_on_the_cpu(capsys):
+    from bench_vision import main
+
+    rows = main(["--device", "cpu", "--tiny", "--size", "56", "--images", "1,2", "--iters", "1"])
+    assert [row["images"] for row in rows] == [1, 2]
+    assert all(row["together_ms"] > 0 and row["apart_ms"] > 0 for row in rows)
+    assert "| 2 |" in capsys.readouterr().out
