@@ -1,7 +1,7 @@
 """A chat request with an image through a disaggregated deployment in one process (a router, a
-context server and a generation server of a tiny random M3 with a vision tower, NIXL over UCX):
-the reply equals the aggregated server's, and the generation server never reads the image (it is
-a ``file://`` only the context server may open)."""
+context server and a generation server of M3-tiny-VL with its Eagle3 drafter, unified cache, NIXL
+over UCX): the reply and its AL equal the aggregated server's, and the generation server never
+reads the image (it is a ``file://`` only the context server may open)."""
 
 import sys
 from pathlib import Path
@@ -18,14 +18,21 @@ from tensorrt_llm.serve.openai_server import OpenAIServer
 from tensorrt_llm.serve.router import DisaggRouter
 
 pytest.importorskip("nixl")
-sys.path.insert(0, str(Path(__file__).parents[1] / "llmapi"))
-from llm_helpers import write_tiny_vl_checkpoint  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[3] / "examples" / "models"))
+from make_m3_tiny_vl import make  # noqa: E402
+
+QUESTION = "Ann has 58 cups. Ann gets 67 more cups. How many cups does Ann have now? "
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, serve_in_thread):
     root = tmp_path_factory.mktemp("disagg-vl")
-    model = write_tiny_vl_checkpoint(root / "m3-vl")
+    model = make(root / "m3-tiny-vl")
+    spec = {
+        "decoding_type": "Eagle3",
+        "max_draft_len": 3,
+        "speculative_model": str(model.parent / "eagle3"),
+    }
     media = root / "media"
     media.mkdir()
     pixels = np.random.RandomState(3).randint(0, 255, (32, 48, 3), dtype=np.uint8)
@@ -35,6 +42,7 @@ def deployment(tmp_path_factory, serve_in_thread):
         llm = LLM(
             model,
             device="cpu",
+            speculative_config=spec,
             cache_transceiver_config=CacheTransceiverConfig() if disagg else None,
         )
         server = OpenAIServer(llm, "m3-vl", media_options=MediaOptions(allowed))
@@ -56,7 +64,7 @@ def test_an_image_chat_through_the_router_equals_the_aggregated_reply(deployment
         {
             "role": "user",
             "content": [
-                {"type": "text", "text": "what is in "},
+                {"type": "text", "text": QUESTION},
                 {"type": "image_url", "image_url": {"url": f"file://{picture}"}},
             ],
         }
@@ -65,9 +73,11 @@ def test_an_image_chat_through_the_router_equals_the_aggregated_reply(deployment
     for name in ("agg", "router"):
         client = openai.OpenAI(base_url=urls[name] + "/v1", api_key="unused")
         replies[name] = client.chat.completions.create(
-            model="m3-vl", messages=messages, temperature=0, max_tokens=16
+            model="m3-vl", messages=messages, temperature=0, max_tokens=80
         )
     assert replies["router"].choices[0].message.content == replies["agg"].choices[0].message.content
+    al = [replies[n].choices[0].model_extra["avg_decoded_tokens_per_iter"] for n in replies]
+    assert al[0] > 1.5 and abs(al[0] - al[1]) <= 0.05  # the drafter's KV crossed too
     assert replies["router"].usage.prompt_tokens == replies["agg"].usage.prompt_tokens
     gen = servers["gen"].llm.get_stats()
     assert gen["num_context_tokens_computed"] == 0 and gen["images_encoded"] == 0
