@@ -111,6 +111,11 @@ class _ExecutorCollector:
                 stats["num_context_tokens_computed"],
             ),
             "trtllm_transferred_tokens": ("Prompt tokens pulled", stats["num_transferred_tokens"]),
+            "trtllm_images_encoded": ("Images through the vision tower", stats["images_encoded"]),
+            "trtllm_image_cache_hits": (
+                "Images whose embeddings the encoder cache held",
+                stats["image_cache_hits"],
+            ),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)

@@ -60,6 +60,8 @@ def test_a_data_url_image_is_answered_as_llm_generate_answers_it(vl_server, clie
     # 30x40 pixels are over max_pixels (32 * 32): resized to 24x32, 6x8 patches, 12 tokens
     assert num_image_tokens == 12
     assert server.llm.get_stats()["images_encoded"] >= 1
+    metrics = httpx.get(vl_server[1] + "/metrics").text
+    assert "trtllm_images_encoded_total" in metrics and "trtllm_image_cache_hits_total" in metrics
 
 
 def test_a_local_file_under_the_allowed_path_is_taken(vl_server, client):
