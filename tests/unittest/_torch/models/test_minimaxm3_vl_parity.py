@@ -168,7 +168,7 @@ def request(name: str) -> dict:
     return {"prompt_token_ids": prompt, "multi_modal_data": {"image": [IMAGES[i] for i in which]}}
 
 
-def make_llm(root, mode=None, device="cpu") -> LLM:
+def make_llm(root, mode=None, device="cpu", **options) -> LLM:
     spec = None
     if mode is not None:
         spec = Eagle3DecodingConfig(
@@ -181,6 +181,7 @@ def make_llm(root, mode=None, device="cpu") -> LLM:
         dtype="float32",
         kv_cache_config=KvCacheConfig(tokens_per_block=BLOCK, max_tokens=1024),
         speculative_config=spec,
+        **options,
     )
 
 
@@ -264,15 +265,7 @@ def test_images_decode_as_transformers_on_two_ranks(published, layout):
     """Tensor parallelism, and attention data parallelism (each rank its own requests): each rank
     makes the patches again from the pixels rank 0 sends, and encodes its images itself."""
     root, _, reference = published
-    llm = LLM(
-        root / "hub",
-        skip_tokenizer_init=True,
-        device="cpu",
-        dtype="float32",
-        kv_cache_config=KvCacheConfig(tokens_per_block=BLOCK, max_tokens=1024),
-        tensor_parallel_size=2,
-        enable_attention_dp=layout == "adp2",
-    )
+    llm = make_llm(root, tensor_parallel_size=2, enable_attention_dp=layout == "adp2")
     try:
         params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, logprobs=0, ignore_eos=True)
         outputs = llm.generate([request(name) for name in CASES], params)
