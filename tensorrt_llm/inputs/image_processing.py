@@ -4,7 +4,7 @@ An RGB image of ``H x W`` pixels becomes patches the vision tower reads::
 
     resize to (h, w): multiples of patch * merge, pixels within [min_pixels, max_pixels], the
         aspect ratio kept (``smart_resize``); bicubic with antialiasing, rounded to 8 bits
-    rescale by 1/255, normalize by the CLIP mean and std
+    rescale by 1/255 and normalize by the CLIP mean and std, in one step: (x - 255 mean) / (255 std)
     grid (1, h/patch, w/patch); patches block-major over merge x merge squares, each patch
         flattened as (channel, temporal copy, row, column): [gh * gw, C * T * P * P]
 
@@ -147,9 +147,10 @@ class MiniMaxM3ImageProcessor:
     def from_pixels(self, pixels: torch.Tensor) -> ImageItem:
         """The image of resized 8-bit ``pixels [3, H, W]`` (H and W multiples of patch * merge)."""
         cfg = self.config
-        mean = torch.tensor(cfg.image_mean).view(3, 1, 1)
-        std = torch.tensor(cfg.image_std).view(3, 1, 1)
-        patches, grid = self.patchify((pixels.float() * cfg.rescale_factor - mean) / std)
+        # the rescale folded into the mean and std, in fp32, as transformers' backend computes it
+        mean = (torch.tensor(cfg.image_mean) * (1.0 / cfg.rescale_factor)).view(3, 1, 1)
+        std = (torch.tensor(cfg.image_std) * (1.0 / cfg.rescale_factor)).view(3, 1, 1)
+        patches, grid = self.patchify((pixels.float() - mean) / std)
         digest = hashlib.sha256(str(grid).encode() + patches.numpy().tobytes()).hexdigest()
         processing = dataclasses.asdict(cfg)
         return ImageItem(patches, grid, digest, self.num_tokens(grid), pixels, processing)
