@@ -149,3 +149,24 @@ def test_images_cross_ranks_as_pixels_and_give_the_same_patches(prompts):
     wire[0]["digest"] = "cd" * 32
     with pytest.raises(RuntimeError, match="patches differ between ranks"):
         images_from_json(wire)
+
+
+@pytest.mark.parametrize(
+    ("height", "width"), [(16, 16), (30, 40), (333, 517), (1200, 90), (56, 56)]
+)
+def test_the_processor_gives_transformers_patches(height, width):
+    """Against transformers' ``MiniMaxM3VLImageProcessor`` (which needs torchvision: where it is
+    missing, as on the CPU CI machine, this is skipped; the patch layout and the arithmetic are
+    pinned by the tests above)."""
+    pytest.importorskip("torchvision")
+    transformers = pytest.importorskip("transformers", minversion="5.24")
+    size = {"shortest_edge": 64, "longest_edge": 64 * 64}
+    theirs = transformers.MiniMaxM3VLImageProcessor(size=size, patch_size=4)
+    ours = MiniMaxM3ImageProcessor(
+        ImageProcessorConfig(patch_size=4, min_pixels=64, max_pixels=64 * 64)
+    )
+    image = Image.fromarray(picture(7, height, width))
+    want = theirs(images=[image], return_tensors="pt")
+    got = ours(image)
+    assert list(want["image_grid_thw"][0]) == list(got.grid_thw)
+    torch.testing.assert_close(got.patches, want["pixel_values"], rtol=0, atol=1e-6)
