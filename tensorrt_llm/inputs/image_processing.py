@@ -3,7 +3,7 @@
 An RGB image of ``H x W`` pixels becomes patches the vision tower reads::
 
     resize to (h, w): multiples of patch * merge, pixels within [min_pixels, max_pixels], the
-        aspect ratio kept (``smart_resize``); bicubic with antialiasing, rounded to 8 bits
+        aspect ratio kept (``smart_resize``); bicubic with antialiasing on the 8-bit pixels
     rescale by 1/255 and normalize by the CLIP mean and std, in one step: (x - 255 mean) / (255 std)
     grid (1, h/patch, w/patch); patches block-major over merge x merge squares, each patch
         flattened as (channel, temporal copy, row, column): [gh * gw, C * T * P * P]
@@ -133,15 +133,8 @@ class MiniMaxM3ImageProcessor:
         pixels = pixels.view(image.size[1], image.size[0], 3).permute(2, 0, 1)  # [3, H, W]
         factor = cfg.patch_size * cfg.merge_size
         h, w = smart_resize(*pixels.shape[1:], factor, cfg.min_pixels, cfg.max_pixels)
-        if (h, w) != tuple(pixels.shape[1:]):
-            x = F.interpolate(
-                pixels[None].float(),
-                size=(h, w),
-                mode="bicubic",
-                antialias=True,
-                align_corners=False,
-            )
-            pixels = x[0].round().clamp(0, 255).to(torch.uint8)
+        if (h, w) != tuple(pixels.shape[1:]):  # torch's 8-bit kernel, as torchvision resizes
+            pixels = F.interpolate(pixels[None], size=(h, w), mode="bicubic", antialias=True)[0]
         return self.from_pixels(pixels.contiguous())
 
     def from_pixels(self, pixels: torch.Tensor) -> ImageItem:
