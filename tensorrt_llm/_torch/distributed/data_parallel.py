@@ -131,7 +131,7 @@ class AttentionDpExecutor:
         )
 
     def _route(self, request: LlmRequest, here, command) -> None:
-        prompt = request.prompt_token_ids
+        prompt = request.prompt_key_ids  # as the ranks' caches key it (images by digest)
         rank = choose_rank(self.rank_loads(), self._affinity.rank_for(prompt), self._slack)
         if rank == 0:
             here(request)
