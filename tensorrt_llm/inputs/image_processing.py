@@ -167,8 +167,8 @@ def images_to_json(mm: MultimodalInput | None) -> list[dict] | None:
     if mm is None:
         return None
     out = []
-    for image, offset in zip(mm.images, mm.offsets, strict=True):
-        entry = {"offset": offset, "num_tokens": image.num_tokens, "digest": image.digest}
+    for image, (offset, num_tokens, digest) in zip(mm.images, mm.refs(), strict=True):
+        entry = {"offset": offset, "num_tokens": num_tokens, "digest": digest}
         if image.pixels is not None:
             entry["shape"] = list(image.pixels.shape)
             entry["pixels"] = base64.b64encode(image.pixels.numpy().tobytes()).decode()

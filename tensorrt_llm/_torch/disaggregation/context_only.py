@@ -47,10 +47,7 @@ def image_refs(request: LlmRequest) -> list[ImageRef] | None:
     mm = request.multimodal
     if mm is None:
         return None
-    return [
-        ImageRef(offset=offset, num_tokens=image.num_tokens, digest=image.digest)
-        for image, offset in zip(mm.images, mm.offsets, strict=True)
-    ]
+    return [ImageRef(offset=o, num_tokens=n, digest=d) for o, n, d in mm.refs()]
 
 
 def release_pulled(executor: PyExecutor, transceiver: KvCacheTransceiver) -> int:

@@ -24,7 +24,7 @@ from tensorrt_llm._torch.disaggregation.params import (
     TransferHandle,
 )
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
-from tensorrt_llm._torch.pyexecutor.multimodal import ImageItem, MultimodalInput
+from tensorrt_llm._torch.pyexecutor.multimodal import MultimodalInput
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
@@ -74,10 +74,8 @@ def _take_images(request: LlmRequest, params: DisaggregatedParams) -> None:
     must be the same ones; a request made from token ids alone takes them, so that its blocks are
     keyed by the images' digests as the context server's are."""
     refs = [(r.offset, r.num_tokens, r.digest) for r in params.images or []]
-    mm = request.multimodal
-    if mm is not None:
-        own = [(o, i.num_tokens, i.digest) for i, o in zip(mm.images, mm.offsets, strict=True)]
-        if own != refs:
+    if request.multimodal is not None:
+        if request.multimodal.refs() != refs:
             raise ValueError(
                 f"request {request.request_id}: its images are not the ones the context server "
                 "prefilled (disaggregated_params.images)"
@@ -88,8 +86,7 @@ def _take_images(request: LlmRequest, params: DisaggregatedParams) -> None:
             f"request {request.request_id}: disaggregated_params.images past its prompt"
         )
     if refs:
-        images = [ImageItem.known(digest, n) for _, n, digest in refs]
-        request.multimodal = MultimodalInput(images, [offset for offset, _, _ in refs])
+        request.multimodal = MultimodalInput.from_refs(refs)
         request.prompt_key_ids = request.multimodal.key_tokens(request.prompt_token_ids)
 
 

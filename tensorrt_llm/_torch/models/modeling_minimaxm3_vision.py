@@ -17,7 +17,6 @@ The tower is replicated on every rank (its weights are small beside the text mod
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,7 +246,3 @@ class MiniMaxM3MultiModalProjector(nn.Module):
         x = self.linear_2(F.gelu(self.linear_1(x)))  # [N, text]
         x = x.reshape(x.shape[0] // self.merge_area, -1)  # [N / merge_area, merge_area * text]
         return self.merge_linear_2(F.gelu(self.merge_linear_1(x)))
-
-
-def num_image_tokens(grid_thw: tuple[int, int, int], merge: int) -> int:
-    return math.prod(grid_thw) // (merge * merge)

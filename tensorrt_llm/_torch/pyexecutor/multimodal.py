@@ -64,6 +64,17 @@ class MultimodalInput:
     # prefilled (dropped after: the encoder cache may still hold them)
     features: dict[int, torch.Tensor] = field(default_factory=dict)
 
+    @classmethod
+    def from_refs(cls, refs: list[tuple[int, int, str]]) -> MultimodalInput:
+        """Images known by ``(offset, num_tokens, digest)`` alone (``ImageItem.known``)."""
+        images = [ImageItem.known(digest, num_tokens) for _, num_tokens, digest in refs]
+        return cls(images, [offset for offset, _, _ in refs])
+
+    def refs(self) -> list[tuple[int, int, str]]:
+        """``(offset, num_tokens, digest)`` of each image: all another server needs to key its
+        blocks as this one does."""
+        return [(o, i.num_tokens, i.digest) for i, o in zip(self.images, self.offsets, strict=True)]
+
     def key_tokens(self, prompt: list[int]) -> list[int]:
         keys = list(prompt)
         for image, offset in zip(self.images, self.offsets, strict=True):

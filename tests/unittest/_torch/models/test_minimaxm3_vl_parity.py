@@ -185,6 +185,15 @@ def make_llm(root, mode=None, device="cpu", **options) -> LLM:
     )
 
 
+def decode_every_case(llm: LLM) -> list:
+    """Every case's greedy output with logprobs, then ``llm`` shut down."""
+    try:
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, logprobs=0, ignore_eos=True)
+        return llm.generate([request(name) for name in CASES], params)
+    finally:
+        llm.shutdown()
+
+
 def check(output, reference, tolerance: float = 1e-4) -> None:
     tokens, logprobs, prompt_len = reference
     completion = output.outputs[0]
@@ -250,12 +259,7 @@ def test_images_decode_as_transformers_on_cuda(published):
     """The tower and the prefill on CUDA (fp32; Triton's dots may round through TF32, hence the
     wider logprob tolerance), with Eagle3 and the decode steps in CUDA graphs."""
     root, _, reference = published
-    llm = make_llm(root, "unified", device="cuda")
-    try:
-        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, logprobs=0, ignore_eos=True)
-        outputs = llm.generate([request(name) for name in CASES], params)
-    finally:
-        llm.shutdown()
+    outputs = decode_every_case(make_llm(root, "unified", device="cuda"))
     for output, name in zip(outputs, CASES, strict=True):
         check(output, reference[name], tolerance=2e-3)
 
@@ -265,11 +269,8 @@ def test_images_decode_as_transformers_on_two_ranks(published, layout):
     """Tensor parallelism, and attention data parallelism (each rank its own requests): each rank
     makes the patches again from the pixels rank 0 sends, and encodes its images itself."""
     root, _, reference = published
-    llm = make_llm(root, tensor_parallel_size=2, enable_attention_dp=layout == "adp2")
-    try:
-        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, logprobs=0, ignore_eos=True)
-        outputs = llm.generate([request(name) for name in CASES], params)
-    finally:
-        llm.shutdown()
+    outputs = decode_every_case(
+        make_llm(root, tensor_parallel_size=2, enable_attention_dp=layout == "adp2")
+    )
     for output, name in zip(outputs, CASES, strict=True):
         check(output, reference[name])
