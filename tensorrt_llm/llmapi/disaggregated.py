@@ -114,3 +114,8 @@ class DisaggregatedServing:
         return self._between_steps(
             lambda: context_only.release_pulled(self._executor, self.transceiver)
         )
+
+    def close(self) -> None:
+        """End this LLM's NIXL agent (``LLM.shutdown``)."""
+        if self.transceiver is not None:
+            self.transceiver.close()

@@ -343,11 +343,12 @@ class LLM:
         return None if self._followers is None else self._followers.lost()
 
     def shutdown(self) -> None:
-        """Free the KV cache; with several ranks, stop the others and leave torch.distributed."""
+        """Free the KV cache and end the NIXL agent; with several ranks, stop the others and leave torch.distributed."""
         if self._followers is not None:
             stop_followers(self.lost_rank)
         self._loop.shutdown()  # first: its thread is the one that talks to the other ranks
         self.rank_executor.shutdown()
+        self.disaggregated.close()
         if self._followers is not None:
             shutdown_distributed()  # with the followers: NCCL's teardown waits for every rank
             self._followers.stop()

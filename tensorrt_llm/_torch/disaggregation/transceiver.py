@@ -46,6 +46,7 @@ import time
 
 import torch
 
+from tensorrt_llm._torch.disaggregation.agent import make_agent
 from tensorrt_llm._torch.disaggregation.params import (
     LayoutFingerprint,
     PoolFingerprint,
@@ -98,15 +99,13 @@ class KvCacheTransceiver(PullSide):
         """``secret``: the deployment's (``trust.py``); None reads ``TRTLLM_DISAGG_SECRET``;
         ``parallel``: the server's parallel layout (``Mapping.describe()``), part of the layout
         fingerprint; ``rank``: this process's rank in it."""
-        from nixl._api import nixl_agent, nixl_agent_config
-
         super().__init__()
 
         self.secret = deployment_secret() if secret is None else secret
         self.manager = manager
         self.name = name
         self.rank = rank
-        self.agent = nixl_agent(name, nixl_agent_config(backends=list(backends)))
+        self.agent = make_agent(name, list(backends))
         self.mem_type = "VRAM" if manager.device.type == "cuda" else "DRAM"
         self.device_id = manager.device.index or 0
         self._registrations = [self.agent.register_memory(pool) for pool in manager.pools]
@@ -207,6 +206,22 @@ class KvCacheTransceiver(PullSide):
         if index is not None:
             self._tickets[index] = 0
             self._free_tickets.append(index)
+
+    def close(self) -> None:
+        """Deregister this side's memory and end its NIXL agent, and the agent's thread with it
+        (``LLM.shutdown``). Nothing can be pulled from or by this side after."""
+        agent, self.agent = self.agent, None
+        if agent is None:
+            return
+        registrations = list(self._registrations)
+        if self._staging is not None:
+            registrations.append(self._staging_registration)
+        for registration in registrations:
+            try:
+                agent.deregister_memory(registration)
+            except Exception as exc:  # NIXL raises its own types; the agent ends regardless
+                logger.warning("NIXL could not deregister memory at shutdown: %s", exc)
+        self._registrations, self._staging = [], None
 
     def _connect(self, source: SourceRank | TransferHandle) -> str:
         peer = source.agent_name

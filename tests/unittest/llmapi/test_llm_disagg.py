@@ -10,6 +10,7 @@ import pytest
 
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.disaggregation.params import RequestType
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
 from tensorrt_llm.bundled import BUNDLED_DRAFT
 from tensorrt_llm.evaluate.tasks import gsm8k_tiny
 from tensorrt_llm.llmapi.llm import GenerationRequest
@@ -205,6 +206,7 @@ def test_an_image_prompt_resumes_from_its_kv_without_the_image(tmp_path):
     assert replies[0].images[0].digest != replies[1].images[0].digest
     outputs = [resume(gen, [reply], params)[0] for reply in replies]  # one after the other
     for got, expected in zip(outputs, aggregated, strict=True):
+        assert got.outputs[0].finish_reason is FinishReason.LENGTH, got.outputs[0].stop_reason
         assert got.outputs[0].token_ids == expected.outputs[0].token_ids
         assert got.outputs[0].avg_decoded_tokens_per_iter == pytest.approx(
             expected.outputs[0].avg_decoded_tokens_per_iter, abs=0.05
