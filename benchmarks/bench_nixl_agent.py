@@ -2,7 +2,7 @@
 for events (``disaggregation/agent.py``): the process's CPU seconds per second while two agents
 sit idle, and the time of a READ between them, small and large, as a ratio in one run.
 
-    python benchmarks/bench_nixl_agent.py [--device cuda] [--reads 200]
+    python benchmarks/bench_nixl_agent.py [--device cuda] [--reads 200] [--idle-s 2]
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ def read_ms(reader, source, dst: torch.Tensor, src: torch.Tensor, mem: str, read
     return (time.perf_counter() - began) / reads * 1e3
 
 
-def measure(poll_us: int, device: torch.device, reads: int) -> dict:
+def measure(poll_us: int, device: torch.device, reads: int, idle_s: float = 2.0) -> dict:
     mem = "VRAM" if device.type == "cuda" else "DRAM"
     owner = make_agent(f"bench-owner-{poll_us}", ["UCX"], poll_us=poll_us)
     reader = make_agent(f"bench-reader-{poll_us}", ["UCX"], poll_us=poll_us)
-    result = {"poll_us": poll_us, "idle_cpu_per_s": idle_cpu(2.0)}
+    result = {"poll_us": poll_us, "idle_cpu_per_s": idle_cpu(idle_s)}
     for label, nbytes in (("read_4k_ms", 4096), ("read_16m_ms", 1 << 24)):
         src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
         dst = torch.zeros_like(src)
@@ -63,19 +63,21 @@ def measure(poll_us: int, device: torch.device, reads: int) -> dict:
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--reads", type=int, default=200)
-    args = parser.parse_args()
+    parser.add_argument("--idle-s", type=float, default=2.0, help="seconds the agents sit idle")
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
-    spinning = measure(0, device, args.reads)
-    waiting = measure(PROGRESS_POLL_US, device, args.reads)
+    spinning = measure(0, device, args.reads, args.idle_s)
+    waiting = measure(PROGRESS_POLL_US, device, args.reads, args.idle_s)
     ratios = {
         key: waiting[key] / spinning[key] for key in ("read_4k_ms", "read_16m_ms", "idle_cpu_per_s")
     }
     print(json.dumps({"device": str(device), "spinning": spinning, "waiting": waiting}, indent=1))
     print(json.dumps({"waiting / spinning": ratios}, indent=1))
+    return {"spinning": spinning, "waiting": waiting, "waiting / spinning": ratios}
 
 
 if __name__ == "__main__":

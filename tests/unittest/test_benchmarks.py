@@ -173,3 +173,13 @@ def test_vision_benchmark_runs_a_tiny_tower_on_the_cpu(capsys):
     assert [row["images"] for row in rows] == [1, 2]
     assert all(row["together_ms"] > 0 and row["apart_ms"] > 0 for row in rows)
     assert "| 2 |" in capsys.readouterr().out
+
+
+def test_nixl_agent_benchmark_reads_through_both_kinds_of_agent():
+    pytest.importorskip("nixl")
+    from bench_nixl_agent import main
+
+    record = main(["--reads", "3", "--idle-s", "0.2"])  # each READ checks the bytes it moved
+    for kind in ("spinning", "waiting"):
+        assert record[kind]["read_4k_ms"] > 0 and record[kind]["read_16m_ms"] > 0
+    assert record["waiting"]["poll_us"] > 0 == record["spinning"]["poll_us"]

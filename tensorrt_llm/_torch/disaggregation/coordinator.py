@@ -23,6 +23,7 @@ from typing import Protocol
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
+from tensorrt_llm.logger import logger
 
 
 class LoadKv(Protocol):
@@ -112,6 +113,7 @@ class DisaggCoordinator:
             try:
                 loaded = load_kv(request)
             except Exception as exc:  # this request ends; the others go on
+                logger.warning("request %d: its KV did not load: %s", request.request_id, exc)
                 abandon(load_kv)
                 self.resource_manager.free_resources(request)
                 request.finish(FinishReason.ERROR, str(exc))

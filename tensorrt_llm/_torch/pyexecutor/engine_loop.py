@@ -150,6 +150,7 @@ class EngineLoop:
                     else:
                         self.executor.enqueue_generation_only(request, load_kv)
                 except Exception as exc:  # a bad request or peer: it ends, the loop goes on
+                    logger.warning("request %d failed to start: %s", request.request_id, exc)
                     if not request.is_finished:
                         request.finish(FinishReason.ERROR, str(exc))
                     self._callback(request, on_update, finished=True)

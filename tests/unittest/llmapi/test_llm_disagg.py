@@ -3,6 +3,7 @@ generation side pulls the prompt's slots, runs no prefill, and decodes what the 
 decodes; the drafter's KV travels in unified mode (AL kept) and not in separate mode (AL drops)."""
 
 import json
+import os
 import random
 import time
 
@@ -78,6 +79,11 @@ def test_generation_server_decodes_what_the_aggregated_llm_decodes(prompts, mode
         assert (
             al(outputs) < al(aggregated) - 0.1
         )  # the drafter's prompt KV stayed on the context side
+    threads = len(os.listdir("/proc/self/task"))
+    for llm in (ctx, gen):
+        llm.shutdown()  # its NIXL agent ends, and the agent's progress thread with it
+        assert llm.disaggregated.transceiver.agent is None
+    assert len(os.listdir("/proc/self/task")) <= threads - 2
 
 
 def test_generation_only_requests_wait_for_slots_instead_of_failing(prompts):
