@@ -28,10 +28,10 @@ def make_agent(name: str, backends: list[str], poll_us: int = PROGRESS_POLL_US):
     from nixl._api import nixl_agent, nixl_agent_config
 
     config = nixl_agent_config(backends=list(backends))
-    bind = getattr(sys.modules.get(nixl_agent.__module__), "nixlBind", None)
-    base = getattr(bind, "nixlAgentConfig", None)
     if poll_us == 0:
         return nixl_agent(name, config)
+    bind = getattr(sys.modules.get(nixl_agent.__module__), "nixlBind", None)
+    base = getattr(bind, "nixlAgentConfig", None)
     if base is None:
         logger.warning("NIXL's agent config is not reachable: its progress thread will spin")
         return nixl_agent(name, config)
