@@ -343,7 +343,8 @@ class LLM:
         return None if self._followers is None else self._followers.lost()
 
     def shutdown(self) -> None:
-        """Free the KV cache and end the NIXL agent; with several ranks, stop the others and leave torch.distributed."""
+        """Free the KV cache and end the NIXL agent; with several ranks, stop the others and leave
+        torch.distributed."""
         if self._followers is not None:
             stop_followers(self.lost_rank)
         self._loop.shutdown()  # first: its thread is the one that talks to the other ranks

@@ -179,7 +179,7 @@ def test_nixl_agent_benchmark_reads_through_both_kinds_of_agent():
     pytest.importorskip("nixl")
     from bench_nixl_agent import main
 
-    record = main(["--reads", "3", "--idle-s", "0.2"])  # each READ checks the bytes it moved
+    record = main(["--reads", "3", "--idle-s", "0.2"])  # the bytes each size moved are checked
     for kind in ("spinning", "waiting"):
         assert record[kind]["read_4k_ms"] > 0 and record[kind]["read_16m_ms"] > 0
     assert record["waiting"]["poll_us"] > 0 == record["spinning"]["poll_us"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Sequence
 
 from tensorrt_llm.logger import logger
 
@@ -22,7 +23,7 @@ PROGRESS_POLL_US = 100  # the progress thread's longest wait for an event, in mi
 _BUILDING = threading.Lock()  # the config class is swapped on the binding module while building
 
 
-def make_agent(name: str, backends: list[str], poll_us: int = PROGRESS_POLL_US):
+def make_agent(name: str, backends: Sequence[str], poll_us: int = PROGRESS_POLL_US):
     """A ``nixl_agent`` named ``name`` with ``backends`` whose progress thread waits up to
     ``poll_us`` for an event instead of spinning (``poll_us=0``: the API's own, spinning)."""
     from nixl._api import nixl_agent, nixl_agent_config

@@ -105,7 +105,7 @@ class KvCacheTransceiver(PullSide):
         self.manager = manager
         self.name = name
         self.rank = rank
-        self.agent = make_agent(name, list(backends))
+        self.agent = make_agent(name, backends)
         self.mem_type = "VRAM" if manager.device.type == "cuda" else "DRAM"
         self.device_id = manager.device.index or 0
         self._registrations = [self.agent.register_memory(pool) for pool in manager.pools]
