@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 
 MAX_LOGPROBS = 20
+MAX_INT64 = 2**63 - 1  # seeds, top-k and token ids travel to the device as int64
+
+
+class SamplingParamsError(ValueError):
+    """A ``SamplingParams`` field out of what the engine can represent; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value, low: float, high: float) -> bool:
+    """A real number (not a bool) in ``[low, high]``; NaN and infinities are not."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
 
 
 @dataclass
@@ -39,51 +58,47 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
-        def bad(name: str, rule: str) -> ValueError:
-            return ValueError(f"SamplingParams.{name}={getattr(self, name)!r}: {rule}")
+        def bad(name: str, rule: str) -> SamplingParamsError:
+            return SamplingParamsError(
+                name, f"SamplingParams.{name}={getattr(self, name)!r}: {rule}"
+            )
 
-        if (
-            not isinstance(self.max_tokens, int)
-            or isinstance(self.max_tokens, bool)
-            or self.max_tokens < 1
-        ):
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise bad("max_tokens", "must be an int >= 1")
-        if self.temperature is not None and (
-            not isinstance(self.temperature, int | float) or self.temperature < 0
-        ):
-            raise bad("temperature", "must be a number >= 0")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
-            raise bad("top_k", "must be an int >= 0 (0 disables it)")
-        if self.top_p is not None and (
-            not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1
-        ):
+        if self.temperature is not None and not _is_number(self.temperature, 0, sys.float_info.max):
+            raise bad("temperature", "must be a finite number >= 0")
+        if self.top_k is not None and (not _is_int(self.top_k) or not 0 <= self.top_k <= MAX_INT64):
+            raise bad("top_k", f"must be an int in [0, {MAX_INT64}] (0 disables it)")
+        if self.top_p is not None and (not _is_number(self.top_p, 0, 1) or self.top_p == 0):
             raise bad("top_p", "must be in (0, 1]")
         if self.logprobs is not None and (
-            not isinstance(self.logprobs, int)
-            or isinstance(self.logprobs, bool)
-            or not 0 <= self.logprobs <= MAX_LOGPROBS
+            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             raise bad("logprobs", f"must be an int in [0, {MAX_LOGPROBS}] (top tokens per token)")
         for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or abs(value) > 2:
+            if not _is_number(getattr(self, name), -2, 2):
                 raise bad(name, "must be a number in [-2, 2]")
-        if self.logit_bias is not None and not all(
-            isinstance(k, int)
-            and not isinstance(k, bool)
-            and k >= 0
-            and isinstance(v, int | float)
-            and abs(v) <= 100
-            for k, v in self.logit_bias.items()
+        if self.logit_bias is not None and not (
+            isinstance(self.logit_bias, dict)
+            and all(
+                _is_int(k) and 0 <= k <= MAX_INT64 and _is_number(v, -100, 100)
+                for k, v in self.logit_bias.items()
+            )
         ):
             raise bad("logit_bias", "must map token ids (ints >= 0) to numbers in [-100, 100]")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", "must be an int")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_INT64):
+            raise bad("seed", f"must be an int in [0, {MAX_INT64}]")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop", "must be a non-empty string or a list of them")
+        if not isinstance(self.stop_token_ids, list | tuple) or not all(
+            _is_int(t) and 0 <= t <= MAX_INT64 for t in self.stop_token_ids
+        ):
+            raise bad("stop_token_ids", "must be a list of token ids (ints >= 0)")
         self.stop_token_ids = list(self.stop_token_ids)
+        if self.end_id is not None and (not _is_int(self.end_id) or self.end_id < 0):
+            raise bad("end_id", "must be a token id (an int >= 0)")
 
     @property
     def processes_logits(self) -> bool:

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, RequestError
 from tensorrt_llm.serve.openai_protocol import ErrorInfo, ErrorResponse
 
 MAX_BODY_BYTES = 8 * 2**20  # a larger request body is refused (413) before it is read
@@ -25,6 +26,23 @@ class ServerError(Exception):
     ):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+# A request's error, by whose fault it is: (HTTP status, OpenAI error type).
+_STATUS = {
+    ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
+    ErrorKind.ENGINE_FAULT: (500, "server_error"),
+    ErrorKind.KV_TRANSFER: (502, "server_error"),  # the context server's KV did not come
+    ErrorKind.RANK_LOST: (503, "server_error"),
+}
+
+
+def request_failed(stop_reason) -> ServerError:
+    """The ``ServerError`` of a request that ended with ``FinishReason.ERROR``."""
+    if isinstance(stop_reason, RequestError):
+        status, kind = _STATUS[stop_reason.kind]
+        return ServerError(status, stop_reason.message, kind)
+    return ServerError(500, str(stop_reason or "the engine failed this request"), "server_error")
 
 
 def error_response(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:

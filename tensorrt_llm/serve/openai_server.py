@@ -21,10 +21,15 @@ from tensorrt_llm._torch.disaggregation.params import RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
 from tensorrt_llm.llmapi.llm import LLM, GenerationRequest, RequestOutput
 from tensorrt_llm.logger import logger
-from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm.sampling_params import MAX_INT64, SamplingParams, SamplingParamsError
 from tensorrt_llm.serve import guards, media
 from tensorrt_llm.serve.choices import ChoiceStream, Renderer, merged
-from tensorrt_llm.serve.errors import ServerError, error_response, install_error_handling
+from tensorrt_llm.serve.errors import (
+    ServerError,
+    error_response,
+    install_error_handling,
+    request_failed,
+)
 from tensorrt_llm.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from tensorrt_llm.serve.metrics import RequestTimer, ServerMetrics
 from tensorrt_llm.serve.openai_protocol import (
@@ -140,8 +145,8 @@ class OpenAIServer:
                 frequency_penalty=body.frequency_penalty,
                 logit_bias=self._logit_bias(body.logit_bias),
             )
-        except ValueError as exc:
-            raise ServerError(400, str(exc)) from None
+        except SamplingParamsError as exc:
+            raise ServerError(400, str(exc), param=exc.field) from None
 
     def _logit_bias(self, bias: dict[int, float] | None) -> dict[int, float] | None:
         vocab = self.llm.model_config.vocab_size
@@ -202,12 +207,7 @@ class OpenAIServer:
             out = last.outputs[0]
             if out.finish_reason is FinishReason.ERROR:
                 self.metrics.errors.inc()
-                refused = isinstance(out.stop_reason, str)  # admission refused it (a ValueError)
-                raise ServerError(
-                    400 if refused else 500,
-                    str(out.stop_reason or "generation failed"),
-                    "invalid_request_error" if refused else "server_error",
-                )
+                raise request_failed(out.stop_reason)
         reply = {
             "id": rid,
             "object": "chat.completion" if chat else "text_completion",
@@ -226,6 +226,13 @@ class OpenAIServer:
         if body.disaggregated_params is not None and (body.n > 1 or len(prompts) > 1):
             raise ServerError(
                 400, "a disaggregated request has one prompt and n=1", param="disaggregated_params"
+            )
+        if params.seed is not None and params.seed + body.n - 1 > MAX_INT64:
+            raise ServerError(
+                400,
+                f"seed={params.seed}: sample i of n={body.n} draws with seed + i, which must stay "
+                f"at most {MAX_INT64}",
+                param="seed",
             )
         disagg = body.disaggregated_params
         if disagg is not None and disagg.request_type is RequestType.CONTEXT_ONLY:
@@ -337,8 +344,8 @@ class OpenAIServer:
         async for index, snap in merged(streams):
             if snap.outputs[0].finish_reason is FinishReason.ERROR:
                 self.metrics.errors.inc()
-                message = str(snap.outputs[0].stop_reason)
-                error = ErrorInfo(message=message, type="server_error", code=500)
+                failed = request_failed(snap.outputs[0].stop_reason)
+                error = ErrorInfo(message=failed.message, type=failed.kind, code=failed.status)
                 yield f"data: {json.dumps(ErrorResponse(error=error).model_dump())}\n\n"
                 break
             choice = choices[index].chunk(snap)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
-from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
+from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm.logger import logger
 
@@ -116,7 +116,7 @@ class DisaggCoordinator:
                 logger.warning("request %d: its KV did not load: %s", request.request_id, exc)
                 abandon(load_kv)
                 self.resource_manager.free_resources(request)
-                request.finish(FinishReason.ERROR, str(exc))
+                request.fail(ErrorKind.KV_TRANSFER, f"its prompt's KV did not load: {exc}")
                 continue
             start(request, loaded)
             owed += kv.get_needed_resource_to_completion(request)  # what it still needs
@@ -131,10 +131,10 @@ class DisaggCoordinator:
                 return request
         return None
 
-    def end_waiting(self, reason: FinishReason) -> None:
+    def end_waiting(self, reason: FinishReason, stop_reason=None) -> None:
         for request, load_kv in self.waiting:
             abandon(load_kv)
-            request.finish(reason)
+            request.finish(reason, stop_reason)
         self.waiting.clear()
 
 

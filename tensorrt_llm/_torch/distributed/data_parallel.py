@@ -34,7 +34,16 @@ from tensorrt_llm._torch.distributed.ranks import (
     submit_command,
 )
 from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats
-from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
+from tensorrt_llm._torch.pyexecutor.fault_isolation import describe
+from tensorrt_llm._torch.pyexecutor.llm_request import (
+    ErrorKind,
+    FinishReason,
+    LlmRequest,
+    LlmRequestState,
+    RequestError,
+    stop_reason_from_json,
+    stop_reason_to_json,
+)
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.logger import logger
 from tensorrt_llm.runtime.staging import DeviceReadback
@@ -163,10 +172,11 @@ class AttentionDpExecutor:
         commands, self._outbox = self._outbox, []
         try:
             send_step_commands(commands, self._lost)
-        except Exception:  # a rank is gone: no request can go on
-            self.local.end_all(FinishReason.ERROR)
+        except Exception as exc:  # a rank is gone: no request can go on
+            error = RequestError(ErrorKind.RANK_LOST, f"a rank is gone ({describe(exc)})")
+            self.local.end_all(error)
             for remote in self._remote.values():
-                remote.request.finish(FinishReason.ERROR)
+                remote.request.finish(FinishReason.ERROR, error)
             self._remote.clear()
             raise
         failure = None
@@ -249,7 +259,7 @@ def progress_update(request: LlmRequest, num_sent: int) -> dict:
         "num_accepted_draft_tokens": request.num_accepted_draft_tokens,
         "num_reused_tokens": request.num_reused_tokens,
         "finish_reason": None if request.finish_reason is None else request.finish_reason.value,
-        "stop_reason": request.stop_reason,
+        "stop_reason": stop_reason_to_json(request.stop_reason),
     }
 
 
@@ -264,4 +274,6 @@ def apply_update(shadow: LlmRequest, update: dict) -> None:
     if shadow.output_token_ids and shadow.state is LlmRequestState.CONTEXT_INIT:
         shadow.state = LlmRequestState.GENERATION_IN_PROGRESS
     if update["finish_reason"] is not None:
-        shadow.finish(FinishReason(update["finish_reason"]), update["stop_reason"])
+        shadow.finish(
+            FinishReason(update["finish_reason"]), stop_reason_from_json(update["stop_reason"])
+        )

@@ -38,7 +38,7 @@ from tensorrt_llm._torch.distributed.commands import (
 )
 from tensorrt_llm._torch.distributed.communicator import broadcast_bytes
 from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
+from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, LlmRequest
 from tensorrt_llm.inputs.image_processing import images_from_json, images_to_json
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
@@ -136,7 +136,7 @@ def start_generation_only(
         executor.enqueue_generation_only(request, load_kv)
     except ValueError as exc:
         if not request.is_finished:
-            request.finish(FinishReason.ERROR, str(exc))
+            request.fail(ErrorKind.INVALID_REQUEST, str(exc))
     return request
 
 

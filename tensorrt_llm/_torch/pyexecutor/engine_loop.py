@@ -6,7 +6,7 @@ callback with the request (its tokens so far) and whether it finished. It runs o
 thread once ``start`` is called (``LLM.submit``, a server), or on the caller's thread for as long
 as ``run_until`` says (``LLM.generate`` with no server); either way every call into the executor
 happens on the one thread that runs the loop. A step that raises ends (and frees) only the
-requests of that batch, with ``FinishReason.ERROR``; the loop keeps serving the others.
+requests of that batch (``fault_isolation.py``); the loop keeps serving the others.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
+from tensorrt_llm._torch.pyexecutor.fault_isolation import describe
+from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, LlmRequest
 from tensorrt_llm.logger import logger
 
 if TYPE_CHECKING:
@@ -152,7 +153,9 @@ class EngineLoop:
                 except Exception as exc:  # a bad request or peer: it ends, the loop goes on
                     logger.warning("request %d failed to start: %s", request.request_id, exc)
                     if not request.is_finished:
-                        request.finish(FinishReason.ERROR, str(exc))
+                        refused = isinstance(exc, ValueError | TypeError)
+                        kind = ErrorKind.INVALID_REQUEST if refused else ErrorKind.ENGINE_FAULT
+                        request.fail(kind, str(exc) if refused else describe(exc))
                     self._callback(request, on_update, finished=True)
                     return
                 self._watchers[request.request_id] = (request, on_update)

@@ -22,6 +22,72 @@ class FinishReason(enum.StrEnum):
     CONTEXT_DONE = "context_done"  # a context-only request finished its prompt; its KV is held
 
 
+class ErrorKind(enum.StrEnum):
+    """Whose fault a request's error is; the server maps each to an HTTP status once."""
+
+    INVALID_REQUEST = "invalid_request"  # the request cannot run here (refused at admission)
+    ENGINE_FAULT = "engine_fault"  # a step failed: this request caused it, or was in it
+    KV_TRANSFER = "kv_transfer"  # its prompt's KV could not be pulled from the context server
+    RANK_LOST = "rank_lost"  # a rank of this server is gone: nothing can run until a restart
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """Why a request ended with ``FinishReason.ERROR`` (its ``stop_reason``); ``str()`` is the
+    message."""
+
+    kind: ErrorKind
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def stop_reason_to_json(stop_reason: int | str | RequestError | None):
+    """A ``stop_reason`` as JSON (ranks report their requests' ends to rank 0)."""
+    if isinstance(stop_reason, RequestError):
+        return {"kind": stop_reason.kind.value, "message": stop_reason.message}
+    return stop_reason
+
+
+def stop_reason_from_json(value) -> int | str | RequestError | None:
+    if isinstance(value, dict):
+        return RequestError(ErrorKind(value["kind"]), str(value["message"]))
+    return value
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """A request's row of a batch's sampling tensors (``sampler.SamplingTensors``), fixed when the
+    request is made and checked there to fit them (float32, int64): a request the device cannot
+    represent is refused before it joins a batch, never while a batch is launched."""
+
+    temperature: float  # 0: greedy
+    top_p: float  # 1: every token
+    top_k: int  # 0: every token
+    seed: int
+
+    @classmethod
+    def of(cls, params: SamplingParams, seed: int) -> SamplingRow:
+        row = cls(
+            0.0 if params.greedy else float(params.temperature),
+            1.0 if params.top_p is None else float(params.top_p),
+            int(params.top_k or 0),
+            seed,
+        )
+        floats = torch.tensor([row.temperature, row.top_p], dtype=torch.float32)
+        if not bool(torch.isfinite(floats).all()):
+            raise ValueError(
+                f"temperature={params.temperature!r}, top_p={params.top_p!r}: not finite in float32"
+            )
+        for name in ("top_k", "seed"):
+            try:
+                torch.tensor(getattr(row, name), dtype=torch.long)
+            except (OverflowError, RuntimeError, ValueError):
+                raise ValueError(f"{name}={getattr(row, name)!r}: out of int64") from None
+        return row
+
+
 class LlmRequestState(enum.Enum):
     CONTEXT_INIT = "context_init"  # prompt (or part of it) still to prefill
     GENERATION_IN_PROGRESS = "generation_in_progress"
@@ -50,7 +116,7 @@ class LlmRequest:
     cache_salt: str | None = None
     num_reused_tokens: int = 0
     finish_reason: FinishReason | None = None
-    stop_reason: int | str | None = None
+    stop_reason: int | str | RequestError | None = None  # an ERROR's: a RequestError
     num_decode_iterations: int = 0  # generation steps (each verifies the previous drafts)
     num_accepted_draft_tokens: int = 0
     # the seed of the request's random numbers (``sampler.uniform``): SamplingParams.seed, else
@@ -68,10 +134,12 @@ class LlmRequest:
     multimodal: MultimodalInput | None = None  # its images (``multimodal.py``)
     # the prompt as the KV cache keys its blocks: each image's placeholders replaced by its key id
     prompt_key_ids: list[int] = field(init=False)
+    sampling_row: SamplingRow = field(init=False)
 
     def __post_init__(self) -> None:
         seed = self.sampling_params.seed
         self.seed = seed if seed is not None else random.getrandbits(63)
+        self.sampling_row = SamplingRow.of(self.sampling_params, self.seed)
         mm = self.multimodal
         self.prompt_key_ids = (
             self.prompt_token_ids if mm is None else mm.key_tokens(self.prompt_token_ids)
@@ -119,7 +187,13 @@ class LlmRequest:
             self.num_accepted_draft_tokens + self.num_decode_iterations
         ) / self.num_decode_iterations
 
-    def finish(self, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+    def finish(
+        self, reason: FinishReason, stop_reason: int | str | RequestError | None = None
+    ) -> None:
         self.state = LlmRequestState.GENERATION_COMPLETE
         self.finish_reason = FinishReason(reason)
         self.stop_reason = stop_reason
+
+    def fail(self, kind: ErrorKind, message: str) -> None:
+        """End with ``FinishReason.ERROR``, saying whose fault it is and why."""
+        self.finish(FinishReason.ERROR, RequestError(kind, message))

@@ -8,13 +8,20 @@ from typing import TYPE_CHECKING
 
 from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv, abandon
 from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats, RankSync
+from tensorrt_llm._torch.pyexecutor.fault_isolation import FaultIsolation, describe
 from tensorrt_llm._torch.pyexecutor.launched_step import (
     DeviceTokens,
     LaunchedStep,
     apply_tokens,
     check_stop,
 )
-from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
+from tensorrt_llm._torch.pyexecutor.llm_request import (
+    ErrorKind,
+    FinishReason,
+    LlmRequest,
+    LlmRequestState,
+    RequestError,
+)
 from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, logprobs_top, sample
@@ -52,12 +59,12 @@ class PyExecutor:
         self.scheduler = scheduler
         self.max_seq_len = max_seq_len
         self.active: list[LlmRequest] = []
-        # held context-only KV, and generation-only requests waiting for theirs
-        self.disagg = DisaggCoordinator(resource_manager)
+        self.disagg = DisaggCoordinator(resource_manager)  # held KV, and requests pulling theirs
         self._admitted: set[int] = set()
         self.stats = ExecutorStats()
-        # Rank 0 under tensor parallelism: told of every submit, cancel and release, and called
-        # at the start of every step to send them to the other ranks (``distributed/ranks.py``).
+        self.isolation = FaultIsolation()  # a failed step's requests retried one at a time
+        # Rank 0 under tensor parallelism: tells the other ranks of every submit, cancel and
+        # release at the start of every step (``distributed/ranks.py``).
         self.rank_sync: RankSync | None = None
         # Every rank under tensor parallelism: generation-only requests are admitted (and pull
         # their KV) inside a step only, at the same point on every rank.
@@ -130,16 +137,11 @@ class PyExecutor:
         return len(done)
 
     def enqueue_generation_only(self, request: LlmRequest, load_kv: LoadKv) -> None:
-        """Start a request at its first generation step: its prompt's KV comes from ``load_kv``
-        (which allocates and fills the slots, and returns the prompt tokens it did not compute), its
-        first token and drafts from the context server. No prefill runs here.
-
-        Admission is the scheduler's rule for a new prompt: the request waits, in arrival order,
-        until the KV it needs to completion fits beside what the admitted requests are owed; only
-        then does ``load_kv`` run. A request that fails to load ends with ``FinishReason.ERROR``
-        (raised here when it fails at once). A request refused, cancelled or failed before its KV
-        is loaded calls ``load_kv.abandon()`` when ``load_kv`` has one (so the context server can
-        free what it holds for the load now, not at its timeout)."""
+        """Start a request at its first generation step: its prompt's KV from ``load_kv`` (which
+        allocates and fills the slots, and returns the prompt tokens it did not compute), its
+        first token and drafts from the context server. It waits, in arrival order, until the KV
+        it needs to completion fits beside what the admitted requests are owed (the scheduler's
+        rule); only then does ``load_kv`` run (``DisaggCoordinator.admit``)."""
         try:
             self.check_request(request)  # it joins ``active`` once admitted
         except ValueError:
@@ -185,15 +187,16 @@ class PyExecutor:
         if self.rank_sync is not None:
             try:
                 self.rank_sync.start_step()
-            except Exception:  # another rank is gone: no request can go on
-                self.end_all(FinishReason.ERROR)
+            except Exception as exc:  # another rank is gone: no request can go on
+                self.end_all(RequestError(ErrorKind.RANK_LOST, f"a rank is gone ({describe(exc)})"))
                 raise
         self._admit_generation_only()
         batch = self.scheduler.schedule(self.active, self._admitted)
         finished: list[LlmRequest] = []
         if self._unread and batch.batch_size:
             batch.feed = self._unread[-1].feed()
-            self._hold_back(batch)
+            batch.hold_back_at_length(self.max_seq_len)
+        self.isolation.restrict(batch)
         if self.model_engine.exchange is not None:  # the ranks agree on the MoE exchanges
             self.model_engine.exchange.agree(batch, self.cuda_graph_runner)
         if batch.feed is not None and batch.batch_size and not self._can_feed(batch):
@@ -224,20 +227,6 @@ class PyExecutor:
             self.model_engine.exchange.idle_step()
             self.stats.num_idle_steps += 1
 
-    def _hold_back(self, batch: ScheduledRequests) -> None:
-        """Leave out of ``batch`` the requests the launched step may end by length: they wait
-        for it to be read (nothing is computed past a length that is known)."""
-        wait = []
-        for req in batch.generation_requests:
-            pending = batch.pending_tokens(req)
-            if pending and (
-                len(req.output_token_ids) + pending >= req.max_new_tokens
-                or req.get_num_tokens() + pending >= self.max_seq_len
-            ):
-                wait.append(req)
-        if wait:
-            batch.pause(wait)
-
     def _can_feed(self, batch: ScheduledRequests) -> bool:
         """Whether ``batch`` can launch with the launched step's tokens still on the device."""
         fed = [r for r in batch.generation_requests if batch.pending_tokens(r)]
@@ -249,26 +238,34 @@ class PyExecutor:
         return graphs and runner.bucket_size(batch) is not None
 
     def _launch(self, batch: ScheduledRequests) -> None:
-        """Prepare the batch's KV and queue its step; on failure the batch's requests end (after
-        what is already launched is read)."""
+        """Prepare the batch's KV and queue its step. On failure (after what is already launched
+        is read) its requests run again one at a time, or end (``fault_isolation.py``)."""
         forwarded = False
         try:
             self.resource_manager.prepare_resources(batch)
             for req in batch.context_requests:
                 if req.request_id in batch.reused_tokens:
                     req.skip_reused_prefix(batch.reused_tokens[req.request_id])
-                    self.stats.num_reused_tokens += req.num_reused_tokens
             forwarded = True
             self._unread.append(self._forward(batch))
-        except Exception:
-            for req in batch.all_requests:  # never leak a slot: the batch's requests end here
-                req.finish(FinishReason.ERROR)
+        except Exception as exc:  # its requests end (never leaking a slot) or run again alone
+            alone = self.rank_sync is None and not self.lockstep and not self.model_engine.exchange
+            ended = self.isolation.failed(batch, exc, retry=alone)
+            for req in ended:
                 self._release(req)
             self._drain()
             if not forwarded:
                 self.take_part()
-            raise
+            if ended:
+                raise
+            return
+        self.isolation.passed(batch)
         self.stats.num_steps += 1
+        self.stats.num_reused_tokens += sum(
+            r.num_reused_tokens
+            for r in batch.context_requests
+            if r.request_id in batch.reused_tokens
+        )
         self.stats.num_overlapped_steps += len(self._unread) > 1
         self.stats.num_context_tokens_computed = self.model_engine.num_context_tokens_computed
         for req, n in zip(batch.all_requests, self._unread[-1].num_logits, strict=True):
@@ -293,10 +290,12 @@ class PyExecutor:
                     keep_capacity={r.request_id for s in later for r in s.batch.all_requests},
                 )
                 self.resource_manager.update_resources(done)
-            except Exception:
+            except Exception as exc:
                 for req in live:  # their KV is freed once the steps still holding them are read
                     if not req.is_finished:
-                        req.finish(FinishReason.ERROR)
+                        req.fail(
+                            ErrorKind.ENGINE_FAULT, f"reading its step failed ({describe(exc)})"
+                        )
                     if req in self.active:
                         self._release(req)
                 raise
@@ -318,11 +317,11 @@ class PyExecutor:
             except Exception:
                 logger.error("reading a launched step failed:\n%s", traceback.format_exc())
 
-    def end_all(self, reason: FinishReason) -> None:
-        """Finish every request, active or waiting for its KV, with ``reason``, and free it."""
-        self.disagg.end_waiting(reason)
+    def end_all(self, error: RequestError) -> None:
+        """End every request, active or waiting for its KV, with ``error``, and free it."""
+        self.disagg.end_waiting(FinishReason.ERROR, error)
         for req in list(self.active):
-            req.finish(reason)
+            req.finish(FinishReason.ERROR, error)
             self._release(req)
         self._drain()
 
@@ -342,6 +341,7 @@ class PyExecutor:
         else:
             self._free(req)
         self._admitted.discard(req.request_id)
+        self.isolation.forget(req)
         if req in self.active:
             self.active.remove(req)
 

@@ -119,15 +119,12 @@ def logprobs_top(requests: Sequence[LlmRequest]) -> int | None:
 
 def host_rows(requests: Sequence[LlmRequest]) -> tuple[list[list[float]], list[list[int]]]:
     """The requests' sampling rows on the host: ``[temperature, top_p]`` and ``[top_k, seed,
-    counter]``, one column per request (a greedy request's temperature is 0)."""
-    params = [r.sampling_params for r in requests]
-    floats = [
-        [0.0 if p.greedy else float(p.temperature) for p in params],
-        [1.0 if p.top_p is None else float(p.top_p) for p in params],
-    ]
+    counter]``, one column per request (``LlmRequest.sampling_row``, checked when it was made)."""
+    rows = [r.sampling_row for r in requests]
+    floats = [[row.temperature for row in rows], [row.top_p for row in rows]]
     ints = [
-        [int(p.top_k or 0) for p in params],
-        [r.seed for r in requests],
+        [row.top_k for row in rows],
+        [row.seed for row in rows],
         [r.num_sampling_steps * COUNTER_STRIDE for r in requests],
     ]
     return floats, ints

@@ -54,6 +54,20 @@ class ScheduledRequests:
     def batch_size(self) -> int:
         return len(self.context_requests) + len(self.generation_requests)
 
+    def hold_back_at_length(self, max_seq_len: int) -> None:
+        """Leave out the requests the launched step (``feed``) may end by length: they wait for
+        it to be read (nothing is computed past a length that is known)."""
+        wait = []
+        for req in self.generation_requests:
+            pending = self.pending_tokens(req)
+            if pending and (
+                len(req.output_token_ids) + pending >= req.max_new_tokens
+                or req.get_num_tokens() + pending >= max_seq_len
+            ):
+                wait.append(req)
+        if wait:
+            self.pause(wait)
+
     def pause(self, requests: list[LlmRequest]) -> None:
         """Move ``requests`` out of this step's batch into ``paused_requests``."""
         ids = {id(r) for r in requests}

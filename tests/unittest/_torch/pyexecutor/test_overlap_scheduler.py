@@ -137,7 +137,7 @@ def test_a_cancelled_request_is_gone_within_one_step_and_its_slots_are_free(mode
     assert len(keep.output_token_ids) == 8 and used_slots(executor) == 0
 
 
-def test_a_step_that_raises_ends_every_request_and_frees_every_slot(model, monkeypatch):
+def test_a_step_that_always_raises_ends_every_request_and_frees_every_slot(model, monkeypatch):
     executor = make(model, True)
     first, second = request(0), request(1)
     executor.enqueue_request(first)
@@ -150,10 +150,14 @@ def test_a_step_that_raises_ends_every_request_and_frees_every_slot(model, monke
         raise RuntimeError("device lost")
 
     monkeypatch.setattr(engine, "forward", broken)
-    with pytest.raises(RuntimeError, match="device lost"):
-        executor.step()
+    executor.step()  # the batch failed: each of its requests runs again alone
+    assert executor.isolation.suspects == {first.request_id, second.request_id}
+    for _ in range(2):  # and fails alone
+        with pytest.raises(RuntimeError, match="device lost"):
+            executor.step()
     assert first.finish_reason is second.finish_reason is FinishReason.ERROR
-    assert used_slots(executor) == 0 and not executor._unread
+    assert "RuntimeError: device lost" in str(first.stop_reason)
+    assert used_slots(executor) == 0 and not executor._unread and not executor.active
     monkeypatch.undo()
     third = request(2)
     run(executor, [third])
