@@ -1,9 +1,11 @@
-"""Every error a server answers is an OpenAI error object with the matching status; the guards
-that answer before a handler runs (body size, API key)."""
+"""Every error a server answers is an OpenAI error object with the matching status: validation
+errors name the field (``param``), a request's engine error is mapped by its kind, and anything
+unforeseen is a 500 object that names only its type (the traceback goes to the log)."""
 
 from __future__ import annotations
 
-import hmac
+import re
+import traceback
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -11,9 +13,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, RequestError
+from tensorrt_llm.logger import logger
+from tensorrt_llm.serve.middleware import ApiKey, BodySizeLimit
 from tensorrt_llm.serve.openai_protocol import ErrorInfo, ErrorResponse
-
-MAX_BODY_BYTES = 8 * 2**20  # a larger request body is refused (413) before it is read
 
 
 class ServerError(Exception):
@@ -28,6 +30,7 @@ class ServerError(Exception):
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 # A request's error, by whose fault it is: (HTTP status, OpenAI error type).
 _STATUS = {
     ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
@@ -46,65 +49,22 @@ def request_failed(stop_reason) -> ServerError:
 
 
 def error_response(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+    message = _ADDRESS.sub("", message)  # an object's repr says where it lives: nobody's business
     body = ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=status))
     return JSONResponse(body.model_dump(), status_code=status)
 
 
-class _BodySizeLimit:
-    """Refuses a request whose declared body is over ``MAX_BODY_BYTES`` before reading it (a plain
-    ASGI middleware: it leaves ``receive`` alone, so handlers still see a client disconnect)."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            length = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
-            if not length.isdigit() or int(length) > MAX_BODY_BYTES:
-                reply = error_response(
-                    413,
-                    f"the request body is {length} bytes; the limit is {MAX_BODY_BYTES}",
-                    "invalid_request_error",
-                )
-                await reply(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-class _ApiKey:
-    """With an API key set, every path but ``/health`` needs ``Authorization: Bearer <key>``."""
-
-    def __init__(self, app, api_key: str) -> None:
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                reply = error_response(
-                    401,
-                    "missing or wrong API key (Authorization: Bearer <key>)",
-                    "authentication_error",
-                )
-                await reply(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 def install_error_handling(app: FastAPI, api_key: str | None = None) -> None:
     """The body-size limit, the API key when one is set, and OpenAI error objects for validation
-    errors, ``ServerError`` and unknown paths or methods."""
-    app.add_middleware(_BodySizeLimit)
+    errors, ``ServerError``, unknown paths or methods, and any other exception."""
+    app.add_middleware(BodySizeLimit)
     if api_key:
-        app.add_middleware(_ApiKey, api_key=api_key)
+        app.add_middleware(ApiKey, api_key=api_key)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return error_response(
-            400, f"{param}: {first.get('msg', 'invalid request')}", "invalid_request_error", param
-        )
+        param, message = validation_message(exc.errors())
+        return error_response(400, message, "invalid_request_error", param)
 
     @app.exception_handler(ServerError)
     async def _server_error(_: Request, exc: ServerError):
@@ -115,3 +75,29 @@ def install_error_handling(app: FastAPI, api_key: str | None = None) -> None:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message = f"{request.method} {request.url.path}: {exc.detail}"
         return error_response(exc.status_code, message, kind)
+
+    @app.exception_handler(Exception)
+    async def _unforeseen(request: Request, exc: Exception):
+        logger.error("%s %s failed:\n%s", request.method, request.url.path, traceback.format_exc())
+        message = f"the server failed this request ({type(exc).__name__}); it is logged"
+        return error_response(500, message, "server_error")
+
+
+def validation_message(errors) -> tuple[str | None, str]:
+    """The field (dotted path in the body) and the message of pydantic's telling error, without
+    pydantic's own prefixes ("Value error, ") and the union members it tried ("list[int]").
+
+    A value that fits none of a union's members gets an error per member; the telling one is a
+    member's error about the value, not the members that its type did not match."""
+    telling = [e for e in errors if not str(e.get("type", "")).endswith("_type")]
+    first = (telling or errors or [{}])[0]
+    path = [p for p in first.get("loc", ())[1:] if isinstance(p, int) or _FIELD.fullmatch(p)]
+    param = ".".join(str(p) for p in path if p not in _TYPE_TAGS) or None
+    text = str(first.get("msg", "invalid request"))
+    for prefix in ("Value error, ", "Assertion failed, "):
+        text = text.removeprefix(prefix)
+    return param, f"{param}: {text}" if param else text
+
+
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}  # pydantic's union members

@@ -7,6 +7,7 @@ import uuid
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -19,6 +20,19 @@ from pydantic import (
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 
 MAX_CHOICES = 16  # choices of one request: prompts times n
+
+
+def _encodable(text: str) -> str:
+    """JSON may carry a lone UTF-16 surrogate (``"\\ud800"``), which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        raise ValueError(f"holds a lone surrogate (U+{code:04X}) at {exc.start}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]  # every string a request carries
 
 
 class OpenAIBaseModel(BaseModel):
@@ -43,7 +57,7 @@ class _SamplingFields(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str | None = None
+    model: Text | None = None
     # Strict: `true` is not a max_tokens and "yes" is not a stream flag.
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
@@ -51,11 +65,11 @@ class _SamplingFields(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(default=None, ge=0)
     seed: StrictInt | None = Field(default=None, ge=0, lt=2**63)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stream: StrictBool = False
     stream_options: dict | None = None
     n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)  # samples per prompt
-    user: str | None = None
+    user: Text | None = None
     ignore_eos: StrictBool = False
     # Disaggregated serving: {"request_type": "context_only"} asks a context server to prefill and
     # keep the KV; a generation server gets the context server's result as "generation_only".
@@ -115,7 +129,7 @@ class _SamplingFields(BaseModel):
 
 class CompletionRequest(_SamplingFields):
     # one prompt (text or token ids) or a list of them: a choice per prompt (times n)
-    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+    prompt: Text | list[StrictInt] | list[Text] | list[list[StrictInt]]
     logprobs: StrictInt | None = Field(default=None, ge=0, le=20)  # top tokens per token
 
     def wanted_logprobs(self) -> int | None:
@@ -126,26 +140,27 @@ class CompletionRequest(_SamplingFields):
         single = isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))
         return [prompt] if single else list(prompt)
 
-    @model_validator(mode="after")
-    def _choices_in_range(self) -> CompletionRequest:
-        if not self.prompt:
-            raise ValueError("prompt is empty")
-        if len(self.prompts()) * self.n > MAX_CHOICES:
-            raise ValueError(
-                f"{len(self.prompts())} prompts times n={self.n} is over {MAX_CHOICES} choices"
-            )
-        return self
+    @field_validator("prompt")
+    @classmethod
+    def _choices_in_range(cls, prompt, info):
+        if not prompt:
+            raise ValueError("is empty")
+        single = isinstance(prompt, str) or isinstance(prompt[0], int)
+        num_prompts, n = 1 if single else len(prompt), info.data.get("n", 1)
+        if num_prompts * n > MAX_CHOICES:
+            raise ValueError(f"{num_prompts} prompts times n={n} is over {MAX_CHOICES} choices")
+        return prompt
 
 
 class TextPart(OpenAIBaseModel):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ImageUrl(BaseModel):
     model_config = ConfigDict(extra="ignore")  # "detail": the processor sizes every image alike
 
-    url: str
+    url: Text
 
 
 class ImageUrlPart(OpenAIBaseModel):
@@ -162,7 +177,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant"]
-    content: str | list[Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]]
+    content: Text | list[Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]]
 
     def text(self, image_mark: str = "") -> str:
         """The content as text, each image part written as ``image_mark``."""

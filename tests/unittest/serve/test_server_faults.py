@@ -4,6 +4,8 @@ and every error the server answers is an OpenAI error object (live server, bundl
 Eagle3 unified, CPU)."""
 
 import json
+import os
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -76,3 +78,92 @@ def test_poison_pills_beside_running_streams_fail_alone(url):
         assert not [e for e in events if "error" in e]
         assert text == alone and events[-1]["choices"][0]["finish_reason"] == "length"
     assert slots_in_use(url) == 0
+
+
+def raw_request(url: str, head: str, chunks=(), timeout: float = 30) -> tuple[int, dict]:
+    """Send ``head`` (request line and headers) then ``chunks`` on one socket; the status and the
+    JSON body of the reply (what the server answered, even if it stopped reading early; None when
+    the HTTP layer refused the request before the app saw it)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(head.encode() + b"\r\n")
+        try:
+            for chunk in chunks:
+                sock.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused mid-body: the answer is already there
+        reply = b""
+        while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < _length(reply):
+            data = sock.recv(65536)
+            if not data:
+                break
+            reply += data
+    status = int(reply.split(b" ", 2)[1])
+    head, body = reply.split(b"\r\n\r\n", 1)
+    return status, json.loads(body) if b"application/json" in head.lower() else None
+
+
+def _length(reply: bytes) -> int:
+    for line in reply.split(b"\r\n\r\n", 1)[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 0
+
+
+def chunked(total: int, size: int = 1 << 20):
+    """A JSON body of ``total`` bytes in HTTP chunks of ``size``."""
+    body = b'{"prompt": "' + b"a" * (total - 15) + b'"}'
+    for i in range(0, len(body), size):
+        part = body[i : i + size]
+        yield b"%x\r\n%s\r\n" % (len(part), part)
+    yield b"0\r\n\r\n"
+
+
+def test_a_chunked_body_over_the_limit_is_a_413_before_it_is_read(url):
+    rss_before = _rss_bytes()
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n"
+    )
+    status, body = raw_request(url, head, chunked(16 * 2**20))
+    assert status == 413 and body["error"]["code"] == 413
+    assert "limit is 8388608" in body["error"]["message"]
+    assert _rss_bytes() - rss_before < 64 * 2**20  # nothing near the body's size was kept
+    assert httpx.get(url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "headers, status",
+    [
+        ("Content-Length: 16\r\nTransfer-Encoding: chunked\r\n", 400),
+        ("Content-Length: 99999999999\r\n", 413),
+        ("Content-Length: 16\r\nContent-Length: 17\r\n", 400),  # (the HTTP layer's refusal)
+    ],
+)
+def test_a_body_whose_length_headers_disagree_or_lie_is_refused(url, headers, status):
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}"
+    got, body = raw_request(url, head, [b'{"prompt": "hi"}'])
+    assert got == status and (body is None or body["error"]["code"] == status), body
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize(
+    "raw, param",
+    [
+        ('{"messages": [{"role": "user", "content": "hi \\ud800 there"}]}', "messages.0.content"),
+        ('{"prompt": "a\\udc00"}', "prompt"),
+        ('{"prompt": "hi", "stop": ["\\ud800"]}', "stop.0"),
+        ('{"prompt": []}', "prompt"),
+        ('{"prompt": ["a", "b", "c"], "n": 6}', "prompt"),
+    ],
+)
+def test_every_refusal_is_an_openai_error_naming_its_field(url, raw, param):
+    path = "/v1/chat/completions" if "messages" in raw else "/v1/completions"
+    reply = httpx.post(url + path, content=raw, headers={"Content-Type": "application/json"})
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["param"] == param, error
+    assert error["message"].startswith(f"{param}: ") and "Value error" not in error["message"]
