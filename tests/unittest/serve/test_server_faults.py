@@ -141,7 +141,9 @@ def test_a_chunked_body_over_the_limit_is_a_413_before_it_is_read(url):
     ],
 )
 def test_a_body_whose_length_headers_disagree_or_lie_is_refused(url, headers, status):
-    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}"
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}"
+    )
     got, body = raw_request(url, head, [b'{"prompt": "hi"}'])
     assert got == status and (body is None or body["error"]["code"] == status), body
 
