@@ -35,6 +35,7 @@ def build_server(
     tp_size: int | None = None,
     *,
     allowed_local_media_path: Path | None = None,
+    allowed_media_domains: list[str] | None = None,
 ):
     from tensorrt_llm.llmapi import LLM
     from tensorrt_llm.serve.media import MediaOptions
@@ -54,7 +55,10 @@ def build_server(
         options["tensor_parallel_size"] = tp_size
     if allowed_local_media_path is not None and not allowed_local_media_path.is_dir():
         raise ValueError(f"--allowed-local-media-path {allowed_local_media_path}: not a directory")
-    media = MediaOptions(allowed_local_media_path=allowed_local_media_path)
+    media = MediaOptions(
+        allowed_local_media_path=allowed_local_media_path,
+        allowed_media_domains=frozenset(allowed_media_domains or ()),
+    )
     llm = LLM(model, **options)
     return OpenAIServer(llm, served_model_name or Path(model).name, api_key, media)
 
@@ -136,6 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a directory whose files chat requests may name as image_url file:// (default: none)",
     )
+    parser.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        default=None,
+        metavar="HOST",
+        help="the only hosts image URLs may name (exact names); they may resolve to private "
+        "addresses (default: any host that resolves only to global addresses)",
+    )
     args = parser.parse_args(argv)
     try:
         bind_ucx_to(args.host)  # KV transfers listen where the HTTP server does
@@ -147,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             args.api_key,
             args.tp_size,
             allowed_local_media_path=args.allowed_local_media_path,
+            allowed_media_domains=args.allowed_media_domains,
         )
     except ValueError as exc:
         print(f"trtllm-serve: {exc}", file=sys.stderr)

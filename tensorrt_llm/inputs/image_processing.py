@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ from tensorrt_llm._torch.pyexecutor.multimodal import ImageItem, MultimodalInput
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MAX_DECODED_PIXELS = 64 * 1024 * 1024  # an image larger than this is refused before decoding
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")  # the decoders encoded images may reach
+# The processor decodes at most this many times its max_pixels (at least MIN_DECODE_PIXELS): what
+# it resizes away is never decoded (a JPEG at a reduced scale) or refused from the header.
+DECODE_BUDGET = 64
+MIN_DECODE_PIXELS = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -87,22 +93,31 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
-def load_image(source: Any, max_pixels: int = MAX_DECODED_PIXELS):
-    """A PIL RGB image from a PIL image, encoded bytes, a path, or an ``[H, W, 3]`` uint8 array.
-    Undecodable or oversized input is a ``ValueError`` saying so."""
+def load_image(source: Any, max_pixels: int = MAX_DECODED_PIXELS, fit=None):
+    """A PIL RGB image from a PIL image, encoded bytes (PNG, JPEG, WebP, GIF or BMP), a path, or an
+    ``[H, W, 3]`` uint8 array. Undecodable or oversized input is a ``ValueError`` saying so.
+
+    Only the header is read before the size is checked against ``max_pixels``. ``fit(width,
+    height) -> (width, height)``: the size the image will be resized to; a JPEG over
+    ``max_pixels`` is then decoded at the smallest of its reduced scales that still covers that
+    size (1/2, 1/4 or 1/8 per side), and refused only if even that is over."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(source, Image.Image):
         image = source
     elif isinstance(source, bytes | bytearray):
         try:
-            image = Image.open(io.BytesIO(source))
-        except (UnidentifiedImageError, OSError) as exc:
+            with warnings.catch_warnings():  # (the size is checked below, against max_pixels)
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image = Image.open(io.BytesIO(source), formats=IMAGE_FORMATS)
+        except Image.DecompressionBombError as exc:
+            raise ValueError(f"image over {max_pixels} pixels ({exc})") from None
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
             raise ValueError(f"not a decodable image ({exc})") from None
     elif isinstance(source, str | Path):
         if not Path(source).is_file():
             raise ValueError(f"image file {str(source)!r} does not exist")
-        return load_image(Path(source).read_bytes(), max_pixels)
+        return load_image(Path(source).read_bytes(), max_pixels, fit)
     elif hasattr(source, "shape") and len(source.shape) == 3 and source.shape[-1] == 3:
         image = Image.fromarray(torch.as_tensor(source).to(torch.uint8).numpy())
     else:
@@ -111,11 +126,13 @@ def load_image(source: Any, max_pixels: int = MAX_DECODED_PIXELS):
             f"{type(source).__name__}"
         )
     width, height = image.size
-    if width * height > max_pixels or min(width, height) < 1:
+    if width * height > max_pixels and fit is not None and image.format == "JPEG":
+        image.draft("RGB", fit(width, height))  # decodes at a reduced scale from here on
+    if image.size[0] * image.size[1] > max_pixels or min(image.size) < 1:
         raise ValueError(f"image of {width}x{height} pixels: outside 1..{max_pixels} pixels")
     try:
         return image.convert("RGB")
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise ValueError(f"not a decodable image ({exc})") from None
 
 
@@ -126,12 +143,22 @@ class MiniMaxM3ImageProcessor:
     def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
         return math.prod(grid_thw) // self.config.merge_size**2
 
+    @property
+    def max_decoded_pixels(self) -> int:
+        budget = max(DECODE_BUDGET * self.config.max_pixels, MIN_DECODE_PIXELS)
+        return min(MAX_DECODED_PIXELS, budget)
+
     def __call__(self, source: Any) -> ImageItem:
         cfg = self.config
-        image = load_image(source)
+        factor = cfg.patch_size * cfg.merge_size
+
+        def fit(width: int, height: int) -> tuple[int, int]:
+            h, w = smart_resize(height, width, factor, cfg.min_pixels, cfg.max_pixels)
+            return w, h
+
+        image = load_image(source, self.max_decoded_pixels, fit)
         pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
         pixels = pixels.view(image.size[1], image.size[0], 3).permute(2, 0, 1)  # [3, H, W]
-        factor = cfg.patch_size * cfg.merge_size
         h, w = smart_resize(*pixels.shape[1:], factor, cfg.min_pixels, cfg.max_pixels)
         if (h, w) != tuple(pixels.shape[1:]):  # torch's 8-bit kernel, as torchvision resizes
             pixels = F.interpolate(pixels[None], size=(h, w), mode="bicubic", antialias=True)[0]

@@ -1,11 +1,7 @@
 """The choices of a reply: what one request's outputs (``RequestOutput``, one per step) render to,
-whole or as stream chunks, and the merge of several requests' outputs (``n`` samples, a list of
-prompts) into one stream."""
+whole or as stream chunks."""
 
 from __future__ import annotations
-
-import asyncio
-from collections.abc import AsyncIterator
 
 from tensorrt_llm.llmapi.outputs import CompletionOutput, RequestOutput, visible_tokens
 from tensorrt_llm.serve.logprobs import chat_logprobs, completion_logprobs
@@ -82,33 +78,3 @@ class ChoiceStream:
             choice["avg_decoded_tokens_per_iter"] = out.avg_decoded_tokens_per_iter
         self.first = False
         return choice
-
-
-async def merged(
-    streams: list[AsyncIterator[RequestOutput]],
-) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """``(index, snapshot)`` from every stream as they come; closing this closes them all (which
-    cancels their requests)."""
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
-        try:
-            async for snap in stream:
-                await queue.put((index, snap))
-        finally:
-            await queue.put((index, done))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        left = len(tasks)
-        while left:
-            index, item = await queue.get()
-            if item is done:
-                left -= 1
-                continue
-            yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

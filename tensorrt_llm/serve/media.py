@@ -3,12 +3,15 @@
 - ``data:image/...;base64,...``: decoded here;
 - ``file:///path``: only under ``--allowed-local-media-path`` (after resolving links); refused
   when the server was started without one;
-- ``http://`` / ``https://``: fetched with a time limit and a size limit; a machine without a
-  network gets a 400 saying the fetch failed.
+- ``http://`` / ``https://``: fetched under the policy of ``media_fetch.py`` (global addresses
+  only, or the hosts of ``--allowed-media-domains``; one deadline; the size cap while reading).
+  Whatever goes wrong between such a URL and a decoded image, the client is told the same thing
+  (``UNFETCHABLE``); the reason is logged.
 
-Each refusal is a 400 whose ``param`` names the content part (``messages.1.content.0``). Images
-per request and pixels per image are limited by the prompt's processing
-(``tensorrt_llm.inputs``), which names the image too.
+A request's images are fetched and decoded as one job of the server's ``MediaPool``: a bounded
+number run at once (a 503 past it), decoding on the pool's own threads (never the threads that
+render templates and tokenize), and the job is cancelled when its client goes away. Each refusal
+is a 400 whose ``param`` names the content part (``messages.1.content.0``).
 """
 
 from __future__ import annotations
@@ -16,24 +19,64 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensorrt_llm._torch.pyexecutor.multimodal import ImageItem
 from tensorrt_llm.inputs import IMAGE_TOKEN
+from tensorrt_llm.logger import logger
 from tensorrt_llm.serve.errors import ServerError
+from tensorrt_llm.serve.media_fetch import FetchPolicy, FetchRefused, fetch
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 FETCH_TIMEOUT_S = 10.0
+MAX_MEDIA_JOBS = 8  # requests whose images are fetched or decoded at once
+DECODE_THREADS = 2
+UNFETCHABLE = "could not get an image from this URL"
 
 
 @dataclass(frozen=True)
 class MediaOptions:
     allowed_local_media_path: Path | None = None
+    # hosts image URLs may name (then no other); they may resolve to private addresses
+    allowed_media_domains: frozenset[str] = field(default_factory=frozenset)
     max_image_bytes: int = MAX_IMAGE_BYTES
     fetch_timeout_s: float = FETCH_TIMEOUT_S
+    max_jobs: int = MAX_MEDIA_JOBS
+
+    def __post_init__(self) -> None:
+        domains = frozenset(d.lower().rstrip(".") for d in self.allowed_media_domains)
+        object.__setattr__(self, "allowed_media_domains", domains)
+
+    @property
+    def policy(self) -> FetchPolicy:
+        return FetchPolicy(self.allowed_media_domains, self.fetch_timeout_s, self.max_image_bytes)
+
+
+class MediaPool:
+    """Runs at most ``options.max_jobs`` requests' image work at once, decoding on its own
+    threads. ``busy`` is a 503 for one more."""
+
+    def __init__(self, options: MediaOptions) -> None:
+        self.options = options
+        self.num_jobs = 0
+        self.decoder = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="trtllm-media")
+
+    def admit(self) -> None:
+        if self.num_jobs >= self.options.max_jobs:
+            raise ServerError(
+                503,
+                f"{self.num_jobs} requests' images are being fetched or decoded, the most this "
+                "server takes at once; retry later",
+                "server_error",
+            )
+
+    async def decode(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.decoder, fn, *args)
+
+    def close(self) -> None:
+        self.decoder.shutdown(wait=False, cancel_futures=True)
 
 
 def image_parts(messages) -> list[tuple[str, str]]:
@@ -52,19 +95,26 @@ def image_parts(messages) -> list[tuple[str, str]]:
     return out
 
 
-def image_bytes(url: str, where: str, options: MediaOptions) -> bytes:
-    """The encoded image an ``image_url`` points at (a blocking call: run it off the loop)."""
+async def image_item(url: str, where: str, pool: MediaPool, processor) -> ImageItem:
+    """The processed image an ``image_url`` names."""
+    options = pool.options
+    if url.startswith(("http://", "https://")):
+        try:
+            data = await fetch(url, options.policy)
+            return await pool.decode(processor, data)
+        except (FetchRefused, ValueError, TypeError) as exc:
+            logger.info("%s: image URL refused: %s", where, exc)
+            raise ServerError(400, f"{where}: {UNFETCHABLE}", param=where) from None
     if url.startswith("data:"):
         data = _data_url(url, where)
     elif url.startswith("file://"):
-        data = _local_file(url.removeprefix("file://"), where, options)
-    elif url.startswith(("http://", "https://")):
-        data = _fetch(url, where, options)
+        data = await pool.decode(_local_file, url.removeprefix("file://"), where, options)
     else:
         scheme = url.split(":", 1)[0] if ":" in url else url[:16]
         raise ServerError(
             400,
-            f"{where}: image_url scheme {scheme!r} is not served; use data:, http(s): or file:",
+            f"{where}: image_url scheme {scheme[:16]!r} is not served; use data:, http(s): or "
+            "file:",
             param=where,
         )
     if len(data) > options.max_image_bytes:
@@ -73,7 +123,10 @@ def image_bytes(url: str, where: str, options: MediaOptions) -> bytes:
             f"{where}: image of {len(data)} bytes; at most {options.max_image_bytes}",
             param=where,
         )
-    return data
+    try:
+        return await pool.decode(processor, data)
+    except (ValueError, TypeError) as exc:
+        raise ServerError(400, f"{where}: {exc}", param=where) from None
 
 
 def _data_url(url: str, where: str) -> bytes:
@@ -97,6 +150,8 @@ def _local_file(path: str, where: str, options: MediaOptions) -> bytes:
             "server was not given",
             param=where,
         )
+    if "\x00" in path:
+        raise ServerError(400, f"{where}: a file path may not hold a NUL character", param=where)
     resolved = Path(path).resolve()
     if not resolved.is_relative_to(Path(root).resolve()):
         raise ServerError(400, f"{where}: {path!r} is outside the allowed media path", param=where)
@@ -109,22 +164,7 @@ def _local_file(path: str, where: str, options: MediaOptions) -> bytes:
     return resolved.read_bytes()
 
 
-def _fetch(url: str, where: str, options: MediaOptions) -> bytes:
-    limit = options.max_image_bytes
-    try:
-        with urllib.request.urlopen(url, timeout=options.fetch_timeout_s) as response:  # noqa: S310
-            data = response.read(limit + 1)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ServerError(
-            400, f"{where}: could not fetch the image ({reason})", param=where
-        ) from None
-    if len(data) > limit:
-        raise ServerError(400, f"{where}: image larger than {limit} bytes", param=where)
-    return data
-
-
-async def chat_prompt(llm, messages, options: MediaOptions, known=None) -> list[int] | dict:
+async def chat_prompt(llm, messages, pool: MediaPool, known=None) -> list[int] | dict:
     """The prompt of a chat: its token ids, or (with images) upstream's prompt dict holding the
     expanded token ids and the processed images. Refusals are 400s naming the part.
 
@@ -158,13 +198,12 @@ async def chat_prompt(llm, messages, options: MediaOptions, known=None) -> list[
             )
         images = [ImageItem.known(ref.digest, ref.num_tokens) for ref in known]
         return await _expanded(prompts, text, images)
-    images = []
-    for where, url in parts:
-        data = await asyncio.to_thread(image_bytes, url, where, options)
-        try:
-            images.append(await asyncio.to_thread(prompts.processor, data))
-        except (ValueError, TypeError) as exc:
-            raise ServerError(400, f"{where}: {exc}", param=where) from None
+    pool.admit()
+    pool.num_jobs += 1
+    try:
+        images = [await image_item(url, where, pool, prompts.processor) for where, url in parts]
+    finally:
+        pool.num_jobs -= 1
     return await _expanded(prompts, text, images)
 
 

@@ -23,7 +23,7 @@ from tensorrt_llm.llmapi.llm import LLM, GenerationRequest, RequestOutput
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import MAX_INT64, SamplingParams, SamplingParamsError
 from tensorrt_llm.serve import guards, media
-from tensorrt_llm.serve.choices import ChoiceStream, Renderer, merged
+from tensorrt_llm.serve.choices import ChoiceStream, Renderer
 from tensorrt_llm.serve.errors import (
     ServerError,
     error_response,
@@ -40,8 +40,13 @@ from tensorrt_llm.serve.openai_protocol import (
     new_id,
     now,
 )
-
-DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
+from tensorrt_llm.serve.waits import (
+    after,
+    merged,
+    signal_first,
+    unless_disconnected,
+    until_finished,
+)
 
 
 class OpenAIServer:
@@ -55,7 +60,7 @@ class OpenAIServer:
         """``api_key``: when set, every path but ``/health`` needs ``Authorization: Bearer``.
         ``media_options``: where chat images may come from (``serve/media.py``)."""
         self.llm = llm
-        self.media = media_options or media.MediaOptions()
+        self.media = media.MediaPool(media_options or media.MediaOptions())
         self.model_name = model_name
         self.metrics = ServerMetrics(llm)
         self.app = FastAPI(title="trtllm-serve")
@@ -64,6 +69,7 @@ class OpenAIServer:
 
     def close(self) -> None:
         """Shut the LLM down (its engine loop first)."""
+        self.media.close()
         self.llm.shutdown()
 
     # ---- routes -------------------------------------------------------------------------------
@@ -119,7 +125,10 @@ class OpenAIServer:
             guards.refuse_control_tokens(self.llm.tokenizer, plain)
             disagg = body.disaggregated_params
             known = disagg.images if disagg and disagg.has_handle else None
-            prompt = await media.chat_prompt(self.llm, body.messages, self.media, known)
+            prompt = media.chat_prompt(self.llm, body.messages, self.media, known)
+            prompt = await unless_disconnected(prompt, request)
+            if prompt is None:  # the client left while its images were fetched
+                return JSONResponse({}, status_code=499)
             return await self._serve(body, [prompt], request, timer, chat=True)
 
     # ---- generation ---------------------------------------------------------------------------
@@ -200,7 +209,9 @@ class OpenAIServer:
                 self._sse(rid, streams, renderer, params, usage, body),
                 media_type="text/event-stream",
             )
-        lasts = await asyncio.gather(*(self._until_finished(s, request, ids) for s in streams))
+        lasts = await asyncio.gather(
+            *(until_finished(s, request, lambda: self._cancel_all(ids)) for s in streams)
+        )
         if any(last is None for last in lasts):  # the client went away: nobody to answer
             return JSONResponse({}, status_code=499)
         for last in lasts:
@@ -268,8 +279,8 @@ class OpenAIServer:
         if len(jobs) == len(started):
             return streams, ids
         prefilled = asyncio.Event()
-        later = [_after(prefilled, self._later(job, timer.fork(), ids)) for job in jobs[1:]]
-        return [_signal_first(streams[0], prefilled), *later], ids
+        later = [after(prefilled, self._later(job, timer.fork(), ids)) for job in jobs[1:]]
+        return [signal_first(streams[0], prefilled), *later], ids
 
     def _start(self, job: GenerationRequest) -> _Running:
         """Submit ``job``; its outputs arrive in the returned queue (from the engine's thread)."""
@@ -306,28 +317,9 @@ class OpenAIServer:
             if not finished:
                 self.llm.cancel(running.request_id)
 
-    async def _until_finished(
-        self, outputs: AsyncIterator[RequestOutput], request: Request, ids: list[int]
-    ) -> RequestOutput | None:
-        """The last output of a non-streamed request, or None if its client disconnected first
-        (then every request of the reply is cancelled and its KV freed at once, not when it
-        would have ended)."""
-
-        async def last() -> RequestOutput:
-            final = None
-            async for output in outputs:
-                final = output
-            return final
-
-        task = asyncio.ensure_future(last())
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
-                for request_id in ids:
-                    self.llm.cancel(request_id)
-                return None
-        return task.result()
+    def _cancel_all(self, request_ids: list[int]) -> None:
+        for request_id in request_ids:
+            self.llm.cancel(request_id)
 
     async def _sse(
         self,
@@ -373,20 +365,3 @@ class _Usage:
             "completion_tokens": completion_tokens,
             "total_tokens": self.prompt_tokens + completion_tokens,
         }
-
-
-async def _signal_first(stream, event: asyncio.Event):
-    """``stream``, setting ``event`` at its first snapshot (its prompt is prefilled) or its end."""
-    try:
-        async for snap in stream:
-            event.set()
-            yield snap
-    finally:
-        event.set()
-
-
-async def _after(event: asyncio.Event, stream):
-    """``stream``, started (so its request submitted) only once ``event`` is set."""
-    await event.wait()
-    async for snap in stream:
-        yield snap

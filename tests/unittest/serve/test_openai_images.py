@@ -80,7 +80,7 @@ BAD = {
     "another scheme": ("ftp://example.com/cat.png", "scheme 'ftp' is not served"),
     "a file outside the allowed path": ("file:///etc/hostname", "outside the allowed media path"),
     "a missing file": ("file://{media}/missing.png", "no file"),
-    "no network": ("http://127.0.0.1:9/cat.png", "could not fetch the image"),
+    "a loopback URL": ("http://127.0.0.1:9/cat.png", "could not get an image from this URL"),
     "too narrow": (data_url(png(3, 1, 300)), "image of 300x1 pixels: aspect ratio above 200"),
 }
 

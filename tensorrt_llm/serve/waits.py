@@ -1,0 +1,94 @@
+"""How the server waits: on several requests' outputs merged into one stream, on the first of
+``n`` samples before the others start, and on work that a client leaving should cancel."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import Request
+
+from tensorrt_llm.llmapi.outputs import RequestOutput
+
+DISCONNECT_POLL_S = 0.25  # how often a request waiting on work checks that its client is there
+
+
+async def until_finished(
+    outputs: AsyncIterator[RequestOutput], request: Request, cancel: Callable[[], None]
+) -> RequestOutput | None:
+    """The last output of a non-streamed request, or None if its client disconnected first
+    (then ``cancel()`` ends every request of the reply, which frees its KV at once, not when it
+    would have ended)."""
+
+    async def last() -> RequestOutput:
+        final = None
+        async for output in outputs:
+            final = output
+        return final
+
+    result = await unless_disconnected(last(), request)
+    if result is None:
+        cancel()
+    return result
+
+
+async def unless_disconnected(coroutine, request: Request):
+    """``coroutine``'s result, or None (it is cancelled) once the client has gone away."""
+    task = asyncio.ensure_future(coroutine)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                return None
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+async def merged(
+    streams: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """``(index, snapshot)`` from every stream as they come; closing this closes them all (which
+    cancels their requests)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for snap in stream:
+                await queue.put((index, snap))
+        finally:
+            await queue.put((index, done))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(tasks)
+        while left:
+            index, item = await queue.get()
+            if item is done:
+                left -= 1
+                continue
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def signal_first(stream, event: asyncio.Event):
+    """``stream``, setting ``event`` at its first snapshot (its prompt is prefilled) or its end."""
+    try:
+        async for snap in stream:
+            event.set()
+            yield snap
+    finally:
+        event.set()
+
+
+async def after(event: asyncio.Event, stream):
+    """``stream``, started (so its request submitted) only once ``event`` is set."""
+    await event.wait()
+    async for snap in stream:
+        yield snap
