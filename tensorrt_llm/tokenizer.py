@@ -79,6 +79,9 @@ class TransformersTokenizer:
         name: str = "this tokenizer",
     ) -> None:
         self.tokenizer = tokenizer
+        # the batch calls release the GIL while they work (encode does not): a long text
+        # tokenized on one thread leaves the others running (the server's /health, its streams)
+        self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
         self.eos_token_id = tokenizer.token_to_id(eos_token) if eos_token else None
         self.bos_token_id = tokenizer.token_to_id(bos_token) if bos_token else None
         self.chat_template = chat_template
@@ -118,7 +121,32 @@ class TransformersTokenizer:
         return [t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special]
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self._encode_batch([text], add_special_tokens=False)[0].ids
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int | None:
+        """The most characters one token can stand for, where that is known from the tokenizer's
+        kind (``_keeps_every_character``): the longest token's text, special ones included, times
+        4 when a normalizer could shorten the text first. A text of more than
+        ``n * max_chars_per_token`` characters then has more than ``n`` tokens. None for a
+        tokenizer that may drop or fuse characters (whitespace splitting, fused unknowns)."""
+        spec = json.loads(self.tokenizer.to_str())
+        if not _keeps_every_character(spec):
+            return None
+        longest = max(map(len, self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
+        return longest * (4 if spec.get("normalizer") else 1)
+
+    def check_fits(self, text: str, max_tokens: int, what: str = "the prompt") -> None:
+        """A ``ValueError`` for a text too long to be ``max_tokens`` tokens, found by its length
+        before any token is made (where ``max_chars_per_token`` is known)."""
+        if self.max_chars_per_token is None:
+            return
+        limit = max_tokens * self.max_chars_per_token
+        if len(text) > limit:
+            raise ValueError(
+                f"{what} is {len(text)} characters: over {limit}, the most that "
+                f"max_seq_len={max_tokens} tokens of this tokenizer can hold"
+            )
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
@@ -135,6 +163,20 @@ class TransformersTokenizer:
         return render_chat_template(
             self.chat_template, messages, add_generation_prompt, **self.special_tokens_map
         )
+
+
+def _keeps_every_character(spec: dict) -> bool:
+    """Whether every character of a text ends up inside some token (a tokenizer.json ``spec``):
+    byte-level BPE, BPE with byte fallback (neither fusing unknowns), or a model fed one
+    character at a time (``build_char_tokenizer``)."""
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    pres = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    if model.get("type") == "BPE" and not model.get("fuse_unk"):
+        return model.get("byte_fallback") or any(p.get("type") == "ByteLevel" for p in pres)
+    one_char = {"type": "Split", "pattern": {"Regex": "[\\s\\S]"}, "behavior": "Isolated"}
+    return model.get("type") == "WordLevel" and any(
+        all(p.get(k) == v for k, v in one_char.items()) for p in pres
+    )
 
 
 def build_char_tokenizer(alphabet: str, special_tokens: list[str]) -> Tokenizer:

@@ -36,8 +36,10 @@ def build_server(
     *,
     allowed_local_media_path: Path | None = None,
     allowed_media_domains: list[str] | None = None,
+    max_request_tokens: int | None = None,
 ):
     from tensorrt_llm.llmapi import LLM
+    from tensorrt_llm.serve.guards import ServeLimits
     from tensorrt_llm.serve.media import MediaOptions
     from tensorrt_llm.serve.openai_server import OpenAIServer
 
@@ -59,8 +61,11 @@ def build_server(
         allowed_local_media_path=allowed_local_media_path,
         allowed_media_domains=frozenset(allowed_media_domains or ()),
     )
+    if max_request_tokens is not None and max_request_tokens < 1:
+        raise ValueError(f"--max-request-tokens {max_request_tokens}: must be at least 1")
     llm = LLM(model, **options)
-    return OpenAIServer(llm, served_model_name or Path(model).name, api_key, media)
+    limits = ServeLimits(max_request_tokens=max_request_tokens)
+    return OpenAIServer(llm, served_model_name or Path(model).name, api_key, media, limits)
 
 
 def serve_disaggregated(argv: list[str]) -> int:
@@ -104,10 +109,7 @@ def _exit_after_graceful_shutdown(signum, frame) -> None:
     raise SystemExit(0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["disaggregated"]:
-        return serve_disaggregated(argv[1:])
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trtllm-serve", description=__doc__.splitlines()[0])
     parser.add_argument(
         "model", nargs="?", default=None, help="checkpoint directory (default: the bundled one)"
@@ -148,7 +150,21 @@ def main(argv: list[str] | None = None) -> int:
         help="the only hosts image URLs may name (exact names); they may resolve to private "
         "addresses (default: any host that resolves only to global addresses)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--max-request-tokens",
+        type=int,
+        default=None,
+        help="the completion tokens one request may ask for, all its choices together (n x "
+        "max_tokens); default max(max_seq_len, 8192)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["disaggregated"]:
+        return serve_disaggregated(argv[1:])
+    args = _parser().parse_args(argv)
     try:
         bind_ucx_to(args.host)  # KV transfers listen where the HTTP server does
         server = build_server(
@@ -160,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             args.tp_size,
             allowed_local_media_path=args.allowed_local_media_path,
             allowed_media_domains=args.allowed_media_domains,
+            max_request_tokens=args.max_request_tokens,
         )
     except ValueError as exc:
         print(f"trtllm-serve: {exc}", file=sys.stderr)

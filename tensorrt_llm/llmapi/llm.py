@@ -135,6 +135,11 @@ class LLM:
         self._dispatch(job, on_update)
         return job.request.request_id
 
+    def check(self, request: GenerationRequest) -> None:
+        """Raise what ``submit`` would raise for ``request`` (a ``ValueError`` or ``TypeError``
+        naming what is wrong), without running it."""
+        self._prepare(request)
+
     def cancel(self, request_id: int) -> None:
         """End a submitted request with ``FinishReason.CANCELLED`` and free its KV (between steps;
         its ``on_update`` then gets its last output). Unknown or finished ids are ignored."""
@@ -247,6 +252,7 @@ class LLM:
         elif isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("skip_tokenizer_init=True: prompts must be lists of token ids")
+            self.tokenizer.check_fits(prompt, self.max_seq_len)  # (before it is tokenized)
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             text, token_ids = None, list(prompt)

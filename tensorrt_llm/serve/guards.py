@@ -1,9 +1,11 @@
 """Checks a request passes before it runs: who may send ``disaggregated_params``, room for another
-context-only hold, and chat content free of control tokens. Each raises ``ServerError``."""
+context-only hold, chat content free of control tokens, text short enough to tokenize, and the
+server's limits on one request's work (``ServeLimits``). Each raises ``ServerError``."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -78,3 +80,59 @@ def refuse_control_tokens(tokenizer, messages: list[dict[str, str]]) -> None:
                 "may not contain the chat template's control tokens",
                 param=f"messages.{i}.content",
             )
+
+
+def check_text_fits(llm: LLM, texts: list[tuple[str, str]]) -> None:
+    """A 400 for text that cannot fit ``max_seq_len`` tokens, found by its length alone before it
+    is tokenized (``TransformersTokenizer.check_fits``): ``texts`` as ``(param, text)``."""
+    for param, text in texts:
+        try:
+            llm.tokenizer.check_fits(text, llm.max_seq_len, param)
+        except ValueError as exc:
+            raise ServerError(400, str(exc), param=param) from None
+
+
+DEFAULT_MAX_TOKENS = 128  # a request that names no max_tokens gets this many at most
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """How much work one request may ask for.
+
+    ``max_request_tokens``: the completion tokens of all its choices together (``n`` times
+    ``max_tokens``, times its prompts); None: ``max(max_seq_len, 8192)``. A request over it is a
+    400, as is one whose prompt plus ``max_tokens`` passes ``max_seq_len`` (nothing is clamped
+    silently). ``running_share``: the share of ``max_batch_size`` one request's choices may run
+    in at once (the others wait for those to end)."""
+
+    max_request_tokens: int | None = None
+    running_share: float = 0.5
+
+    def max_running(self, llm: LLM) -> int:
+        return max(1, int(llm.args.max_batch_size * self.running_share))
+
+    def max_tokens(self, llm: LLM, body, prompt_lengths: list[int]) -> int:
+        """The request's ``max_tokens``: as asked (checked), else the default within room."""
+        asked = body.max_tokens or body.max_completion_tokens
+        param = "max_tokens" if body.max_tokens else "max_completion_tokens"
+        room = llm.max_seq_len - max(prompt_lengths)
+        if asked is None:
+            return max(1, min(DEFAULT_MAX_TOKENS, room))
+        if asked > room:
+            raise ServerError(
+                400,
+                f"{param}={asked} with a prompt of {max(prompt_lengths)} tokens passes "
+                f"max_seq_len={llm.max_seq_len}: at most {max(room, 0)} tokens fit",
+                param=param,
+            )
+        total = asked * body.n * len(prompt_lengths)
+        limit = self.max_request_tokens or max(llm.max_seq_len, 8192)
+        if total > limit:
+            raise ServerError(
+                400,
+                f"{len(prompt_lengths)} prompt(s) x n={body.n} x {param}={asked} = {total} "
+                f"completion tokens; this server takes at most {limit} per request "
+                "(--max-request-tokens)",
+                param=param,
+            )
+        return asked

@@ -10,8 +10,8 @@ KV slots. Errors are OpenAI-style error objects.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tensorrt_llm._torch.disaggregation.params import RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
-from tensorrt_llm.llmapi.llm import LLM, GenerationRequest, RequestOutput
+from tensorrt_llm.llmapi.llm import LLM, GenerationRequest
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import MAX_INT64, SamplingParams, SamplingParamsError
 from tensorrt_llm.serve import guards, media
@@ -30,6 +30,7 @@ from tensorrt_llm.serve.errors import (
     install_error_handling,
     request_failed,
 )
+from tensorrt_llm.serve.memory import MemoryReturn
 from tensorrt_llm.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from tensorrt_llm.serve.metrics import RequestTimer, ServerMetrics
 from tensorrt_llm.serve.openai_protocol import (
@@ -40,10 +41,9 @@ from tensorrt_llm.serve.openai_protocol import (
     new_id,
     now,
 )
+from tensorrt_llm.serve.submission import Submission
 from tensorrt_llm.serve.waits import (
-    after,
     merged,
-    signal_first,
     unless_disconnected,
     until_finished,
 )
@@ -56,14 +56,24 @@ class OpenAIServer:
         model_name: str,
         api_key: str | None = None,
         media_options: media.MediaOptions | None = None,
+        limits: guards.ServeLimits | None = None,
     ) -> None:
         """``api_key``: when set, every path but ``/health`` needs ``Authorization: Bearer``.
-        ``media_options``: where chat images may come from (``serve/media.py``)."""
+        ``media_options``: where chat images may come from (``serve/media.py``). ``limits``: how
+        much work one request may ask for."""
+        self.limits = limits or guards.ServeLimits()
         self.llm = llm
         self.media = media.MediaPool(media_options or media.MediaOptions())
         self.model_name = model_name
         self.metrics = ServerMetrics(llm)
-        self.app = FastAPI(title="trtllm-serve")
+        self.memory = MemoryReturn()  # what large requests took goes back to the system
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI):
+            async with self.memory.watching():
+                yield
+
+        self.app = FastAPI(title="trtllm-serve", lifespan=lifespan)
         install_error_handling(self.app, api_key)
         self._routes()
 
@@ -112,7 +122,14 @@ class OpenAIServer:
         async def completions(body: CompletionRequest, request: Request):
             timer = self.metrics.timer()
             prompts = body.prompts()
-            encode = self.llm.tokenizer.encode
+            names = (
+                ["prompt"]
+                if isinstance(body.prompt, str)
+                else [f"prompt.{i}" for i in range(len(prompts))]
+            )
+            texts = [(name, p) for name, p in zip(names, prompts) if isinstance(p, str)]
+            guards.check_text_fits(self.llm, texts)
+            encode = self.llm.tokenizer.encode  # (it leaves the GIL while it works)
             token_ids = [  # tokenized off the event loop: a long prompt stalls no other request
                 p if isinstance(p, list) else await asyncio.to_thread(encode, p) for p in prompts
             ]
@@ -122,6 +139,9 @@ class OpenAIServer:
         async def chat(body: ChatCompletionRequest, request: Request):
             timer = self.metrics.timer()
             plain = [{"role": m.role, "content": m.text()} for m in body.messages]
+            texts = [(f"messages.{i}.content", m["content"]) for i, m in enumerate(plain)]
+            whole = "".join(m["content"] for m in plain)
+            guards.check_text_fits(self.llm, [*texts, ("messages", whole)])
             guards.refuse_control_tokens(self.llm.tokenizer, plain)
             disagg = body.disaggregated_params
             known = disagg.images if disagg and disagg.has_handle else None
@@ -132,7 +152,7 @@ class OpenAIServer:
             return await self._serve(body, [prompt], request, timer, chat=True)
 
     # ---- generation ---------------------------------------------------------------------------
-    def _params(self, body) -> SamplingParams:
+    def _params(self, body, prompt_lengths: list[int]) -> SamplingParams:
         if body.model is not None and body.model != self.model_name:
             raise ServerError(
                 404,
@@ -140,9 +160,10 @@ class OpenAIServer:
                 "not_found_error",
                 "model",
             )
+        max_tokens = self.limits.max_tokens(self.llm, body, prompt_lengths)
         try:
             return SamplingParams(
-                max_tokens=body.max_tokens or body.max_completion_tokens or 128,
+                max_tokens=max_tokens,
                 temperature=self.llm.generation_defaults.openai_temperature(body.temperature),
                 top_p=body.top_p,
                 top_k=body.top_k,
@@ -186,7 +207,8 @@ class OpenAIServer:
             logger.warning(
                 "%s: ignoring unknown field(s) %s", request.url.path, body.ignored_fields()
             )
-        params = self._params(body)
+        lengths = [len(p["prompt_token_ids"] if isinstance(p, dict) else p) for p in prompts]
+        params = self._params(body, lengths)
         await guards.check_hold_room(self.llm, body.disaggregated_params)
         jobs = self._jobs(body, prompts, params)
         param = (
@@ -196,10 +218,11 @@ class OpenAIServer:
             if chat
             else "prompt"
         )
-        streams, ids = self._streams(jobs, timer, shared_prefix=body.n > 1, param=param)
-        usage = _Usage(
-            sum(len(p["prompt_token_ids"] if isinstance(p, dict) else p) for p in prompts)
+        submission = Submission(
+            self.llm, jobs, timer, body.n > 1, self.limits.max_running(self.llm), param
         )
+        streams = submission.streams
+        usage = _Usage(sum(lengths))
         self.metrics.requests.inc()
         self.metrics.prompt_tokens.inc(usage.prompt_tokens)
         rid = new_id("chatcmpl" if chat else "cmpl")
@@ -210,7 +233,7 @@ class OpenAIServer:
                 media_type="text/event-stream",
             )
         lasts = await asyncio.gather(
-            *(until_finished(s, request, lambda: self._cancel_all(ids)) for s in streams)
+            *(until_finished(s, request, submission.cancel) for s in streams)
         )
         if any(last is None for last in lasts):  # the client went away: nobody to answer
             return JSONResponse({}, status_code=499)
@@ -258,69 +281,6 @@ class OpenAIServer:
             for i in range(body.n)
         ]
 
-    def _streams(
-        self, jobs: list, timer: RequestTimer, shared_prefix: bool, param: str
-    ) -> tuple[list, list[int]]:
-        """Each job's outputs, and the ids of the requests submitted. Every job is submitted
-        here (one the LLM refuses is a 400, and the ones before it are cancelled), except that
-        with ``shared_prefix`` (n samples of one prompt) the others wait until the first has
-        prefilled, so they reuse its prompt KV from the cache."""
-        now_jobs = jobs[:1] if shared_prefix else jobs
-        started = []
-        try:
-            for job in now_jobs:
-                started.append(self._start(job))
-        except (ValueError, TypeError) as exc:
-            for running in started:
-                self.llm.cancel(running.request_id)
-            raise ServerError(400, str(exc), param=param) from None
-        ids = [running.request_id for running in started]
-        streams = [self._updates(running, timer.fork()) for running in started]
-        if len(jobs) == len(started):
-            return streams, ids
-        prefilled = asyncio.Event()
-        later = [after(prefilled, self._later(job, timer.fork(), ids)) for job in jobs[1:]]
-        return [signal_first(streams[0], prefilled), *later], ids
-
-    def _start(self, job: GenerationRequest) -> _Running:
-        """Submit ``job``; its outputs arrive in the returned queue (from the engine's thread)."""
-        loop = asyncio.get_running_loop()
-        running = _Running(asyncio.Queue())
-
-        def on_update(output: RequestOutput) -> None:  # on the engine loop's thread
-            loop.call_soon_threadsafe(running.outputs.put_nowait, output)
-
-        running.request_id = self.llm.submit(job, on_update)
-        return running
-
-    async def _later(self, job: GenerationRequest, timer: RequestTimer, ids: list[int]):
-        running = self._start(job)
-        ids.append(running.request_id)
-        async for output in self._updates(running, timer):
-            yield output
-
-    async def _updates(
-        self, running: _Running, timer: RequestTimer
-    ) -> AsyncIterator[RequestOutput]:
-        """A submitted request's outputs, one per step that touched it. Leaving early (a
-        disconnected client, a cancelled task) cancels the request and frees its slots."""
-        finished = False
-        try:
-            while not finished:
-                output = await running.outputs.get()
-                finished = output.finished
-                out = output.outputs[0]
-                al = out.avg_decoded_tokens_per_iter
-                timer.update(len(out.token_ids), output.admitted_at, finished, al)
-                yield output
-        finally:
-            if not finished:
-                self.llm.cancel(running.request_id)
-
-    def _cancel_all(self, request_ids: list[int]) -> None:
-        for request_id in request_ids:
-            self.llm.cancel(request_id)
-
     async def _sse(
         self,
         rid: str,
@@ -347,12 +307,6 @@ class OpenAIServer:
             tokens = usage.of(sum(c.emitted for c in choices))
             yield f"data: {json.dumps(head | {'created': now(), 'choices': [], 'usage': tokens})}\n\n"
         yield "data: [DONE]\n\n"
-
-
-@dataclass
-class _Running:
-    outputs: asyncio.Queue[RequestOutput]
-    request_id: int = -1
 
 
 @dataclass(frozen=True)

@@ -88,3 +88,51 @@ def test_a_checkpoint_without_a_template_says_so(tmp_path):
     bare = checkpoint(tmp_path, eos_token="<|end|>")
     with pytest.raises(ValueError, match="has no chat_template"):
         bare.apply_chat_template([{"role": "user", "content": "a"}])
+
+
+def test_a_long_text_is_tokenized_without_holding_the_gil():
+    """The server tokenizes on a worker thread; its other threads (``/health``, the streams) must
+    keep running meanwhile (issue 37, finding 4)."""
+    import threading
+    import time
+
+    tokenizer = TransformersTokenizer.from_pretrained(bundled_target())
+    text = "Ann has 58 cups. " * 120_000  # 2 MB: about a second of tokenizing
+    gaps, done = [], threading.Event()
+
+    def tick():
+        last = time.monotonic()
+        while not done.is_set():
+            time.sleep(0.005)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    start = time.monotonic()
+    ids = tokenizer.encode(text)
+    took = time.monotonic() - start
+    done.set()
+    ticker.join()
+    assert len(ids) == len(text)  # one token per character
+    assert max(gaps) < min(0.2, took / 2), (max(gaps), took)
+
+
+def test_a_text_too_long_for_max_seq_len_is_refused_by_its_length():
+    tokenizer = TransformersTokenizer.from_pretrained(bundled_target())
+    assert tokenizer.max_chars_per_token == len("<|assistant|>")  # its longest token
+    tokenizer.check_fits("a" * 13 * 100, 100)
+    with pytest.raises(ValueError, match="1301 characters: over 1300"):
+        tokenizer.check_fits("a" * 1301, 100)
+
+
+def test_the_length_bound_is_claimed_only_where_no_character_can_vanish():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    byte_level = Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")]))
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel()
+    assert TransformersTokenizer(byte_level).max_chars_per_token == 2
+    words = Tokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()  # spaces vanish; a long word is one <unk>
+    assert TransformersTokenizer(words).max_chars_per_token is None
+    TransformersTokenizer(words).check_fits("a " * 10_000, 10)  # no bound: nothing refused

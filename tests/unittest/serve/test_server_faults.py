@@ -6,6 +6,8 @@ Eagle3 unified, CPU)."""
 import json
 import os
 import socket
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -169,3 +171,73 @@ def test_every_refusal_is_an_openai_error_naming_its_field(url, raw, param):
     error = reply.json()["error"]
     assert reply.status_code == 400 and error["param"] == param, error
     assert error["message"].startswith(f"{param}: ") and "Value error" not in error["message"]
+
+
+class HealthPoller:
+    """Polls ``/health`` every 20 ms on its own thread; ``worst`` is the slowest answer."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.worst, self.stop = url, 0.0, threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        with httpx.Client(timeout=60) as client:
+            while not self.stop.is_set():
+                start = time.monotonic()
+                assert client.get(self.url + "/health").status_code == 200
+                self.worst = max(self.worst, time.monotonic() - start)
+                time.sleep(0.02)
+
+    def __enter__(self) -> "HealthPoller":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def test_a_6_mb_prompt_is_refused_by_its_length_while_health_is_polled(url):
+    text = "Ann has 58 cups. " * (6 * 2**20 // 17)
+    with HealthPoller(url) as health:
+        for path, body, param in (
+            ("/v1/completions", {"prompt": text}, "prompt"),
+            ("/v1/completions", {"prompt": ["hi", text]}, "prompt.1"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]},
+             "messages.0.content"),
+        ):  # fmt: skip
+            start = time.monotonic()
+            reply = httpx.post(url + path, json=body, timeout=60)
+            assert time.monotonic() - start < 2.0
+            error = reply.json()["error"]
+            assert reply.status_code == 400 and error["param"] == param, error
+            assert "the most that max_seq_len=2048 tokens of this tokenizer can hold" in str(error)
+    assert health.worst < 0.5, f"/health took {health.worst:.2f}s"
+
+
+def test_max_tokens_past_max_seq_len_or_the_request_bound_is_a_400(url):
+    for body, message in (
+        ({"max_tokens": 10**9}, "passes max_seq_len=2048"),
+        ({"max_tokens": 2040}, "passes max_seq_len=2048"),
+        ({"max_tokens": 1000, "n": 16}, "16000 completion tokens; this server takes at most 8192"),
+    ):
+        reply = httpx.post(url + "/v1/completions", json={"prompt": "hello there", **body})
+        error = reply.json()["error"]
+        assert reply.status_code == 400 and error["param"] == "max_tokens", error
+        assert message in error["message"]
+    assert slots_in_use(url) == 0
+
+
+def test_a_request_of_many_long_samples_leaves_room_for_the_next_one(url):
+    many = {"prompt": PROMPT, "n": 16, "max_tokens": 96, "ignore_eos": True, "temperature": 1}
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(httpx.post, url + "/v1/completions", json=many, timeout=300)
+        time.sleep(0.5)
+        start = time.monotonic()
+        short = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4})
+        waited = time.monotonic() - start
+        assert short.status_code == 200 and not long.done()
+        assert len(long.result().json()["choices"]) == 16
+        total = time.monotonic() - start
+    assert waited < total / 3, (waited, total)  # it ran beside the long one, not after it
+    assert slots_in_use(url) == 0
