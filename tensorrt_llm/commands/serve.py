@@ -71,7 +71,7 @@ def build_server(
 def serve_disaggregated(argv: list[str]) -> int:
     """``trtllm-serve disaggregated -c disagg.yaml``: the router in front of context and generation
     servers (each a ``trtllm-serve`` whose options hold ``cache_transceiver_config``)."""
-    from tensorrt_llm.serve.router import DisaggRouter, load_disagg_config
+    from tensorrt_llm.serve.router import CONTEXT_TIMEOUT_S, DisaggRouter, load_disagg_config
 
     parser = argparse.ArgumentParser(
         prog="trtllm-serve disaggregated", description=serve_disaggregated.__doc__.splitlines()[0]
@@ -85,7 +85,9 @@ def serve_disaggregated(argv: list[str]) -> int:
         return 2
     try:
         router = DisaggRouter(
-            config["context_servers"]["urls"], config["generation_servers"]["urls"]
+            config["context_servers"]["urls"],
+            config["generation_servers"]["urls"],
+            context_timeout_s=float(config.get("context_timeout_s", CONTEXT_TIMEOUT_S)),
         )
     except ValueError as exc:  # TRTLLM_DISAGG_SECRET unset or short
         print(f"trtllm-serve: {exc}", file=sys.stderr)

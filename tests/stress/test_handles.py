@@ -4,7 +4,9 @@ each is refused with a clear error, none yields KV or a wrong 200, legitimate re
 succeed, and no server keeps a slot afterwards (issue 11, items 1-4, 8 and acceptance 3)."""
 
 import base64
+import os
 import secrets
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -112,13 +114,14 @@ def test_a_replayed_handle_is_refused_on_the_same_and_on_another_server(servers,
     assert refused(generate(servers, "gen", params, auth), 400, "already pulled")
     _until_released(servers)  # the first pull's notification freed the hold
     answer(servers)  # another request may own those slots now
-    assert refused(generate(servers, "gen2", params, auth), 400, "ended the hold")
+    # (another server cannot tell a replay from a hold that ended: a failed transfer, a 502)
+    assert refused(generate(servers, "gen2", params, auth), 502, "ended the hold")
 
 
 def test_a_stale_handle_is_refused(servers, auth):
     params = prefill(servers, auth)
     _until_released(servers)  # nobody pulled it: the context server's hold timed out
-    assert refused(generate(servers, "gen", params, auth), 400, "before the pull")
+    assert refused(generate(servers, "gen", params, auth), 502, "before the pull")
 
 
 def test_forged_pull_notifications_free_nothing(servers, auth):
@@ -155,3 +158,39 @@ def test_malformed_generation_only_fields_fail_only_their_request(servers, auth)
         assert all(f.result() == expected for f in legit)
         for name, (_, words) in MALFORMED.items():
             assert refused(replies[name].result(), 400, words), (name, replies[name].text)
+
+
+def test_a_frozen_context_server_holds_up_only_the_requests_pulling_from_it(servers, auth):
+    """Issue 37, finding 6: the pull of a frozen context server's KV is waited for between the
+    generation server's steps, never inside one; it fails as a 502 naming the context server's
+    agent once the transfer timeout passes, and the requests beside it run on meanwhile."""
+    params = prefill(servers, auth)
+    agent = params["transfer_handle"]["agent_name"]
+    arrivals = []
+
+    def stream():
+        body = {"prompt": "hi", "max_tokens": 400, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", servers.urls["gen"] + "/v1/completions", json=body) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data: {"):
+                    arrivals.append(time.monotonic())
+
+    ctx = servers.procs["ctx"]
+    with ThreadPoolExecutor(1) as pool:
+        beside = pool.submit(stream)
+        while not arrivals:
+            time.sleep(0.05)
+        os.kill(ctx.pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            reply = generate(servers, "gen", params, auth)
+            took = time.monotonic() - start
+        finally:
+            os.kill(ctx.pid, signal.SIGCONT)
+        beside.result(timeout=120)
+    assert refused(reply, 502, "could not be pulled from the context server") and agent in str(
+        reply.json()
+    )
+    assert HANDLES_HOLD_S - 1 < took < HANDLES_HOLD_S + 5
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:]) if start < b < start + took]
+    assert len(gaps) > 10 and max(gaps) < 2.0, (len(gaps), max(gaps, default=None))

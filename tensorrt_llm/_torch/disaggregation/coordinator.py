@@ -5,9 +5,11 @@
   passes; ``due`` names those to free, ``free`` frees them.
 - **Generation side.** A request resumed from a context server waits (``waiting``), in arrival
   order, until the KV it needs to completion fits beside what the admitted requests are owed; then
-  its ``load_kv`` pulls the prompt's KV and it joins the batch (``admit``).
+  it is admitted and its ``load_kv`` pulls the prompt's KV (``loading``), advanced once between
+  steps (``progress``) and never waited for: a frozen context server holds up its own requests
+  only, until the transfer timeout fails them. Once its KV is in, a request joins the batch.
 
-The executor calls it at fixed points of its step: ``admit`` before scheduling, ``hold`` instead
+The executor calls it at fixed points of its step: ``admit`` and ``progress`` before scheduling, ``hold`` instead
 of freeing a finished context-only request, ``announce_holds`` after the step (the ranks' hook,
 ``disaggregation/parallel.py``). The executor keeps the step and the requests; this object keeps
 only what waits on another server.
@@ -16,21 +18,33 @@ only what waits on another server.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
+from tensorrt_llm._torch.disaggregation.pulls import ReplayedHandleError
 from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm.logger import logger
 
 
 class LoadKv(Protocol):
-    """Allocates and fills a generation-only request's prompt slots; returns the prompt tokens it
-    did not compute (``generation_only.PromptKvPull``)."""
+    """A generation-only request's prompt KV (``generation_only.PromptKvPull``)."""
 
-    def __call__(self, request: LlmRequest) -> int: ...
+    def steps(self, request: LlmRequest) -> Generator[None, None, int]:
+        """Allocate the prompt's slots and fill them, yielding while transfers are in flight;
+        returns the prompt tokens it did not compute. Raises if the KV cannot come."""
+
+    def abandon(self) -> None:
+        """The load will not run (again): let the context server free what it holds for it."""
+
+
+@dataclass
+class _Loading:
+    request: LlmRequest
+    load_kv: LoadKv
+    steps: Generator[None, None, int]
 
 
 @dataclass
@@ -49,6 +63,7 @@ class DisaggCoordinator:
         self.transfer_timeout_s = transfer_timeout_s  # how long held KV waits for a pull
         self.held: dict[int, _Held] = {}
         self.waiting: list[tuple[LlmRequest, LoadKv]] = []
+        self.loading: dict[int, _Loading] = {}  # admitted, their KV in flight (arrival order)
         # Called once per step with the context-only requests whose KV started waiting for a
         # pull (``disaggregation/parallel.py``: ``hold_in_step``).
         self.on_hold: Callable[[list[int]], None] | None = None
@@ -98,11 +113,10 @@ class DisaggCoordinator:
     def wait(self, request: LlmRequest, load_kv: LoadKv) -> None:
         self.waiting.append((request, load_kv))
 
-    def admit(self, owed: int, start: Callable[[LlmRequest, int], None]) -> None:
-        """Load the waiting requests that fit, in arrival order (none overtakes another), with
-        ``owed`` slots already promised to the admitted requests; ``start(request, loaded)``
-        hands each loaded one to the executor. One that fails to load ends with
-        ``FinishReason.ERROR``; the others go on."""
+    def admit(self, owed: int, begin: Callable[[LlmRequest], None]) -> None:
+        """Start loading the waiting requests that fit, in arrival order (none overtakes
+        another), with ``owed`` slots already promised to the admitted requests; ``begin``
+        hands each to the executor, which admits it (its KV is reserved from here on)."""
         kv = self._kv()
         while self.waiting:
             request, load_kv = self.waiting[0]
@@ -110,36 +124,56 @@ class DisaggCoordinator:
             if owed + need > kv.get_num_free_blocks():
                 return
             self.waiting.pop(0)
+            begin(request)
+            self.loading[request.request_id] = _Loading(request, load_kv, load_kv.steps(request))
+            owed += need
+
+    def progress(
+        self, done: Callable[[LlmRequest, int], None], failed: Callable[[LlmRequest], None]
+    ) -> None:
+        """Advance every load once, between steps and in admission order (the same on every
+        rank); none is waited for. ``done(request, num_loaded_tokens)`` for each whose KV is in;
+        one that failed (or timed out) is given its error, then ``failed(request)`` frees it.
+        The others go on."""
+        for request_id, loading in list(self.loading.items()):
             try:
-                loaded = load_kv(request)
+                next(loading.steps)
+            except StopIteration as end:
+                del self.loading[request_id]
+                done(loading.request, end.value)
             except Exception as exc:  # this request ends; the others go on
-                logger.warning("request %d: its KV did not load: %s", request.request_id, exc)
-                abandon(load_kv)
-                self.resource_manager.free_resources(request)
-                request.fail(ErrorKind.KV_TRANSFER, f"its prompt's KV did not load: {exc}")
-                continue
-            start(request, loaded)
-            owed += kv.get_needed_resource_to_completion(request)  # what it still needs
+                del self.loading[request_id]
+                logger.warning("request %d: its KV did not load: %s", request_id, exc)
+                loading.load_kv.abandon()
+                if isinstance(exc, ReplayedHandleError):  # the request's fault, not a transfer's
+                    loading.request.fail(ErrorKind.INVALID_REQUEST, str(exc))
+                else:
+                    loading.request.fail(
+                        ErrorKind.KV_TRANSFER,
+                        f"its prompt's KV could not be pulled from the context server: {exc}",
+                    )
+                failed(loading.request)
+
+    def drop_loading(self, request_id: int) -> None:
+        """A request that ended while its KV was in flight: its transfers are given up and the
+        context server is told (before the executor frees its slots)."""
+        loading = self.loading.pop(request_id, None)
+        if loading is not None:
+            loading.steps.close()
+            loading.load_kv.abandon()
 
     def cancel_waiting(self, request_id: int, reason: FinishReason) -> LlmRequest | None:
         """End a waiting request (its KV never loaded); None if it is not waiting."""
         for i, (request, load_kv) in enumerate(self.waiting):
             if request.request_id == request_id:
                 del self.waiting[i]
-                abandon(load_kv)
+                load_kv.abandon()
                 request.finish(reason)
                 return request
         return None
 
     def end_waiting(self, reason: FinishReason, stop_reason=None) -> None:
         for request, load_kv in self.waiting:
-            abandon(load_kv)
+            load_kv.abandon()
             request.finish(reason, stop_reason)
         self.waiting.clear()
-
-
-def abandon(load_kv: LoadKv) -> None:
-    """``load_kv`` will not run (again): let it give up what it was waiting on, if it can."""
-    give_up = getattr(load_kv, "abandon", None)  # PromptKvPull has one; a plain function not
-    if give_up is not None:
-        give_up()

@@ -2,9 +2,9 @@
 
 A generation-only request starts at its first generation step. Its first token and drafts come
 from the context server's ``DisaggregatedParams``; its prompt KV is loaded when the executor admits
-it (``PyExecutor.enqueue_generation_only`` calls the ``PromptKvPull``): slots are allocated in
-every KV manager, then the blocks this server's prefix cache does not already hold are pulled over
-NIXL. No prefill runs.
+it (``PyExecutor.enqueue_generation_only``; ``DisaggCoordinator.progress`` advances the
+``PromptKvPull`` between steps): slots are allocated in every KV manager, then the blocks this
+server's prefix cache does not already hold are pulled over NIXL. No prefill runs.
 
     prompt blocks:  [0 .......... reused // tpb) [reused // tpb ........ ceil(prompt_len / tpb))
                      from the local prefix cache   pulled from the context server's slots
@@ -13,7 +13,7 @@ NIXL. No prefill runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,7 @@ from tensorrt_llm._torch.disaggregation.params import (
     RequestType,
     TransferHandle,
 )
+from tensorrt_llm._torch.disaggregation.pulls import ReplayedHandleError, drive
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.multimodal import MultimodalInput
 
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 
 _RESUMABLE = (RequestType.CONTEXT_ONLY, RequestType.GENERATION_ONLY)
+# a rank's state in a load's agreement; a failed one's is {"error": ..., "replayed": bool}
+_PULLING, _DONE = "pulling", "done"
+_GOING = (_PULLING, _DONE)
 
 
 def check_resumable(params: DisaggregatedParams) -> TransferHandle:
@@ -109,14 +113,19 @@ def _check_tokens(params: DisaggregatedParams, executor: PyExecutor) -> None:
         )
 
 
+class KvPullFailed(RuntimeError):
+    """A rank of a tensor-parallel server could not pull its part of the KV."""
+
+
 @dataclass(frozen=True)
 class PromptKvPull:
-    """``load_kv(request) -> int`` of one generation-only request: allocates its prompt's slots,
-    pulls the blocks not reused locally and returns the prompt tokens it did not compute (all of
-    them). On an error the executor frees whatever was allocated.
+    """The ``LoadKv`` of one generation-only request: allocates its prompt's slots, pulls the
+    blocks not reused locally and returns the prompt tokens it did not compute (all of them). On
+    an error the executor frees whatever was allocated.
 
-    On a tensor-parallel server every rank pulls its heads, then the ranks ``agree`` (each
-    rank's error or None, gathered): one rank's failure fails the request on all of them, and
+    On a tensor-parallel server every rank pulls its heads, and the ranks ``agree`` at every
+    step of the load (each rank's state gathered: still pulling, done, or its error), so that
+    they all see the same step end it: one rank's failure fails the request on all of them, and
     only the ``leader`` (rank 0) tells the context server it pulled or gave up."""
 
     executor: PyExecutor
@@ -126,25 +135,45 @@ class PromptKvPull:
     leader: bool = True
 
     def __call__(self, request: LlmRequest) -> int:
-        if self.agree is None:
-            return self._load(request, confirm=True)
-        error, loaded = None, 0
-        try:
-            loaded = self._load(request, confirm=False)
-        except Exception as exc:  # the ranks must meet whatever happened
-            error = f"{type(exc).__name__}: {exc}"
-        failed = [f"rank {r}: {e}" for r, e in enumerate(self.agree(error)) if e is not None]
-        if failed:
-            raise ValueError(f"request {request.request_id}: KV pull failed on {'; '.join(failed)}")
-        if self.leader:
-            self.transceiver.confirm(self.handle)
-        return loaded
+        """The whole load, waited for here."""
+        return drive(self.steps(request))
 
-    def _load(self, request: LlmRequest, confirm: bool) -> int:
+    def steps(self, request: LlmRequest) -> Generator[None, None, int]:
+        """The load as steps: yields while its transfers are in flight. Raises
+        ``ReplayedHandleError`` for a handle pulled here before, else what failed."""
+        if self.agree is None:
+            return (yield from self._load(request, confirm=True))
+        pulling = self._load(request, confirm=False)
+        state, loaded = _PULLING, 0
+        while True:  # one agreement per step, on every rank
+            if state == _PULLING:
+                try:
+                    next(pulling)
+                except StopIteration as end:
+                    state, loaded = _DONE, end.value
+                except Exception as exc:  # the ranks must meet whatever happened
+                    replayed = isinstance(exc, ReplayedHandleError)
+                    state = {"error": f"{type(exc).__name__}: {exc}", "replayed": replayed}
+            states = self.agree(state)
+            failed = [(r, s) for r, s in enumerate(states) if s not in _GOING]
+            if failed:
+                pulling.close()
+                error = (
+                    ReplayedHandleError if all(s["replayed"] for _, s in failed) else KvPullFailed
+                )
+                ranks = "; ".join(f"rank {r}: {s['error']}" for r, s in failed)
+                raise error(f"request {request.request_id}: KV pull failed on {ranks}")
+            if all(s == _DONE for s in states):
+                if self.leader:
+                    self.transceiver.confirm(self.handle)
+                return loaded
+            yield
+
+    def _load(self, request: LlmRequest, confirm: bool) -> Generator[None, None, int]:
         self.transceiver.check_peer(self.handle)  # before any slot is taken
         reused = self._allocate(request)
         tokens_per_block = self.executor.kv_cache_manager.tokens_per_block
-        self.transceiver.pull(
+        yield from self.transceiver.pull_steps(
             request.request_id,
             self.handle,
             num_blocks=math.ceil(request.prompt_len / tokens_per_block),

@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from collections.abc import Generator
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -37,14 +38,32 @@ from tensorrt_llm.logger import logger
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 
+T = TypeVar("T")
 _PULLED = b"pulled:"  # a finished (or abandoned) pull sends b"pulled:<transfer id>": free the hold
 STALE_MARGIN_S = 0.25  # a pull must finish this long before the hold's expiry
 _MAX_REMEMBERED_PULLS = 65536  # transfer ids a generation side remembers, to refuse a replay
 STAGING_BLOCKS = 16  # blocks per source rank staged at once when heads are regrouped
+TICKET_ROWS, TICKET_ROW_WORDS = 64, 16  # pulls in flight at once; context ranks read per pull
+PULL_POLL_S = 0.0005  # how often a pull waited for here checks its transfers
+
+
+def drive(steps: Generator[None, None, T]) -> T:
+    """Run a pull's steps to their end here, checking its transfers every ``PULL_POLL_S``."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        time.sleep(PULL_POLL_S)
 
 
 class StaleTransferError(ValueError):
-    """A pull of a hold that has ended, or of a handle already pulled: its data cannot be trusted."""
+    """A pull of a hold that has ended: its data cannot be trusted (a failure of the transfer,
+    which the request may try again)."""
+
+
+class ReplayedHandleError(ValueError):
+    """A handle pulled here before: a handle serves one pull (the request's own fault)."""
 
 
 def now() -> float:
@@ -65,8 +84,9 @@ def decode_pulled(message: bytes) -> str | None:
 
 class PullSide:
     """``KvCacheTransceiver``'s methods that read a peer's slots; the transceiver provides the
-    agent (``agent``, ``_read``, ``_connect``), its ``manager``, ``fingerprint``, ``rank``,
-    ``device_id``, ``mem_type`` and the registered ``_ticket_read`` words."""
+    agent (``agent``, ``_read_steps``, ``_connect``), its ``manager``, ``fingerprint``, ``rank``,
+    ``device_id``, ``mem_type`` and the registered ``_ticket_read`` words
+    (``[TICKET_ROWS, TICKET_ROW_WORDS]``)."""
 
     agent: object
     manager: KVCacheManagerV2
@@ -78,7 +98,10 @@ class PullSide:
 
     def __init__(self) -> None:
         self._staging: torch.Tensor | None = None  # registered lazily (heads regrouped)
+        self._staging_in_use = False  # by a pull in flight (one at a time)
         self._pulled: OrderedDict[str, None] = OrderedDict()  # ids pulled here
+        # rows of ``_ticket_read`` not taken by a pull in flight (each reads its tickets there)
+        self._free_ticket_rows = list(range(TICKET_ROWS))
 
     @property
     def _split(self) -> tuple[int, int]:
@@ -108,13 +131,30 @@ class PullSide:
     ) -> int:
         """READ blocks ``[start_block, num_blocks)`` of the peer's request into this manager's slots
         of ``request_id`` (already allocated), from each context rank that holds this rank's
-        heads. Returns the bytes moved. ``StaleTransferError`` if the hold is near its end, was
-        revoked before its tickets were read back after the data, or the handle was pulled here
-        before. ``confirm=False``: the caller confirms the pull later (``confirm``), once every
-        rank of this server has pulled its part."""
+        heads, waiting here. Returns the bytes moved. ``StaleTransferError`` if the hold is near
+        its end, was revoked before its tickets were read back after the data, or the handle was
+        pulled here before. ``confirm=False``: the caller confirms the pull later (``confirm``),
+        once every rank of this server has pulled its part."""
+        return drive(
+            self.pull_steps(request_id, handle, num_blocks, start_block, timeout_s, confirm)
+        )
+
+    def pull_steps(
+        self,
+        request_id: int,
+        handle: TransferHandle,
+        num_blocks: int,
+        start_block: int = 0,
+        timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S,
+        confirm: bool = True,
+    ) -> Generator[None, None, int]:
+        """``pull`` as steps: a generator that yields while a READ is in flight (its driver does
+        other work meanwhile, then resumes it) and returns the bytes moved. ``timeout_s`` bounds
+        the whole pull. Closing it early gives up the pull (its transfers released)."""
+        deadline = time.monotonic() + timeout_s
         layouts, whole = self.check_peer(handle)
         if handle.transfer_id in self._pulled:
-            raise StaleTransferError(
+            raise ReplayedHandleError(
                 f"request {request_id}: transfer {handle.transfer_id[:8]}... was already pulled "
                 "here; a handle serves one pull"
             )
@@ -134,17 +174,19 @@ class PullSide:
         moved = 0
         if local_slots:  # (none when this side's prefix cache held every block)
             if whole:
-                moved = self._pull_whole(sources[0], local_slots, remote_slots, what, timeout_s)
+                moved = yield from self._pull_whole(
+                    sources[0], local_slots, remote_slots, what, deadline
+                )
             else:
-                moved = self._pull_regrouped(
+                moved = yield from self._pull_regrouped(
                     dict(zip(used, sources)),
                     their_ranks,
                     layouts,
                     (local_slots, remote_slots),
                     what,
-                    timeout_s,
+                    deadline,
                 )
-        self._check_tickets(request_id, handle, sources, confirm, timeout_s)
+        yield from self._check_tickets(request_id, handle, sources, confirm, deadline)
         if confirm:
             self._remember(handle)
         return moved
@@ -162,19 +204,34 @@ class PullSide:
     def _descs(self, base: int, slots, size: int, device: int) -> list[tuple[int, int, int]]:
         return [(base + s * size, size, device) for s in slots]
 
-    def _pull_whole(self, source: SourceRank, local_slots, remote_slots, what, timeout_s) -> int:
+    def _pull_whole(self, source: SourceRank, local_slots, remote_slots, what, deadline):
         local, remote = [], []
         for pool, remote_base in zip(self.manager.pools, source.pool_addresses, strict=True):
             size = pool.shape[1]
             local += self._descs(pool.data_ptr(), local_slots, size, self.device_id)
             remote += self._descs(remote_base, remote_slots, size, source.device_id)
-        self._read(local, remote, self.mem_type, self._connect(source), b"", what, timeout_s)
+        peer = self._connect(source)
+        yield from self._read_steps(local, remote, self.mem_type, peer, b"", what, deadline)
         return sum(size for _, size, _ in local)
 
-    def _pull_regrouped(self, sources: dict, their_ranks, layouts, slots, what, timeout_s) -> int:
+    def _pull_regrouped(self, sources: dict, their_ranks, layouts, slots, what, deadline):
         """Pull each source rank's slots (``{rank: SourceRank}`` of a ``their_ranks``-way split)
         into staging, ``STAGING_BLOCKS`` at a time, and write this rank's heads into its own
-        slots (``slots``: local and remote ids)."""
+        slots (``slots``: local and remote ids). One pull uses the staging area at a time: the
+        others wait their turn (yielding)."""
+        while self._staging_in_use:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} timed out waiting for the staging area")
+            yield
+        self._staging_in_use = True
+        try:
+            return (
+                yield from self._regroup_steps(sources, their_ranks, layouts, slots, what, deadline)
+            )
+        finally:
+            self._staging_in_use = False
+
+    def _regroup_steps(self, sources: dict, their_ranks, layouts, slots, what, deadline):
         local_slots, remote_slots = slots
         my_ranks, my_rank = self._split
         staging = self._staging_for(len(sources) * sum(p.slot_bytes for p in layouts))
@@ -192,7 +249,7 @@ class PullSide:
                     views.append(view)
                     offset += len(theirs) * size
                 peer = self._connect(source)
-                self._read(local, remote, self.mem_type, peer, b"", what, timeout_s)
+                yield from self._read_steps(local, remote, self.mem_type, peer, b"", what, deadline)
                 moved += sum(size for _, size, _ in local)
                 parts.append((rank, views))
             for i, (pool, layout) in enumerate(zip(self.manager.pools, self.manager.layout.pools)):
@@ -231,25 +288,42 @@ class PullSide:
         handle: TransferHandle,
         sources: list[SourceRank],
         notify: bool,
-        timeout_s: float,
-    ) -> None:
+        deadline: float,
+    ):
         """READ the hold's ticket back from each source rank, after the data, and refuse the
         data if one was revoked: those slots may have been freed during the READ. With
-        ``notify``, the notification that releases the hold rides on rank 0's read, the last."""
+        ``notify``, the notification that releases the hold rides on rank 0's read, the last.
+        Each pull in flight reads into its own row of ``_ticket_read``."""
         rank0 = handle.sources()[0]
         ordered = sorted(sources, key=lambda s: s.agent_name == rank0.agent_name)
         if notify and ordered[-1].agent_name != rank0.agent_name:
             ordered.append(rank0)  # only its notification is needed
-        self._ticket_read.zero_()
-        size = self._ticket_read.element_size()
         what = f"request {request_id}: reading the ticket of transfer {handle.transfer_id[:8]}..."
+        while not self._free_ticket_rows:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} timed out waiting for a ticket row")
+            yield
+        row = self._free_ticket_rows.pop()
+        try:
+            words = self._ticket_read[row]
+            yield from self._read_tickets(request_id, handle, ordered, notify, words, deadline)
+        finally:
+            self._free_ticket_rows.append(row)
+
+    def _read_tickets(self, request_id, handle, ordered, notify, words, deadline: float):
+        if len(ordered) > len(words):
+            raise ValueError(f"request {request_id}: {len(ordered)} context ranks to read from")
+        what = f"request {request_id}: reading the ticket of transfer {handle.transfer_id[:8]}..."
+        words.zero_()
+        size = words.element_size()
         for i, source in enumerate(ordered):
-            local = [(self._ticket_read.data_ptr() + i * size, size, 0)]
+            local = [(words.data_ptr() + i * size, size, 0)]
             remote = [(source.ticket_address, size, 0)]
             last = notify and i == len(ordered) - 1
             notice = encode_pulled(handle.transfer_id) if last else b""
-            self._read(local, remote, "DRAM", self._connect(source), notice, what, timeout_s)
-            if int(self._ticket_read[i]) != source.ticket:
+            peer = self._connect(source)
+            yield from self._read_steps(local, remote, "DRAM", peer, notice, what, deadline)
+            if int(words[i]) != source.ticket:
                 raise StaleTransferError(
                     f"request {request_id}: the context server ended the hold of transfer "
                     f"{handle.transfer_id[:8]}... before the pull finished (it timed out, or "

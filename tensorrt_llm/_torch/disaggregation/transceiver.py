@@ -22,7 +22,7 @@ Each hold is one transfer with an unguessable ``transfer_id``, a ticket and an e
   during the READ, so the data is discarded with ``StaleTransferError``. This holds whatever the
   two clocks say, and it refuses a handle replayed to another generation server after its pull;
 - the generation side also refuses a handle whose hold ends within ``STALE_MARGIN_S`` (before any
-  read) and a handle it has already pulled;
+  read) and a handle it has already pulled (``ReplayedHandleError``);
 - a generation side that will not pull (its request was cancelled or refused first) sends the
   same notification without a read (``release``), so the hold ends now, not at its timeout.
 
@@ -54,7 +54,10 @@ from tensorrt_llm._torch.disaggregation.params import (
     TransferHandle,
 )
 from tensorrt_llm._torch.disaggregation.pulls import (
+    TICKET_ROW_WORDS,
+    TICKET_ROWS,
     PullSide,
+    ReplayedHandleError,
     StaleTransferError,
     decode_pulled,
     now,
@@ -63,7 +66,7 @@ from tensorrt_llm._torch.disaggregation.trust import deployment_secret
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm.logger import logger
 
-__all__ = ["KvCacheTransceiver", "StaleTransferError", "layout_fingerprint"]
+__all__ = ["KvCacheTransceiver", "ReplayedHandleError", "StaleTransferError", "layout_fingerprint"]
 MAX_HELD_TRANSFERS = 4096  # tickets a context side has: transfers held at once
 
 
@@ -116,7 +119,7 @@ class KvCacheTransceiver(PullSide):
         self._ticket_key = secrets.token_bytes(32)
         self._serial = 0  # holds so far: a ticket is the HMAC of its hold's serial
         # generation side: where peers' tickets are read back after the data
-        self._ticket_read = torch.zeros(64, dtype=torch.int64)
+        self._ticket_read = torch.zeros(TICKET_ROWS, TICKET_ROW_WORDS, dtype=torch.int64)
         self._registrations += [
             self.agent.register_memory(t, "DRAM") for t in (self._tickets, self._ticket_read)
         ]
@@ -230,7 +233,10 @@ class KvCacheTransceiver(PullSide):
             self._peers.add(peer)
         return peer
 
-    def _read(self, local, remote, mem_type, peer, notice, what, timeout_s) -> None:
+    def _read_steps(self, local, remote, mem_type, peer, notice, what, deadline: float):
+        """One NIXL READ as steps: yields while it is in flight; ``TimeoutError`` once
+        ``deadline`` (``time.monotonic()``) passes, ``RuntimeError`` if it fails. Leaving early
+        (the pull given up) releases the transfer."""
         try:
             xfer = self.agent.initialize_xfer(
                 "READ",
@@ -245,20 +251,16 @@ class KvCacheTransceiver(PullSide):
                 f"{exc}); the peer's memory is not registered as this side describes it"
             ) from exc
         try:
-            self._wait(xfer, what, timeout_s)
+            state = self.agent.transfer(xfer)
+            while state not in ("DONE", "ERR"):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{what} timed out: the peer did not answer in time")
+                yield
+                state = self.agent.check_xfer_state(xfer)
+            if state == "ERR":
+                raise RuntimeError(f"{what} failed")
         finally:
             self.agent.release_xfer_handle(xfer)
-
-    def _wait(self, xfer, what: str, timeout_s: float) -> None:
-        state = self.agent.transfer(xfer)
-        deadline = time.monotonic() + timeout_s
-        while state not in ("DONE", "ERR"):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what} timed out after {timeout_s}s")
-            time.sleep(0.0005)
-            state = self.agent.check_xfer_state(xfer)
-        if state == "ERR":
-            raise RuntimeError(f"{what} failed")
 
     def pulled_request_ids(self) -> list[int]:
         """Ids of this side's requests whose KV a peer finished pulling since the last call (to

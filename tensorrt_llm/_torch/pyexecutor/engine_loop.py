@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.executor import Executor
 
 Update = Callable[[LlmRequest, bool], None]
+IDLE_WAIT_S = 0.5  # nothing to run: how long the loop waits for a command before looking again
+TRANSFER_WAIT_S = 0.001  # only KV pulls in flight: the same, so polling them spins no core
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class EngineLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pause = 0.0  # how long the next iteration may wait for a command
 
     def start(self) -> None:
         """Run the loop on a background thread from now on (once)."""
@@ -91,7 +94,7 @@ class EngineLoop:
         if self.running:
             raise RuntimeError("the engine loop runs on its own thread; submit to it instead")
         while not done():
-            self._iterate(block=False)
+            self._iterate(wait_s=self._pause)
 
     def submit(self, command: Submit) -> None:
         """Queue a validated request; ``command.on_update(request, finished)`` follows it."""
@@ -119,13 +122,13 @@ class EngineLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._iterate(block=not self.executor.has_work)
+            self._iterate(wait_s=IDLE_WAIT_S if not self.executor.has_work else self._pause)
 
-    def _iterate(self, block: bool) -> None:
-        """Apply the queued commands (waiting up to 0.5 s for one if ``block``), step once if
-        there is work, then the housekeeping."""
+    def _iterate(self, wait_s: float = 0.0) -> None:
+        """Apply the queued commands (waiting up to ``wait_s`` for one), step once if there is
+        work, then the housekeeping."""
         try:
-            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+            command = self._commands.get(timeout=wait_s) if wait_s else self._commands.get_nowait()
         except queue.Empty:
             command = None
         while command is not None:
@@ -169,10 +172,13 @@ class EngineLoop:
                 self._notify(request_id, finished=True)
 
     def _step(self) -> None:
+        launched = self.executor.stats.num_steps
         try:
             self.executor.step()
         except Exception:  # the executor already ended and freed that batch's requests
             logger.error("engine step failed:\n%s", traceback.format_exc())
+        # nothing launched (requests wait only on KV pulls): wait a little before the next look
+        self._pause = TRANSFER_WAIT_S if self.executor.stats.num_steps == launched else 0.0
         for request_id in list(self._watchers):
             request, _ = self._watchers[request_id]
             self._notify(request_id, finished=request.is_finished)

@@ -19,7 +19,7 @@ import torch
 from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.nucleus import row_logprobs
-from tensorrt_llm._torch.pyexecutor.sampler import token_logprobs
+from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, sample, token_logprobs
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 from tensorrt_llm._torch.pyexecutor.token_feed import TokenFeed
 from tensorrt_llm._torch.speculative.interface import StepTokens
@@ -127,6 +127,16 @@ class DeviceTokens:
             next_drafts[i] = flat[r * k : (r + 1) * k]
             accepted[i] = counts[r]
         return StepTokens(new_tokens, next_drafts, accepted)
+
+
+def sample_target(
+    requests: list[LlmRequest], logits: torch.Tensor, num_logits: list[int]
+) -> DeviceTokens:
+    """Target-only decoding: one token per request that produced logits, drawn on the device
+    for the whole batch (``sampler.sample``)."""
+    sampled = [i for i, n in enumerate(num_logits) if n]
+    st = SamplingTensors.of([requests[i] for i in sampled], logits.device)
+    return DeviceTokens(sampled, sample(logits, st)[:, None])
 
 
 @dataclass

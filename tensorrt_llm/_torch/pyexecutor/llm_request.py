@@ -90,6 +90,8 @@ class SamplingRow:
 
 class LlmRequestState(enum.Enum):
     CONTEXT_INIT = "context_init"  # prompt (or part of it) still to prefill
+    # a generation-only request admitted, its prompt's KV being pulled from a context server
+    DISAGG_GENERATION_TRANS_IN_PROGRESS = "disagg_generation_trans_in_progress"
     GENERATION_IN_PROGRESS = "generation_in_progress"
     GENERATION_COMPLETE = "generation_complete"
 

@@ -6,14 +6,14 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv, abandon
+from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv
 from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats, RankSync
 from tensorrt_llm._torch.pyexecutor.fault_isolation import FaultIsolation, describe
 from tensorrt_llm._torch.pyexecutor.launched_step import (
-    DeviceTokens,
     LaunchedStep,
     apply_tokens,
     check_stop,
+    sample_target,
 )
 from tensorrt_llm._torch.pyexecutor.llm_request import (
     ErrorKind,
@@ -22,9 +22,9 @@ from tensorrt_llm._torch.pyexecutor.llm_request import (
     LlmRequestState,
     RequestError,
 )
-from tensorrt_llm._torch.pyexecutor.model_engine import ForwardOutput, PyTorchModelEngine
+from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
-from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, logprobs_top, sample
+from tensorrt_llm._torch.pyexecutor.sampler import logprobs_top
 from tensorrt_llm._torch.pyexecutor.scheduler import (
     GuaranteedNoEvictScheduler,
     ScheduledRequests,
@@ -86,12 +86,13 @@ class PyExecutor:
 
     def check_request(self, request: LlmRequest) -> None:
         """Raise ``ValueError`` if ``request`` can never run here (its prompt, or its KV)."""
+        where = f"request {request.request_id}"
         if request.prompt_len == 0:
-            raise ValueError(f"request {request.request_id}: the prompt is empty")
+            raise ValueError(f"{where}: the prompt is empty")
         if request.prompt_len >= self.max_seq_len:
             raise ValueError(
-                f"request {request.request_id}: prompt of {request.prompt_len} tokens leaves no room to "
-                f"generate within max_seq_len={self.max_seq_len}"
+                f"{where}: a prompt of {request.prompt_len} tokens leaves no room to generate "
+                f"within max_seq_len={self.max_seq_len}"
             )
         kv = self.kv_cache_manager
         need, total = kv.get_needed_resource_to_completion(request), kv.get_max_resource_count()
@@ -137,15 +138,13 @@ class PyExecutor:
         return len(done)
 
     def enqueue_generation_only(self, request: LlmRequest, load_kv: LoadKv) -> None:
-        """Start a request at its first generation step: its prompt's KV from ``load_kv`` (which
-        allocates and fills the slots, and returns the prompt tokens it did not compute), its
-        first token and drafts from the context server. It waits, in arrival order, until the KV
-        it needs to completion fits beside what the admitted requests are owed (the scheduler's
-        rule); only then does ``load_kv`` run (``DisaggCoordinator.admit``)."""
+        """Start a request at its first generation step (its first token and drafts from the
+        context server): admitted by the scheduler's rule, its prompt's KV then pulled by
+        ``load_kv`` between steps (``DisaggCoordinator``), it joins the batch once loaded."""
         try:
             self.check_request(request)  # it joins ``active`` once admitted
         except ValueError:
-            abandon(load_kv)
+            load_kv.abandon()
             raise
         self.disagg.wait(request, load_kv)
         if self.rank_sync is not None:
@@ -157,20 +156,24 @@ class PyExecutor:
             raise ValueError(str(request.stop_reason))
 
     def _admit_generation_only(self) -> None:
+        """Start the loads that fit, and advance those in flight (never waiting on one)."""
         if self.disagg.waiting:
             owed = owed_to_admitted(self.kv_cache_manager, self.active, self._admitted)
-            self.disagg.admit(owed, self._start_generation)
+            self.disagg.admit(owed, self._begin_load)
+        if self.disagg.loading:
+            self.disagg.progress(self._start_generation, self._release)
+
+    def _begin_load(self, request: LlmRequest) -> None:  # its KV is reserved while it loads
+        request.state = LlmRequestState.DISAGG_GENERATION_TRANS_IN_PROGRESS
+        admit(request, self._admitted)
+        self.active.append(request)
 
     def _start_generation(self, request: LlmRequest, num_loaded_tokens: int) -> None:
         """A generation-only request whose prompt KV is loaded joins the batch."""
         self.stats.num_transferred_tokens += num_loaded_tokens
         request.context_current_position = request.prompt_len
         request.state = LlmRequestState.GENERATION_IN_PROGRESS
-        admit(request, self._admitted)
-        self.active.append(request)
-        check_stop(
-            request, request.output_token_ids[-1], self.max_seq_len
-        )  # the first token may end it
+        check_stop(request, request.output_token_ids[-1], self.max_seq_len)  # the first may end it
         if request.is_finished:
             self._release(request)
 
@@ -349,15 +352,8 @@ class PyExecutor:
         if req.finish_reason is FinishReason.CONTEXT_DONE:  # its KV waits for a generation server
             self.disagg.hold(req)
         else:
+            self.disagg.drop_loading(req.request_id)  # (its pull given up first, if in flight)
             self.resource_manager.free_resources(req)
-
-    def _sample(self, batch: ScheduledRequests, output: ForwardOutput) -> DeviceTokens:
-        """Target-only decoding: one token per request that produced logits, drawn on the
-        device for the whole batch (``sampler.sample``)."""
-        requests = batch.all_requests
-        sampled = [i for i, n in enumerate(output.num_logits) if n]
-        st = SamplingTensors.of([requests[i] for i in sampled], output.logits.device)
-        return DeviceTokens(sampled, sample(output.logits, st)[:, None])
 
     def _forward(self, batch: ScheduledRequests) -> LaunchedStep:
         """One forward (a CUDA graph replay when the runner takes the batch) and its tokens,
@@ -390,7 +386,7 @@ class PyExecutor:
         if self.spec_worker is not None:  # logprobs from the logits rows, at the read
             tokens = self.spec_worker.launch(batch, output)
         else:
-            tokens = self._sample(batch, output)
+            tokens = sample_target(batch.all_requests, logits, num_logits)
             if top_logprobs is not None:
                 tokens.with_logprobs(logits, top_logprobs)
         if slots is not None:  # the penalties' counts, on the device

@@ -142,8 +142,8 @@ def test_with_dead_backends_every_answer_is_an_openai_error(dead_router):
     for reply in (
         dead_router.get("/v1/models"),
         dead_router.post("/v1/completions", json={"prompt": "hi"}),
-    ):
-        assert reply.status_code == 502 and reply.json()["error"]["type"] == "server_error"
+    ):  # (a 503 once the router's own checks found the context server down)
+        assert reply.status_code in (502, 503) and reply.json()["error"]["type"] == "server_error"
     assert "trtllm_router_backend_failures 2" in dead_router.get("/metrics").text
 
 
@@ -270,3 +270,86 @@ def test_trtllm_serve_keeps_connections_past_the_clients_expiry(monkeypatch, tmp
     assert serve.main([]) == 0 and serve.main(["disaggregated", "-c", str(config)]) == 0
     assert [r["timeout_keep_alive"] for r in runs] == [serve.SERVER_KEEP_ALIVE_S] * 2
     assert os.environ["UCX_NET_DEVICES"].split(",")[0] == interface_of("127.0.0.1")  # item 6
+
+
+def frozen_and_failing() -> tuple[FastAPI, FastAPI]:
+    """A context server that has frozen (nothing it gets is ever answered, /health included)
+    and a generation server whose KV pull failed (a 502)."""
+    frozen, failing = FastAPI(), FastAPI()
+
+    @frozen.get("/health")
+    @frozen.post("/v1/chat/completions")
+    async def hang(request: Request):
+        while not await request.is_disconnected():  # (a stand-in that a test can stop)
+            await asyncio.sleep(0.05)
+
+    @failing.post("/v1/chat/completions")
+    async def pull_failed():
+        error = {"message": "its prompt's KV could not be pulled", "type": "server_error"}
+        return JSONResponse({"error": {**error, "code": 502}}, status_code=502)
+
+    @failing.get("/health")
+    async def ok():
+        return {"status": "ok"}
+
+    return frozen, failing
+
+
+@pytest.fixture
+def quick_checks(monkeypatch):
+    """Health checks 5 times as often and as patient as a router's own (the tests stay short)."""
+    from tensorrt_llm.serve import backends
+
+    monkeypatch.setattr(backends, "CHECK_INTERVAL_S", backends.CHECK_INTERVAL_S / 5)
+    monkeypatch.setattr(backends, "CHECK_TIMEOUT_S", backends.CHECK_TIMEOUT_S / 5)
+
+
+@pytest.fixture(scope="module")
+def faulty_backends(serve_in_thread):
+    stops, urls = [], []
+    for app in frozen_and_failing():
+        url, stop = serve_in_thread(app)
+        urls.append(url.removeprefix("http://"))
+        stops.append(stop)
+    yield urls
+    for stop in stops:
+        stop()
+
+
+def test_a_frozen_context_server_is_left_for_one_that_answers(
+    live_backends, faulty_backends, quick_checks
+):
+    frozen, healthy = faulty_backends[0], live_backends[0]
+    router = DisaggRouter([frozen, healthy], live_backends[1:])
+    with TestClient(router.app) as client:
+        start = time.monotonic()
+        for _ in range(2):  # one of them is sent to the frozen server first
+            reply = chat(client, "hello")
+            assert reply.status_code == 400  # the stand-in generation server's refusal
+        assert time.monotonic() - start < 5  # not the 300 s context timeout
+        assert router.context.down() == [f"http://{frozen}"]
+        assert router.counters["context_failovers"] >= 1
+
+
+def test_with_every_context_server_down_the_client_gets_a_503_soon(faulty_backends, quick_checks):
+    router = DisaggRouter(faulty_backends[:1], faulty_backends[1:])
+    with TestClient(router.app) as client:
+        deadline = time.monotonic() + 15
+        while router.context.up() and time.monotonic() < deadline:  # its checks fail
+            time.sleep(0.1)
+        start = time.monotonic()
+        reply = chat(client, "hello")
+        assert time.monotonic() - start < 3  # one last check of it, not the context timeout
+        error = reply.json()["error"]
+        assert reply.status_code == 503 and "no context server is up" in error["message"]
+
+
+def test_a_failed_pull_is_a_502_naming_the_servers(live_backends, faulty_backends):
+    router = DisaggRouter(live_backends[:1], faulty_backends[1:])
+    with TestClient(router.app) as client:
+        for stream in (False, True):
+            reply = chat(client, "hello", stream=stream)
+            error = reply.json()["error"]
+            assert reply.status_code == 502, reply.text  # a server error: clients retry it
+            assert f"context server http://{live_backends[0]}" in error["message"]
+            assert f"generation server http://{faulty_backends[1]}" in error["message"]

@@ -10,6 +10,7 @@ from disagg_helpers import SECRET, context_reply, handle
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S, trust
 from tensorrt_llm._torch.disaggregation.generation_only import (
+    KvPullFailed,
     PromptKvPull,
     check_resumable,
     resume_from_context,
@@ -38,9 +39,12 @@ class RecordingTransceiver:
         if self.refuse:
             raise ValueError(f"incompatible KV cache layout on peer {handle.agent_name!r}")
 
-    def pull(self, request_id, handle, num_blocks, start_block=0, timeout_s=None, confirm=True):
+    def pull_steps(
+        self, request_id, handle, num_blocks, start_block=0, timeout_s=None, confirm=True
+    ):
         self.pulls.append((request_id, handle.request_id, start_block, num_blocks, timeout_s))
         self.told += ["pulled"] if confirm else []
+        yield  # one step in flight
         return 0
 
     def confirm(self, handle) -> None:
@@ -135,14 +139,16 @@ def test_an_incompatible_peer_is_refused_before_any_slot_is_taken():
 
 def test_the_config_and_the_pull_share_one_transfer_timeout_default():
     assert CacheTransceiverConfig().transfer_timeout_s == DEFAULT_TRANSFER_TIMEOUT_S
-    pull = inspect.signature(KvCacheTransceiver.pull).parameters["timeout_s"]
-    assert pull.default == DEFAULT_TRANSFER_TIMEOUT_S
+    for method in (KvCacheTransceiver.pull, KvCacheTransceiver.pull_steps):
+        assert inspect.signature(method).parameters["timeout_s"].default == (
+            DEFAULT_TRANSFER_TIMEOUT_S
+        )
 
 
 def test_tensor_parallel_ranks_agree_on_a_pull_and_only_rank_0_tells_the_context_server():
     # every rank pulls its heads; one rank's failure fails the request on all of them
-    def ranks(other_error):
-        return lambda mine: [mine, other_error]
+    def ranks(other_error):  # each step's states: this rank's, and the other one's
+        return lambda mine: [mine, other_error or mine]
 
     ex, leader = executor(), RecordingTransceiver()
     request = LlmRequest(request_id=0, prompt_token_ids=PROMPT, max_new_tokens=8)
@@ -150,10 +156,11 @@ def test_tensor_parallel_ranks_agree_on_a_pull_and_only_rank_0_tells_the_context
     assert leader.told == ["pulled"]  # once every rank has its part
     ex.kv_cache_manager.free_sequence(0)
     follower = RecordingTransceiver()
-    pull = PromptKvPull(
-        ex, follower, handle(), agree=ranks("StaleTransferError: late"), leader=False
-    )
-    with pytest.raises(ValueError, match="request 1: KV pull failed on rank 1: StaleTransferError"):
+    late = {"error": "StaleTransferError: late", "replayed": False}
+    pull = PromptKvPull(ex, follower, handle(), agree=ranks(late), leader=False)
+    with pytest.raises(
+        KvPullFailed, match="request 1: KV pull failed on rank 1: StaleTransferError"
+    ):
         pull(LlmRequest(request_id=1, prompt_token_ids=PROMPT, max_new_tokens=8))
     pull.abandon()
     assert follower.told == []  # rank 0 releases the hold, not the followers

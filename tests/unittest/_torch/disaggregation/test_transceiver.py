@@ -13,6 +13,7 @@ from tensorrt_llm._torch.disaggregation.params import TransferHandle
 from tensorrt_llm._torch.disaggregation.transceiver import (
     MAX_HELD_TRANSFERS,
     KvCacheTransceiver,
+    ReplayedHandleError,
     StaleTransferError,
 )
 from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
@@ -113,14 +114,14 @@ def test_a_hold_revoked_during_the_pull_is_discarded(monkeypatch):
     # may be another request's, and only the ticket read back after it can tell
     sender, receiver = receiving_pair("late")
     handle = sender.export(0, hold_s=30.0)
-    data_read = receiver._read
+    data_read = receiver._read_steps
 
-    def read_then_context_frees(local, remote, mem_type, peer, notice, what, timeout_s):
-        data_read(local, remote, mem_type, peer, notice, what, timeout_s)
+    def read_then_context_frees(local, remote, mem_type, peer, notice, what, deadline):
+        yield from data_read(local, remote, mem_type, peer, notice, what, deadline)
         if not notice:  # the data READ, not the ticket's
             sender.revoke(0)
 
-    monkeypatch.setattr(receiver, "_read", read_then_context_frees)
+    monkeypatch.setattr(receiver, "_read_steps", read_then_context_frees)
     with pytest.raises(StaleTransferError, match="ended the hold .* before the pull finished"):
         receiver.pull(0, handle, num_blocks=3)
 
@@ -158,7 +159,7 @@ def test_a_handle_serves_one_pull():
     sender, receiver = receiving_pair("replay")
     handle = sender.export(0, hold_s=30.0)
     receiver.pull(0, handle, num_blocks=3)
-    with pytest.raises(StaleTransferError, match="already pulled"):
+    with pytest.raises(ReplayedHandleError, match="already pulled"):
         receiver.pull(0, handle, num_blocks=3)
 
 
