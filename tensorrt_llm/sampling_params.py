@@ -86,8 +86,10 @@ class SamplingParams:
             )
         ):
             raise bad("logit_bias", "must map token ids (ints >= 0) to numbers in [-100, 100]")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_INT64):
-            raise bad("seed", f"must be an int in [0, {MAX_INT64}]")
+        if self.seed is not None and (
+            not _is_int(self.seed) or not -MAX_INT64 - 1 <= self.seed <= MAX_INT64
+        ):
+            raise bad("seed", "must be an int64 (in [-2**63, 2**63))")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):

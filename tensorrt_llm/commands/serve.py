@@ -9,6 +9,7 @@ replaces those defaults.
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from tensorrt_llm.llmapi.llm_args import load_yaml_options
 # (with both at 5 s, about 1 in 40 requests sent at the edge failed with a read error, a 502 at
 # the router).
 SERVER_KEEP_ALIVE_S = 30
+_HOST = re.compile(r"[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]")  # a name, an IPv4 or [IPv6] address
 
 
 def build_server(
@@ -55,6 +57,12 @@ def build_server(
                 f"--tp_size {tp_size} and tensor_parallel_size in {config}: give one of them"
             )
         options["tensor_parallel_size"] = tp_size
+    bad_hosts = [h for h in allowed_media_domains or () if not _HOST.fullmatch(h)]
+    if bad_hosts:
+        raise ValueError(
+            f"--allowed-media-domains {bad_hosts}: not host names (give MODEL before the flag: "
+            "it takes every word after it)"
+        )
     if allowed_local_media_path is not None and not allowed_local_media_path.is_dir():
         raise ValueError(f"--allowed-local-media-path {allowed_local_media_path}: not a directory")
     media = MediaOptions(
@@ -157,7 +165,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="the completion tokens one request may ask for, all its choices together (n x "
-        "max_tokens); default max(max_seq_len, 8192)",
+        "max_tokens); default max(2 x max_seq_len, 16384)",
     )
     return parser
 

@@ -114,6 +114,8 @@ def load_image(source: Any, max_pixels: int = MAX_DECODED_PIXELS, fit=None):
             raise ValueError(f"image over {max_pixels} pixels ({exc})") from None
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
             raise ValueError(f"not a decodable image ({exc})") from None
+        except Exception as exc:  # a decoder's own error on bytes nobody vouched for
+            raise ValueError(f"not a decodable image ({type(exc).__name__})") from None
     elif isinstance(source, str | Path):
         if not Path(source).is_file():
             raise ValueError(f"image file {str(source)!r} does not exist")
@@ -134,6 +136,8 @@ def load_image(source: Any, max_pixels: int = MAX_DECODED_PIXELS, fit=None):
         return image.convert("RGB")
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise ValueError(f"not a decodable image ({exc})") from None
+    except Exception as exc:  # (as above)
+        raise ValueError(f"not a decodable image ({type(exc).__name__})") from None
 
 
 class MiniMaxM3ImageProcessor:

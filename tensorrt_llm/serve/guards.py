@@ -100,7 +100,7 @@ class ServeLimits:
     """How much work one request may ask for.
 
     ``max_request_tokens``: the completion tokens of all its choices together (``n`` times
-    ``max_tokens``, times its prompts); None: ``max(max_seq_len, 8192)``. A request over it is a
+    ``max_tokens``, times its prompts); None: ``max(2 * max_seq_len, 16384)``. A request over it is a
     400, as is one whose prompt plus ``max_tokens`` passes ``max_seq_len`` (nothing is clamped
     silently). ``running_share``: the share of ``max_batch_size`` one request's choices may run
     in at once (the others wait for those to end)."""
@@ -126,7 +126,7 @@ class ServeLimits:
                 param=param,
             )
         total = asked * body.n * len(prompt_lengths)
-        limit = self.max_request_tokens or max(llm.max_seq_len, 8192)
+        limit = self.max_request_tokens or max(2 * llm.max_seq_len, 16384)
         if total > limit:
             raise ServerError(
                 400,

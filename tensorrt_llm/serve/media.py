@@ -157,11 +157,15 @@ def _local_file(path: str, where: str, options: MediaOptions) -> bytes:
         raise ServerError(400, f"{where}: {path!r} is outside the allowed media path", param=where)
     if not resolved.is_file():
         raise ServerError(400, f"{where}: no file {path!r}", param=where)
-    if resolved.stat().st_size > options.max_image_bytes:
-        raise ServerError(
-            400, f"{where}: file larger than {options.max_image_bytes} bytes", param=where
-        )
-    return resolved.read_bytes()
+    try:
+        if resolved.stat().st_size > options.max_image_bytes:
+            raise ServerError(
+                400, f"{where}: file larger than {options.max_image_bytes} bytes", param=where
+            )
+        return resolved.read_bytes()
+    except OSError as exc:
+        message = f"{where}: {path!r} cannot be read ({exc.strerror})"
+        raise ServerError(400, message, param=where) from None
 
 
 async def chat_prompt(llm, messages, pool: MediaPool, known=None) -> list[int] | dict:
@@ -200,9 +204,12 @@ async def chat_prompt(llm, messages, pool: MediaPool, known=None) -> list[int] |
         return await _expanded(prompts, text, images)
     pool.admit()
     pool.num_jobs += 1
-    try:
-        images = [await image_item(url, where, pool, prompts.processor) for where, url in parts]
+    jobs = [asyncio.ensure_future(image_item(u, w, pool, prompts.processor)) for w, u in parts]
+    try:  # fetched at once: the request's images take one deadline's time, not one each
+        images = await asyncio.gather(*jobs)
     finally:
+        for job in jobs:  # (the first refusal ends the others)
+            job.cancel()
         pool.num_jobs -= 1
     return await _expanded(prompts, text, images)
 

@@ -2,7 +2,8 @@
 
 The policy (``FetchPolicy``):
 - only ``http`` and ``https``, no credentials in the URL, no control characters or spaces;
-- the host's addresses are resolved here, and the connection goes to an address that was checked
+- the host's addresses are resolved here (on resolver threads of their own), and the connection
+  goes to an address that was checked
   (so a name cannot resolve to one address for the check and another for the connection); every
   address must be global (no loopback, private, link-local, shared, reserved or multicast one,
   also when written inside an IPv6 address), unless the host is one the operator named in
@@ -10,7 +11,9 @@ The policy (``FetchPolicy``):
 - with ``--allowed-media-domains`` set, no other host is fetched at all;
 - redirects are followed here (at most ``MAX_REDIRECTS``), each hop checked again;
 - one deadline for the whole fetch, redirects and body included, and the size cap enforced while
-  reading.
+  reading;
+- no proxy (``HTTP(S)_PROXY`` is not read): a proxy would resolve and connect itself, past the
+  checks above.
 
 Every failure raises ``FetchRefused`` with the reason for the log; what a client is told is the
 same for all of them (``media.py``), so the answers cannot map a network.
@@ -19,19 +22,25 @@ same for all of them (``media.py``), so the answers cannot map a network.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import re
 import socket
 import ssl
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
 
 import httpcore
 
 MAX_REDIRECTS = 5
+# Names are resolved on threads of their own: a resolver that never answers fills these, not the
+# threads that tokenize (the fetch's deadline still ends the request).
+_RESOLVER = ThreadPoolExecutor(4, thread_name_prefix="trtllm-resolve")
 _REDIRECTS = {301, 302, 303, 307, 308}
 _UNSAFE = re.compile(r"[\x00-\x20\x7f]")  # control characters and spaces (CR/LF: header splitting)
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
 
 
 class FetchRefused(Exception):
@@ -66,20 +75,25 @@ class FetchPolicy:
         return parts.scheme, host, port
 
     def check_address(self, host: str, address: str) -> None:
-        if host in self.allowed_domains:
+        if host.lower().rstrip(".") in self.allowed_domains:
             return
         if not is_public(ipaddress.ip_address(address.split("%", 1)[0])):
             raise FetchRefused(f"{host!r} resolves to {address}, which is not a global address")
 
 
 def is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """A global unicast address, also when an IPv6 address carries an IPv4 one inside it."""
+    """A global unicast address. An IPv6 address must be in 2000::/3 (which leaves out the
+    IPv4-compatible, -mapped and -translated forms and site-local ones), or a NAT64 one; where
+    it carries an IPv4 address (6to4, Teredo, NAT64), that one must be global too."""
     if ip.version == 6:
-        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
-        if embedded is None and ip in _NAT64:
-            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if embedded is not None and not is_public(embedded):
+        nat64 = any(ip in prefix for prefix in _NAT64)
+        if not nat64 and ip not in _GLOBAL_UNICAST_V6:
             return False
+        embedded = ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if nat64:
+            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if embedded is not None:
+            return is_public(embedded)
     return ip.is_global and not ip.is_multicast
 
 
@@ -93,8 +107,9 @@ class _CheckedBackend(httpcore.AsyncNetworkBackend):
 
     async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
         loop = asyncio.get_running_loop()
+        resolve = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
         try:
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            infos = await loop.run_in_executor(_RESOLVER, resolve)
         except OSError as exc:
             raise FetchRefused(f"{host!r} does not resolve ({exc})") from None
         addresses = list(dict.fromkeys(info[4][0] for info in infos))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import traceback
 from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
@@ -228,9 +229,8 @@ class OpenAIServer:
         rid = new_id("chatcmpl" if chat else "cmpl")
         renderer = Renderer(self.llm.tokenizer, chat)
         if body.stream:
-            return StreamingResponse(
-                self._sse(rid, streams, renderer, params, usage, body),
-                media_type="text/event-stream",
+            return _EndingStream(
+                self._sse(rid, streams, renderer, params, usage, body), submission.cancel
             )
         lasts = await asyncio.gather(
             *(until_finished(s, request, submission.cancel) for s in streams)
@@ -293,20 +293,43 @@ class OpenAIServer:
         kind = "chat.completion.chunk" if renderer.chat else "text_completion"
         head = {"id": rid, "object": kind, "model": self.model_name}
         choices = [ChoiceStream(renderer, i, params.stop) for i in range(len(streams))]
-        async for index, snap in merged(streams):
-            if snap.outputs[0].finish_reason is FinishReason.ERROR:
-                self.metrics.errors.inc()
-                failed = request_failed(snap.outputs[0].stop_reason)
-                error = ErrorInfo(message=failed.message, type=failed.kind, code=failed.status)
-                yield f"data: {json.dumps(ErrorResponse(error=error).model_dump())}\n\n"
-                break
-            choice = choices[index].chunk(snap)
-            if choice is not None:
-                yield f"data: {json.dumps(head | {'created': now(), 'choices': [choice]})}\n\n"
+        try:
+            async for index, snap in merged(streams):
+                if snap.outputs[0].finish_reason is FinishReason.ERROR:
+                    yield _error_event(self, request_failed(snap.outputs[0].stop_reason))
+                    break
+                choice = choices[index].chunk(snap)
+                if choice is not None:
+                    yield f"data: {json.dumps(head | {'created': now(), 'choices': [choice]})}\n\n"
+        except Exception as exc:  # anything unforeseen ends the stream with an error object
+            logger.error("a stream failed:\n%s", traceback.format_exc())
+            message = f"the server failed this stream ({type(exc).__name__}); it is logged"
+            yield _error_event(self, ServerError(500, message, "server_error"))
         if (body.stream_options or {}).get("include_usage"):  # one last chunk: usage, no choices
             tokens = usage.of(sum(c.emitted for c in choices))
             yield f"data: {json.dumps(head | {'created': now(), 'choices': [], 'usage': tokens})}\n\n"
         yield "data: [DONE]\n\n"
+
+
+def _error_event(server: OpenAIServer, failed: ServerError) -> str:
+    server.metrics.errors.inc()
+    error = ErrorInfo(message=failed.message, type=failed.kind, code=failed.status)
+    return f"data: {json.dumps(ErrorResponse(error=error).model_dump())}\n\n"
+
+
+class _EndingStream(StreamingResponse):
+    """An event stream that calls ``on_end`` however it ends: also when the client left before
+    its first event (the stream's own cleanup never runs then), so its requests end with it."""
+
+    def __init__(self, content, on_end) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.on_end = on_end
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_end()
 
 
 @dataclass(frozen=True)

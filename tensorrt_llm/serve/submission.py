@@ -51,6 +51,9 @@ class Submission:
         except (ValueError, TypeError) as exc:
             self.cancel()
             raise ServerError(400, str(exc), param=param) from None
+        except BaseException:  # nothing of it runs unanswered
+            self.cancel()
+            raise
         # a choice that starts later takes a room that one that ends gives back
         rooms = asyncio.Semaphore(max_running - len(started))
         streams = [_give_back(self._updates(r, timer.fork()), rooms) for r in started]

@@ -51,7 +51,7 @@ async def merged(
     streams: list[AsyncIterator[RequestOutput]],
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
     """``(index, snapshot)`` from every stream as they come; closing this closes them all (which
-    cancels their requests)."""
+    cancels their requests). A stream that raises raises here."""
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
 
@@ -59,6 +59,8 @@ async def merged(
         try:
             async for snap in stream:
                 await queue.put((index, snap))
+        except Exception as exc:
+            await queue.put((index, exc))
         finally:
             await queue.put((index, done))
 
@@ -70,6 +72,8 @@ async def merged(
             if item is done:
                 left -= 1
                 continue
+            if isinstance(item, Exception):
+                raise item
             yield index, item
     finally:
         for task in tasks:

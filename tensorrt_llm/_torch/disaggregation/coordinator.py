@@ -39,6 +39,9 @@ class LoadKv(Protocol):
     def abandon(self) -> None:
         """The load will not run (again): let the context server free what it holds for it."""
 
+    def settled(self, request: LlmRequest) -> bool:
+        """Whether nothing of a given-up load still writes into ``request``'s slots."""
+
 
 @dataclass
 class _Loading:
@@ -64,6 +67,8 @@ class DisaggCoordinator:
         self.held: dict[int, _Held] = {}
         self.waiting: list[tuple[LlmRequest, LoadKv]] = []
         self.loading: dict[int, _Loading] = {}  # admitted, their KV in flight (arrival order)
+        # ended while a READ into their slots could not be cancelled: freed once it ends
+        self.draining: dict[int, tuple[LlmRequest, LoadKv]] = {}
         # Called once per step with the context-only requests whose KV started waiting for a
         # pull (``disaggregation/parallel.py``: ``hold_in_step``).
         self.on_hold: Callable[[list[int]], None] | None = None
@@ -138,13 +143,11 @@ class DisaggCoordinator:
         for request_id, loading in list(self.loading.items()):
             try:
                 next(loading.steps)
+                continue
             except StopIteration as end:
-                del self.loading[request_id]
-                done(loading.request, end.value)
-            except Exception as exc:  # this request ends; the others go on
-                del self.loading[request_id]
+                loaded = end.value
+            except Exception as exc:  # this request ends (``drop_loading``); the others go on
                 logger.warning("request %d: its KV did not load: %s", request_id, exc)
-                loading.load_kv.abandon()
                 if isinstance(exc, ReplayedHandleError):  # the request's fault, not a transfer's
                     loading.request.fail(ErrorKind.INVALID_REQUEST, str(exc))
                 else:
@@ -153,14 +156,31 @@ class DisaggCoordinator:
                         f"its prompt's KV could not be pulled from the context server: {exc}",
                     )
                 failed(loading.request)
+                continue
+            del self.loading[request_id]
+            done(loading.request, loaded)
+        self.drain()
 
-    def drop_loading(self, request_id: int) -> None:
+    def drop_loading(self, request_id: int) -> bool:
         """A request that ended while its KV was in flight: its transfers are given up and the
-        context server is told (before the executor frees its slots)."""
+        context server is told. True when a READ into its slots could not be cancelled: the
+        executor leaves them, and ``drain`` frees them once it has ended."""
         loading = self.loading.pop(request_id, None)
-        if loading is not None:
-            loading.steps.close()
-            loading.load_kv.abandon()
+        if loading is None:
+            return False
+        loading.steps.close()
+        loading.load_kv.abandon()
+        if loading.load_kv.settled(loading.request):
+            return False
+        self.draining[request_id] = (loading.request, loading.load_kv)
+        return True
+
+    def drain(self) -> None:
+        """Free the slots of ended requests whose last READ has ended since."""
+        for request_id, (request, load_kv) in list(self.draining.items()):
+            if load_kv.settled(request):
+                del self.draining[request_id]
+                self.resource_manager.free_resources(request)
 
     def cancel_waiting(self, request_id: int, reason: FinishReason) -> LlmRequest | None:
         """End a waiting request (its KV never loaded); None if it is not waiting."""

@@ -144,6 +144,12 @@ class PromptKvPull:
         if self.agree is None:
             return (yield from self._load(request, confirm=True))
         pulling = self._load(request, confirm=False)
+        try:
+            return (yield from self._agreed(request, pulling))
+        finally:
+            pulling.close()  # (given up: its transfers released, or parked until they end)
+
+    def _agreed(self, request: LlmRequest, pulling) -> Generator[None, None, int]:
         state, loaded = _PULLING, 0
         while True:  # one agreement per step, on every rank
             if state == _PULLING:
@@ -157,7 +163,6 @@ class PromptKvPull:
             states = self.agree(state)
             failed = [(r, s) for r, s in enumerate(states) if s not in _GOING]
             if failed:
-                pulling.close()
                 error = (
                     ReplayedHandleError if all(s["replayed"] for _, s in failed) else KvPullFailed
                 )
@@ -182,6 +187,10 @@ class PromptKvPull:
             confirm=confirm,
         )
         return request.prompt_len - reused
+
+    def settled(self, request: LlmRequest) -> bool:
+        """Whether no READ given up for this pull still writes into ``request``'s slots."""
+        return self.transceiver.settle(request.request_id)
 
     def abandon(self) -> None:
         """This request will not pull (it was cancelled, refused or failed first): tell the

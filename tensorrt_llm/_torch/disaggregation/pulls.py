@@ -98,10 +98,16 @@ class PullSide:
 
     def __init__(self) -> None:
         self._staging: torch.Tensor | None = None  # registered lazily (heads regrouped)
-        self._staging_in_use = False  # by a pull in flight (one at a time)
+        self._staging_owner: int | None = None  # the request whose pull uses it (one at a time)
         self._pulled: OrderedDict[str, None] = OrderedDict()  # ids pulled here
+        self._pulling: set[str] = set()  # ids being pulled here
         # rows of ``_ticket_read`` not taken by a pull in flight (each reads its tickets there)
         self._free_ticket_rows = list(range(TICKET_ROWS))
+        # READs given up while in flight that NIXL could not cancel, by the request they pulled
+        # for, and the ticket rows they may still write: nothing they write into is reused
+        # before they end (``settle``)
+        self._parked: dict[int, list] = {}
+        self._parked_rows: dict[int, list[int]] = {}
 
     @property
     def _split(self) -> tuple[int, int]:
@@ -151,9 +157,10 @@ class PullSide:
         """``pull`` as steps: a generator that yields while a READ is in flight (its driver does
         other work meanwhile, then resumes it) and returns the bytes moved. ``timeout_s`` bounds
         the whole pull. Closing it early gives up the pull (its transfers released)."""
-        deadline = time.monotonic() + timeout_s
+        # no later than the hold's end (past it, the slots read may belong to another request)
+        deadline = time.monotonic() + min(timeout_s, handle.expires_at - now() - STALE_MARGIN_S)
         layouts, whole = self.check_peer(handle)
-        if handle.transfer_id in self._pulled:
+        if handle.transfer_id in self._pulled or handle.transfer_id in self._pulling:
             raise ReplayedHandleError(
                 f"request {request_id}: transfer {handle.transfer_id[:8]}... was already pulled "
                 "here; a handle serves one pull"
@@ -172,21 +179,25 @@ class PullSide:
         sources = [handle.sources()[r] for r in used]
         what = f"request {request_id}: KV pull from {[s.agent_name for s in sources]}"
         moved = 0
-        if local_slots:  # (none when this side's prefix cache held every block)
-            if whole:
-                moved = yield from self._pull_whole(
-                    sources[0], local_slots, remote_slots, what, deadline
-                )
-            else:
-                moved = yield from self._pull_regrouped(
-                    dict(zip(used, sources)),
-                    their_ranks,
-                    layouts,
-                    (local_slots, remote_slots),
-                    what,
-                    deadline,
-                )
-        yield from self._check_tickets(request_id, handle, sources, confirm, deadline)
+        self._pulling.add(handle.transfer_id)
+        try:
+            if local_slots:  # (none when this side's prefix cache held every block)
+                if whole:
+                    moved = yield from self._pull_whole(
+                        sources[0], local_slots, remote_slots, what, (deadline, request_id)
+                    )
+                else:
+                    moved = yield from self._pull_regrouped(
+                        dict(zip(used, sources)),
+                        their_ranks,
+                        layouts,
+                        (local_slots, remote_slots),
+                        what,
+                        (deadline, request_id),
+                    )
+            yield from self._check_tickets(request_id, handle, sources, confirm, deadline)
+        finally:
+            self._pulling.discard(handle.transfer_id)
         if confirm:
             self._remember(handle)
         return moved
@@ -204,34 +215,37 @@ class PullSide:
     def _descs(self, base: int, slots, size: int, device: int) -> list[tuple[int, int, int]]:
         return [(base + s * size, size, device) for s in slots]
 
-    def _pull_whole(self, source: SourceRank, local_slots, remote_slots, what, deadline):
+    def _pull_whole(self, source: SourceRank, local_slots, remote_slots, what, until):
+        """``until``: the pull's deadline and the request it pulls for."""
         local, remote = [], []
         for pool, remote_base in zip(self.manager.pools, source.pool_addresses, strict=True):
             size = pool.shape[1]
             local += self._descs(pool.data_ptr(), local_slots, size, self.device_id)
             remote += self._descs(remote_base, remote_slots, size, source.device_id)
         peer = self._connect(source)
-        yield from self._read_steps(local, remote, self.mem_type, peer, b"", what, deadline)
+        yield from self._read_steps(local, remote, self.mem_type, peer, b"", what, *until)
         return sum(size for _, size, _ in local)
 
-    def _pull_regrouped(self, sources: dict, their_ranks, layouts, slots, what, deadline):
+    def _pull_regrouped(self, sources: dict, their_ranks, layouts, slots, what, until):
         """Pull each source rank's slots (``{rank: SourceRank}`` of a ``their_ranks``-way split)
         into staging, ``STAGING_BLOCKS`` at a time, and write this rank's heads into its own
         slots (``slots``: local and remote ids). One pull uses the staging area at a time: the
         others wait their turn (yielding)."""
-        while self._staging_in_use:
+        deadline, owner = until
+        while self._staging_owner is not None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what} timed out waiting for the staging area")
             yield
-        self._staging_in_use = True
+        self._staging_owner = owner
         try:
             return (
-                yield from self._regroup_steps(sources, their_ranks, layouts, slots, what, deadline)
+                yield from self._regroup_steps(sources, their_ranks, layouts, slots, what, until)
             )
         finally:
-            self._staging_in_use = False
+            if owner not in self._parked:  # (else it stays taken until the READ ends: settle)
+                self._staging_owner = None
 
-    def _regroup_steps(self, sources: dict, their_ranks, layouts, slots, what, deadline):
+    def _regroup_steps(self, sources: dict, their_ranks, layouts, slots, what, until):
         local_slots, remote_slots = slots
         my_ranks, my_rank = self._split
         staging = self._staging_for(len(sources) * sum(p.slot_bytes for p in layouts))
@@ -249,7 +263,7 @@ class PullSide:
                     views.append(view)
                     offset += len(theirs) * size
                 peer = self._connect(source)
-                yield from self._read_steps(local, remote, self.mem_type, peer, b"", what, deadline)
+                yield from self._read_steps(local, remote, self.mem_type, peer, b"", what, *until)
                 moved += sum(size for _, size, _ in local)
                 parts.append((rank, views))
             for i, (pool, layout) in enumerate(zip(self.manager.pools, self.manager.layout.pools)):
@@ -308,7 +322,10 @@ class PullSide:
             words = self._ticket_read[row]
             yield from self._read_tickets(request_id, handle, ordered, notify, words, deadline)
         finally:
-            self._free_ticket_rows.append(row)
+            if request_id in self._parked:  # a READ may still write the row: not reused yet
+                self._parked_rows.setdefault(request_id, []).append(row)
+            else:
+                self._free_ticket_rows.append(row)
 
     def _read_tickets(self, request_id, handle, ordered, notify, words, deadline: float):
         if len(ordered) > len(words):
@@ -322,7 +339,9 @@ class PullSide:
             last = notify and i == len(ordered) - 1
             notice = encode_pulled(handle.transfer_id) if last else b""
             peer = self._connect(source)
-            yield from self._read_steps(local, remote, "DRAM", peer, notice, what, deadline)
+            yield from self._read_steps(
+                local, remote, "DRAM", peer, notice, what, deadline, request_id
+            )
             if int(words[i]) != source.ticket:
                 raise StaleTransferError(
                     f"request {request_id}: the context server ended the hold of transfer "

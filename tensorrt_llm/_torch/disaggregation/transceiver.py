@@ -233,10 +233,11 @@ class KvCacheTransceiver(PullSide):
             self._peers.add(peer)
         return peer
 
-    def _read_steps(self, local, remote, mem_type, peer, notice, what, deadline: float):
+    def _read_steps(self, local, remote, mem_type, peer, notice, what, deadline: float, owner: int):
         """One NIXL READ as steps: yields while it is in flight; ``TimeoutError`` once
         ``deadline`` (``time.monotonic()``) passes, ``RuntimeError`` if it fails. Leaving early
-        (the pull given up) releases the transfer."""
+        (the pull given up) releases the transfer, or parks it for ``owner`` (the local request
+        whose pull it is) when NIXL cannot cancel it in flight (``settle``)."""
         try:
             xfer = self.agent.initialize_xfer(
                 "READ",
@@ -260,7 +261,44 @@ class KvCacheTransceiver(PullSide):
             if state == "ERR":
                 raise RuntimeError(f"{what} failed")
         finally:
+            self._give_back(xfer, owner)
+
+    def settle(self, request_id: int) -> bool:
+        """Whether no READ given up for ``request_id``'s pull is still in flight (its slots, and
+        the staging area and ticket row it used, may then be reused); releases those that ended."""
+        parked = self._parked.pop(request_id, None)
+        if parked:
+            left = [xfer for xfer in parked if not self._ended(xfer)]
+            if left:
+                self._parked[request_id] = left
+                return False
+        self._free_ticket_rows += self._parked_rows.pop(request_id, [])
+        if self._staging_owner == request_id:
+            self._staging_owner = None
+        return True
+
+    def _give_back(self, xfer, owner: int) -> None:
+        """Release a READ's handle; one NIXL cannot release (in flight and not cancellable)
+        waits, parked for ``owner``, until it ends."""
+        try:
             self.agent.release_xfer_handle(xfer)
+        except Exception as exc:  # NIXL raises its own types
+            logger.warning(
+                "request %d: a READ could not be cancelled (%s); it is let end", owner, exc
+            )
+            self._parked.setdefault(owner, []).append(xfer)
+
+    def _ended(self, xfer) -> bool:
+        try:
+            if self.agent.check_xfer_state(xfer) not in ("DONE", "ERR"):
+                return False
+        except Exception:  # (NIXL's own types): the transfer is over, one way or another
+            pass
+        try:
+            self.agent.release_xfer_handle(xfer)
+        except Exception:
+            return False
+        return True
 
     def pulled_request_ids(self) -> list[int]:
         """Ids of this side's requests whose KV a peer finished pulling since the last call (to

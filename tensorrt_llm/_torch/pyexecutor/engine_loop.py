@@ -132,7 +132,10 @@ class EngineLoop:
         except queue.Empty:
             command = None
         while command is not None:
-            self._apply(command)
+            try:
+                self._apply(command)
+            except Exception:  # (a command's own failures are its request's: the loop goes on)
+                logger.error("engine command %r failed:\n%s", command, traceback.format_exc())
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:

@@ -31,16 +31,24 @@ class ErrorKind(enum.StrEnum):
     RANK_LOST = "rank_lost"  # a rank of this server is gone: nothing can run until a restart
 
 
-@dataclass(frozen=True)
-class RequestError:
-    """Why a request ended with ``FinishReason.ERROR`` (its ``stop_reason``); ``str()`` is the
-    message."""
+class RequestError(str):
+    """Why a request ended with ``FinishReason.ERROR`` (its ``stop_reason``): the message, a
+    ``str`` as a stop reason always was (JSON and string operations take it as one), that also
+    says whose fault it was (``kind``)."""
 
     kind: ErrorKind
-    message: str
 
-    def __str__(self) -> str:
-        return self.message
+    def __new__(cls, kind: ErrorKind, message: str) -> RequestError:
+        error = super().__new__(cls, message)
+        error.kind = ErrorKind(kind)
+        return error
+
+    @property
+    def message(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"RequestError({self.kind.value!r}, {self.message!r})"
 
 
 def stop_reason_to_json(stop_reason: int | str | RequestError | None):

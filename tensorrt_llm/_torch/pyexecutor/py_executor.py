@@ -76,7 +76,7 @@ class PyExecutor:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.active or self.disagg.waiting or self._unread)
+        return bool(self.active or self.disagg.waiting or self.disagg.draining or self._unread)
 
     def enqueue_request(self, request: LlmRequest) -> None:
         self.check_request(request)
@@ -160,7 +160,7 @@ class PyExecutor:
         if self.disagg.waiting:
             owed = owed_to_admitted(self.kv_cache_manager, self.active, self._admitted)
             self.disagg.admit(owed, self._begin_load)
-        if self.disagg.loading:
+        if self.disagg.loading or self.disagg.draining:
             self.disagg.progress(self._start_generation, self._release)
 
     def _begin_load(self, request: LlmRequest) -> None:  # its KV is reserved while it loads
@@ -252,8 +252,9 @@ class PyExecutor:
             forwarded = True
             self._unread.append(self._forward(batch))
         except Exception as exc:  # its requests end (never leaking a slot) or run again alone
-            alone = self.rank_sync is None and not self.lockstep and not self.model_engine.exchange
-            ended = self.isolation.failed(batch, exc, retry=alone)
+            one_rank = self.rank_sync is None and not self.lockstep  # (an ADP rank runs alone
+            one_rank &= self.model_engine.exchange is None  # unless its MoE meets the others)
+            ended = self.isolation.failed(batch, exc, retry=one_rank)
             for req in ended:
                 self._release(req)
             self._drain()
@@ -351,8 +352,7 @@ class PyExecutor:
     def _free(self, req: LlmRequest) -> None:
         if req.finish_reason is FinishReason.CONTEXT_DONE:  # its KV waits for a generation server
             self.disagg.hold(req)
-        else:
-            self.disagg.drop_loading(req.request_id)  # (its pull given up first, if in flight)
+        elif not self.disagg.drop_loading(req.request_id):  # (a READ into it may still run)
             self.resource_manager.free_resources(req)
 
     def _forward(self, batch: ScheduledRequests) -> LaunchedStep:

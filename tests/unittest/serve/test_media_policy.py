@@ -12,6 +12,7 @@ import io
 import socket
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -179,16 +180,20 @@ def test_the_size_cap_holds_while_reading_a_body_of_no_declared_length(images):
     assert f"more than {1 << 20} bytes" in refused(f"{images}/endless", LOCAL)
 
 
+def declares_50000_squared() -> bytes:
+    """A 1-pixel PNG whose header (IHDR, its CRC fixed) says 50000 x 50000."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (1, 1)).save(buffer, format="PNG")
+    header = bytearray(buffer.getvalue())
+    header[16:24] = (50000).to_bytes(4, "big") * 2
+    header[29:33] = zlib.crc32(bytes(header[12:29])).to_bytes(4, "big")
+    return bytes(header)
+
+
 def test_decoding_is_bounded_by_the_processors_pixel_budget():
     processor = MiniMaxM3ImageProcessor(ImageProcessorConfig(min_pixels=64, max_pixels=1024))
-    bomb = Image.new("RGB", (1, 1))
-    buffer = io.BytesIO()
-    bomb.save(buffer, format="PNG")
-    header = bytearray(buffer.getvalue())  # the IHDR of a 50000 x 50000 image, its CRC fixed
-    header[16:24] = (50000).to_bytes(4, "big") * 2
-    header[29:33] = __import__("zlib").crc32(bytes(header[12:29])).to_bytes(4, "big")
     with pytest.raises(ValueError, match="pixels"):
-        processor(bytes(header))
+        processor(declares_50000_squared())
     big = Image.new("RGB", (8192, 8192))  # 64 Mi pixels, a few hundred KB of PNG
     buffer = io.BytesIO()
     big.save(buffer, format="PNG")
@@ -203,6 +208,13 @@ def test_decoding_is_bounded_by_the_processors_pixel_budget():
 
 
 # ---- through a server ------------------------------------------------------------------------
+
+
+def no_slot_held(url: str) -> bool:
+    report = httpx.get(url + "/kv_cache", timeout=30).json()  # (check_integrity() runs too)
+    managers = [v for v in report.values() if isinstance(v, dict)]
+    in_use = sum(m["used"] + m["live_requests"] for m in managers)
+    return in_use + report["active_requests"] + report["held_for_transfer"] == 0
 
 
 def ask(url: str) -> dict:
@@ -241,6 +253,7 @@ def test_every_fetch_failure_gets_the_same_answer(server, images):
         f"http://localhost:{closed_port()}/cat.png",  # refused connection
         f"{images}/to?/to?/to?/to?/to?/to?/cat.png",  # too many redirects
         "http://localhost/a\r\nX: 1",
+        "http://localhost/a\x00b",
         f"{images}/to?data:text/plain,hi",  # a redirect to another scheme
         f"{images}/text",  # not an image once fetched
     ):
@@ -251,6 +264,7 @@ def test_every_fetch_failure_gets_the_same_answer(server, images):
     assert answers == {f"messages.0.content.1: {UNFETCHABLE}"} and canary.connections == 0
     reply = httpx.post(url + "/v1/chat/completions", json=ask(f"{images}/cat.png"), timeout=30)
     assert reply.status_code == 200, reply.text
+    assert no_slot_held(url)
 
 
 def test_slow_image_servers_fill_only_the_media_pool_and_leave_when_their_clients_do(
@@ -282,7 +296,7 @@ def test_slow_image_servers_fill_only_the_media_pool_and_leave_when_their_client
         time.sleep(0.05)
     assert server[0].media.num_jobs == 0
     reply = httpx.post(url + "/v1/chat/completions", json=ask(f"{images}/cat.png"), timeout=30)
-    assert reply.status_code == 200
+    assert reply.status_code == 200 and no_slot_held(url)
 
 
 @pytest.mark.parametrize("path", ["/a\x00b.png", "/\x00"])
@@ -292,14 +306,16 @@ def test_a_nul_in_a_file_path_is_a_400(server, path):
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages.0.content.1"
 
 
-def test_a_decompression_bomb_is_a_400_naming_the_part(server):
+def test_decompression_bombs_are_400s_naming_the_part(server):
     _, url = server
     big = io.BytesIO()
     Image.new("RGB", (8192, 8192)).save(big, format="PNG")
-    data = "data:image/png;base64," + base64.b64encode(big.getvalue()).decode()
-    body = ask(data)
-    body["messages"][0]["content"] *= 8  # 8 images of 64 Mi pixels
-    start = time.monotonic()
-    reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
-    assert reply.status_code == 400 and "pixels" in reply.json()["error"]["message"]
-    assert time.monotonic() - start < 5
+    for data in (big.getvalue(), declares_50000_squared()):
+        body = ask("data:image/png;base64," + base64.b64encode(data).decode())
+        body["messages"][0]["content"] *= 8  # 8 images of 64 Mi pixels, or 2.5 Gi declared
+        start = time.monotonic()
+        reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+        error = reply.json()["error"]
+        assert reply.status_code == 400 and "pixels" in error["message"]
+        assert error["param"] == "messages.0.content.1" and time.monotonic() - start < 5
+    assert no_slot_held(url)

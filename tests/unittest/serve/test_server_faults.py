@@ -131,7 +131,7 @@ def test_a_chunked_body_over_the_limit_is_a_413_before_it_is_read(url):
     assert status == 413 and body["error"]["code"] == 413
     assert "limit is 8388608" in body["error"]["message"]
     assert _rss_bytes() - rss_before < 64 * 2**20  # nothing near the body's size was kept
-    assert httpx.get(url + "/health").status_code == 200
+    assert httpx.get(url + "/health").status_code == 200 and slots_in_use(url) == 0
 
 
 @pytest.mark.parametrize(
@@ -213,13 +213,14 @@ def test_a_6_mb_prompt_is_refused_by_its_length_while_health_is_polled(url):
             assert reply.status_code == 400 and error["param"] == param, error
             assert "the most that max_seq_len=2048 tokens of this tokenizer can hold" in str(error)
     assert health.worst < 0.5, f"/health took {health.worst:.2f}s"
+    assert slots_in_use(url) == 0
 
 
 def test_max_tokens_past_max_seq_len_or_the_request_bound_is_a_400(url):
     for body, message in (
         ({"max_tokens": 10**9}, "passes max_seq_len=2048"),
         ({"max_tokens": 2040}, "passes max_seq_len=2048"),
-        ({"max_tokens": 1000, "n": 16}, "16000 completion tokens; this server takes at most 8192"),
+        ({"max_tokens": 1100, "n": 16}, "17600 completion tokens; this server takes at most 16384"),
     ):
         reply = httpx.post(url + "/v1/completions", json={"prompt": "hello there", **body})
         error = reply.json()["error"]

@@ -116,8 +116,8 @@ def test_a_hold_revoked_during_the_pull_is_discarded(monkeypatch):
     handle = sender.export(0, hold_s=30.0)
     data_read = receiver._read_steps
 
-    def read_then_context_frees(local, remote, mem_type, peer, notice, what, deadline):
-        yield from data_read(local, remote, mem_type, peer, notice, what, deadline)
+    def read_then_context_frees(local, remote, mem_type, peer, notice, what, deadline, owner):
+        yield from data_read(local, remote, mem_type, peer, notice, what, deadline, owner)
         if not notice:  # the data READ, not the ticket's
             sender.revoke(0)
 
@@ -209,3 +209,36 @@ def test_a_release_frees_the_hold_without_a_read():
     receiver.release(handle)
     assert pulled(sender) == [0]
     assert not receiver.manager.pools[0].any()  # nothing was read
+
+
+def test_a_read_nixl_cannot_cancel_keeps_what_it_writes_until_it_ends(monkeypatch):
+    # a pull given up while its READ is in flight (a cancel, a timeout): NIXL may refuse to
+    # release a transfer it cannot cancel; the slots, staging and ticket row it may still write
+    # are then not reused until it has ended
+    sender, receiver = receiving_pair("parked")
+    handle = sender.export(0, hold_s=30.0)
+    agent, in_flight = receiver.agent, {"left": 3}
+    state, release = agent.check_xfer_state, agent.release_xfer_handle
+
+    def check_state(xfer):
+        if in_flight["left"]:
+            in_flight["left"] -= 1
+            return "PROC"
+        return state(xfer)
+
+    def release_unless_in_flight(xfer):
+        if in_flight["left"]:
+            raise RuntimeError("NIXL_ERR_REPOST_ACTIVE")
+        release(xfer)
+
+    monkeypatch.setattr(agent, "check_xfer_state", check_state)
+    monkeypatch.setattr(agent, "release_xfer_handle", release_unless_in_flight)
+    pull = receiver.pull_steps(0, handle, num_blocks=3)
+    next(pull)  # the data READ is in flight
+    rows = len(receiver._free_ticket_rows)
+    pull.close()  # given up: the READ cannot be cancelled
+    assert not receiver.settle(0) and len(receiver._parked[0]) == 1
+    while not receiver.settle(0):  # until the READ ends
+        pass
+    assert not receiver._parked and len(receiver._free_ticket_rows) == rows
+    assert handle.transfer_id not in receiver._pulling

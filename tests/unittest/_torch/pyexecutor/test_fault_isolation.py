@@ -118,3 +118,22 @@ def test_a_server_of_several_ranks_ends_the_failed_batch_with_a_message_that_say
         assert req.stop_reason.kind is ErrorKind.ENGINE_FAULT
         assert "the engine step this request was in failed (RuntimeError" in str(req.stop_reason)
     assert used_slots(executor) == 0
+
+
+def test_a_batch_that_fails_for_its_size_is_held_to_half_of_it(model, monkeypatch):
+    want = batch()
+    assert run(make(model, False), want) == 0
+    executor, got = make(model, False), batch()
+    engine = executor.model_engine
+    original = engine.forward
+
+    def forward(step):  # a step of more than two requests runs out of memory
+        if step.batch_size > 2:
+            raise RuntimeError("out of memory")
+        return original(step)
+
+    monkeypatch.setattr(engine, "forward", forward)
+    assert run(executor, got) == 0  # every request ran alone once, then two at a time
+    assert executor.isolation.cap == 2 and executor.isolation.num_failed_alone == 0
+    assert [r.output_token_ids for r in got] == [r.output_token_ids for r in want]
+    assert all(r.finish_reason is FinishReason.LENGTH for r in got)
