@@ -16,7 +16,7 @@ import traceback
 from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from tensorrt_llm._torch.disaggregation.params import RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
@@ -44,6 +44,7 @@ from tensorrt_llm.serve.openai_protocol import (
 )
 from tensorrt_llm.serve.submission import Submission
 from tensorrt_llm.serve.waits import (
+    EndingStream,
     merged,
     unless_disconnected,
     until_finished,
@@ -229,7 +230,7 @@ class OpenAIServer:
         rid = new_id("chatcmpl" if chat else "cmpl")
         renderer = Renderer(self.llm.tokenizer, chat)
         if body.stream:
-            return _EndingStream(
+            return EndingStream(
                 self._sse(rid, streams, renderer, params, usage, body), submission.cancel
             )
         lasts = await asyncio.gather(
@@ -315,21 +316,6 @@ def _error_event(server: OpenAIServer, failed: ServerError) -> str:
     server.metrics.errors.inc()
     error = ErrorInfo(message=failed.message, type=failed.kind, code=failed.status)
     return f"data: {json.dumps(ErrorResponse(error=error).model_dump())}\n\n"
-
-
-class _EndingStream(StreamingResponse):
-    """An event stream that calls ``on_end`` however it ends: also when the client left before
-    its first event (the stream's own cleanup never runs then), so its requests end with it."""
-
-    def __init__(self, content, on_end) -> None:
-        super().__init__(content, media_type="text/event-stream")
-        self.on_end = on_end
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.on_end()
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from tensorrt_llm._torch.disaggregation.trust import DISAGG_AUTH_HEADER, deploym
 from tensorrt_llm.serve.backends import Backends, ServerDown, watching
 from tensorrt_llm.serve.errors import error_response, install_error_handling
 from tensorrt_llm.serve.openai_protocol import ErrorInfo, ErrorResponse
+from tensorrt_llm.serve.waits import EndingStream
 
 
 def load_disagg_config(path: Path) -> dict:
@@ -184,6 +185,10 @@ class DisaggRouter:
                 400, "the request body must be a JSON object", "invalid_request_error"
             )
         forward = {k: v for k, v in request.headers.items() if k == "authorization"}
+        if not self.generation.up():  # (no prefill, and no KV held, for a request nobody decodes)
+            await self.generation.recheck(self.client)
+            if not self.generation.up():
+                return self._unavailable(self.generation)
         handed_over = await self._context_phase(path, body, forward)
         if not isinstance(handed_over, tuple):
             return handed_over  # the context server's answer (it finished there, or an error)
@@ -223,7 +228,7 @@ class DisaggRouter:
                 return self._failure(f"generation server {url}: HTTP {reply.status_code}: {exc}")
             finally:
                 await reply.aclose()
-        return StreamingResponse(self._relay(url, reply), media_type="text/event-stream")
+        return EndingStream(self._relay(url, reply), reply.aclose)
 
     async def _relay(self, url: str, reply: httpx.Response):
         """The generation server's events as they come; if it fails or goes away mid-stream, an

@@ -1,16 +1,37 @@
 """How the server waits: on several requests' outputs merged into one stream, on the first of
-``n`` samples before the others start, and on work that a client leaving should cancel."""
+``n`` samples before the others start, and on work that a client leaving should cancel; and an
+event stream that ends what it drew on however it ends."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
 from tensorrt_llm.llmapi.outputs import RequestOutput
 
 DISCONNECT_POLL_S = 0.25  # how often a request waiting on work checks that its client is there
+
+
+class EndingStream(StreamingResponse):
+    """An event stream that calls ``on_end`` (a function or a coroutine function) however it
+    ends: also when the client left before its first event, when the stream's own cleanup never
+    runs, so what it drew on (requests, a backend's reply) ends with it."""
+
+    def __init__(self, content, on_end) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.on_end = on_end
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            ended = self.on_end()
+            if inspect.isawaitable(ended):
+                await ended
 
 
 async def until_finished(

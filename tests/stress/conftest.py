@@ -20,13 +20,24 @@ def single(tmp_path_factory):
         yield servers
 
 
-def disaggregated(servers, generation: tuple[str, ...] = ("gen",), hold_s: float | None = None):
-    """A context server, the named generation servers and a router to the first of them."""
-    hold = {} if hold_s is None else {"transfer_timeout_s": hold_s}
-    worker = disaggregation_options(POOL, **hold)
-    servers.reserve("ctx", *generation, "router")
+def disaggregated(
+    servers,
+    generation: tuple[str, ...] = ("gen",),
+    hold_s: float | None = None,
+    pull_s: float | None = None,
+):
+    """A context server, the named generation servers and a router to the first of them.
+    ``hold_s``: how long the context server holds KV for a pull; ``pull_s``: how long a
+    generation server waits on one (both ``transfer_timeout_s``; ``pull_s`` defaults to
+    ``hold_s``)."""
+    pull_s = hold_s if pull_s is None else pull_s
     for name in ("ctx", *generation):
-        servers.server(name, worker)
+        servers.reserve(name)
+    servers.reserve("router")
+    for name in ("ctx", *generation):
+        timeout = hold_s if name == "ctx" else pull_s
+        options = {} if timeout is None else {"transfer_timeout_s": timeout}
+        servers.server(name, disaggregation_options(POOL, **options))
     servers.router("router", ["ctx"], [generation[0]])
     servers.wait_healthy()
     return servers

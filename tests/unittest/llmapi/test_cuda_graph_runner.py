@@ -4,6 +4,7 @@ graph captures (static buffers, padded rows, device-side accept and draft chain,
 ``cuda_graph_config`` and its translation are checked here too; capture itself is a GPU test
 (``test_llm_triton_gpu.py``)."""
 
+import functools
 import os
 import random
 
@@ -68,14 +69,22 @@ def generate(llm: LLM):
     return [o.token_ids for o in outs], [o.avg_decoded_tokens_per_iter for o in outs]
 
 
+@functools.cache
+def eager_run(draft_kv_cache: str | None):
+    """The eager executor's tokens, AL and overlapped steps, once per module (each costs a run
+    under the interpreter)."""
+    eager = make_llm(draft_kv_cache)
+    tokens, al = generate(eager)
+    overlapped = eager.get_stats()["num_overlapped_steps"]
+    eager.shutdown()
+    return tokens, al, overlapped
+
+
 @CPU_ONLY
 @pytest.mark.parametrize("draft_kv_cache", [None, "unified", "separate"])
 def test_graph_step_gives_the_eager_tokens(draft_kv_cache):
     pytest.importorskip("triton.language")
-    eager = make_llm(draft_kv_cache)
-    want_tokens, want_al = generate(eager)
-    eager_stats = eager.get_stats()
-    eager.shutdown()
+    want_tokens, want_al, eager_overlapped = eager_run(draft_kv_cache)
 
     llm = make_llm(draft_kv_cache)
     runner = attach_runner(llm)
@@ -86,7 +95,7 @@ def test_graph_step_gives_the_eager_tokens(draft_kv_cache):
     # their positions moved on the device by the accepted counts); the eager ones could not
     assert llm.get_stats()["num_overlapped_steps"] > 0
     if draft_kv_cache is not None:
-        assert eager_stats["num_overlapped_steps"] == 0
+        assert eager_overlapped == 0
     # three requests decode in the bucket of 4: one padded row every decode step
     assert runner.num_replays >= GREEDY.max_tokens // 4
     if draft_kv_cache is not None:
@@ -128,31 +137,38 @@ def test_sampled_eagle3_in_the_graph_gives_the_eager_tokens_and_al():
     llm.shutdown()
 
 
+PENALIZED = [
+    SamplingParams(max_tokens=12, presence_penalty=2.0, frequency_penalty=2.0, ignore_eos=True),
+    SamplingParams(max_tokens=12, logit_bias={67: -100.0}, ignore_eos=True),
+    SamplingParams(max_tokens=12, temperature=1.0, seed=3, frequency_penalty=2.0, ignore_eos=True),
+]
+
+
+def penalized(llm: LLM) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(chat_prompts(llm), PENALIZED)]
+
+
+@functools.cache
+def eager_penalized() -> list[list[int]]:
+    """The target-only eager executor's tokens with penalties and bias, once per module."""
+    eager = make_llm(None)
+    want = penalized(eager)
+    plain = eager_run(None)[0]
+    assert 67 in plain[1] and 67 not in want[1]
+    eager.shutdown()
+    return want
+
+
 @CPU_ONLY
 @pytest.mark.parametrize("draft_kv_cache", [None, "unified"])
 def test_penalties_and_bias_in_the_graph_give_the_eager_tokens(draft_kv_cache):
     """Their counts live on the device and count the drafts ahead of each verify row: the graph
     step and the eager one give the same tokens, and with Eagle3 the target-only tokens."""
     pytest.importorskip("triton.language")
-    params = [
-        SamplingParams(max_tokens=12, presence_penalty=2.0, frequency_penalty=2.0, ignore_eos=True),
-        SamplingParams(max_tokens=12, logit_bias={67: -100.0}, ignore_eos=True),
-        SamplingParams(
-            max_tokens=12, temperature=1.0, seed=3, frequency_penalty=2.0, ignore_eos=True
-        ),
-    ]
-
-    def run(llm):
-        return [o.outputs[0].token_ids for o in llm.generate(chat_prompts(llm), params)]
-
-    eager = make_llm(None)
-    want = run(eager)
-    plain = [o.outputs[0].token_ids for o in eager.generate(chat_prompts(eager), GREEDY)]
-    assert 67 in plain[1] and 67 not in want[1]
-    eager.shutdown()
+    want = eager_penalized()
     llm = make_llm(draft_kv_cache)
     runner = attach_runner(llm)
-    got = run(llm)
+    got = penalized(llm)
     assert runner.num_replays > 0
     if draft_kv_cache is None:  # (sampled Eagle3 draws other numbers than target-only)
         assert got == want
