@@ -206,11 +206,14 @@ async def chat_prompt(llm, messages, pool: MediaPool, known=None) -> list[int] |
     pool.num_jobs += 1
     jobs = [asyncio.ensure_future(image_item(u, w, pool, prompts.processor)) for w, u in parts]
     try:  # fetched at once: the request's images take one deadline's time, not one each
-        images = await asyncio.gather(*jobs)
+        images = await asyncio.gather(*jobs, return_exceptions=True)
     finally:
-        for job in jobs:  # (the first refusal ends the others)
+        for job in jobs:  # (a client gone: its fetches end)
             job.cancel()
         pool.num_jobs -= 1
+    for image in images:  # the refusal of the first part that failed, whichever ended first
+        if isinstance(image, BaseException):
+            raise image
     return await _expanded(prompts, text, images)
 
 
