@@ -1,0 +1,225 @@
+"""The whole serving path against the engine: one workload through ``LLM`` in this process and
+through a ``trtllm-serve`` process driven by ``trtllm-bench``'s client, in one run.
+
+    python benchmarks/bench_serving.py [--device cpu|cuda] [--concurrency 1,16,64]
+        [--num-requests 192] [--output-len 64] [--config options.yaml]
+
+The workload is ``trtllm-bench``'s (fixed-seed GSM8K-style chat questions, greedy, ``ignore_eos``,
+``max_tokens`` = ``--output-len``); the model is the README's (the bundled M3-tiny with its Eagle3
+drafter, unified KV) unless ``--config`` names other ``LLM`` options. Both sides get
+``max_batch_size`` = the largest level and one untimed pass of each level's workload before the
+timed one. At each level ``concurrency`` requests are in flight at once: HTTP streams on the server,
+``LLM.submit`` calls (a new one as each ends, an output after every step) on the engine; and the
+engine runs the workload through ``LLM.generate`` in batches of ``concurrency`` (no output before
+a request ends), the reference the server is held to.
+
+Printed per level: output tokens/s of each and the ratios server / generate and server / submit,
+TTFT p50 and TPOT p50 of the streamed two. Then the server's start-up time (launch to ``/health`` 200), the latency of the first
+request after ``/health`` answers against the same request's steady-state latency, and the CPU an
+idle server uses (its processes, over 5 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+from bench_common import machine_name
+
+from tensorrt_llm.bench.serving import Workload, one_request, run_level, summarize
+from tensorrt_llm.bundled import bundled_eagle3
+from tensorrt_llm.evaluate.deployment import running
+from tensorrt_llm.llmapi import LLM, GenerationRequest
+from tensorrt_llm.sampling_params import SamplingParams
+
+FIRST_REQUESTS = 16  # requests at concurrency 1 (a latency level)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` and its children's threads, from /proc (every process in the
+    tree rooted at ``pid``)."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    pids = [pid]
+    while pids:
+        p = pids.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{p}/task").iterdir():
+                children = task / "children"
+                if children.exists():
+                    pids += [int(c) for c in children.read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def engine_level(llm: LLM, prompts: list[list[int]], params: SamplingParams, concurrency: int):
+    """``prompts`` through ``LLM.submit`` with ``concurrency`` in flight: output tokens/s and the
+    TTFT and TPOT of each request."""
+    gate = threading.Semaphore(concurrency)
+    done = threading.Event()
+    lock = threading.Lock()
+    results: list[tuple[float, float, int]] = []  # ttft, latency, tokens
+
+    def start(prompt: list[int]) -> None:
+        sent = time.perf_counter()
+        first: list[float] = []
+
+        def on_update(output) -> None:
+            now = time.perf_counter()
+            tokens = len(output.outputs[0].token_ids)
+            if tokens and not first:
+                first.append(now - sent)
+            if output.finished:
+                with lock:
+                    results.append((first[0] if first else now - sent, now - sent, tokens))
+                    if len(results) == len(prompts):
+                        done.set()
+                gate.release()
+
+        llm.submit(GenerationRequest(prompt, params), on_update)
+
+    begin = time.perf_counter()
+    for prompt in prompts:
+        gate.acquire()
+        start(prompt)
+    done.wait()
+    wall = time.perf_counter() - begin
+    tokens = sum(r[2] for r in results)
+    tpots = [(lat - ttft) / (n - 1) for ttft, lat, n in results if n > 1]
+    return {
+        "output_tokens_per_s": tokens / wall,
+        "ttft_p50": statistics.median(r[0] for r in results),
+        "tpot_p50": statistics.median(tpots) if tpots else None,
+    }
+
+
+def generate_level(llm: LLM, prompts: list[list[int]], params: SamplingParams, batch: int):
+    """``prompts`` through ``LLM.generate`` in batches of ``batch``: output tokens/s."""
+    begin, tokens = time.perf_counter(), 0
+    for i in range(0, len(prompts), batch):
+        outputs = llm.generate(prompts[i : i + batch], params)
+        tokens += sum(len(o.outputs[0].token_ids) for o in outputs)
+    return {"output_tokens_per_s": tokens / (time.perf_counter() - begin)}
+
+
+def server_level(url: str, bodies: list[dict], concurrency: int) -> dict:
+    results, wall = asyncio.run(run_level(url, bodies, concurrency=concurrency))
+    s = summarize(results, wall)
+    if s["failed"]:
+        raise RuntimeError(f"{s['failed']} requests failed: {s['errors']}")
+    return {
+        "output_tokens_per_s": s["output_tokens_per_s"],
+        "ttft_p50": s["ttft_s"]["p50"],
+        "tpot_p50": s["tpot_s"]["p50"],
+    }
+
+
+async def _latency(url: str, body: dict) -> float:
+    async with httpx.AsyncClient(timeout=600) as client:
+        result = await one_request(client, url, body)
+    if not result.ok:
+        raise RuntimeError(f"request failed: {result.error}")
+    return result.latency
+
+
+def measure_server(args, options: dict, bodies: list[dict], levels: list[int]) -> dict:
+    out: dict = {"levels": {}}
+    with running() as deployment:
+        config = deployment.write_yaml("options.yaml", options)
+        launched = time.perf_counter()
+        deployment.start("server", ["--config", str(config), "--device", args.device])
+        deployment.wait_healthy("server")
+        out["startup_s"] = time.perf_counter() - launched
+        url = deployment.urls["server"] + "/v1/chat/completions"
+        out["first_s"] = asyncio.run(_latency(url, bodies[0]))
+        out["steady_s"] = statistics.median(asyncio.run(_latency(url, bodies[0])) for _ in range(5))
+        pid = deployment.procs["server"].pid
+        time.sleep(1.0)
+        before, t0 = cpu_seconds(pid), time.perf_counter()
+        time.sleep(5.0)
+        out["idle_cores"] = (cpu_seconds(pid) - before) / (time.perf_counter() - t0)
+        for level in levels:
+            work = bodies[:FIRST_REQUESTS] if level == 1 else bodies
+            server_level(url, work, level)  # the untimed pass
+            out["levels"][level] = server_level(url, work, level)
+            print(f"  server, concurrency {level}: {out['levels'][level]}", flush=True)
+    return out
+
+
+def measure_engine(options: dict, bodies: list[dict], levels: list[int], output_len: int) -> dict:
+    out: dict = {}
+    llm = LLM(**options)
+    try:
+        template = llm.tokenizer.apply_chat_template
+        prompts = [llm.tokenizer.encode(template(b["messages"])) for b in bodies]
+        params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+        for level in levels:
+            work = prompts[:FIRST_REQUESTS] if level == 1 else prompts
+            generate_level(llm, work, params, level)  # the untimed passes
+            engine_level(llm, work, params, level)
+            out[level] = engine_level(llm, work, params, level)
+            out[level]["generate"] = generate_level(llm, work, params, level)
+            print(f"  engine, concurrency {level}: {out[level]}", flush=True)
+    finally:
+        llm.shutdown()
+    return out
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.1f}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--concurrency", default="1,16,64")
+    p.add_argument("--num-requests", type=int, default=192)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--config", type=Path, default=None, help="YAML file of LLM options")
+    args = p.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    options = yaml.safe_load(args.config.read_text()) if args.config else {}
+    if "model" not in options:
+        options.setdefault("speculative_config", bundled_eagle3())
+    options = {**options, "max_batch_size": max(levels), "device": args.device}
+    workload = Workload("gsm8k", args.num_requests, output_len=args.output_len)
+    extra = {"max_tokens": args.output_len, "temperature": 0, "ignore_eos": True, "stream": True}
+    extra["stream_options"] = {"include_usage": True}
+    bodies = [{**body, **extra} for body in workload.requests()]
+    print(f"machine: {machine_name(args.device)}", flush=True)
+    server = measure_server(args, options, bodies, levels)
+    engine = measure_engine(options, bodies, levels, args.output_len)
+    print(
+        "\n| concurrency | generate tok/s | submit tok/s | server tok/s | server / generate "
+        "| server / submit | submit TTFT p50 ms | server TTFT p50 ms | submit TPOT p50 ms "
+        "| server TPOT p50 ms |\n|" + " --- |" * 10
+    )
+    for level in levels:
+        e, s = engine[level], server["levels"][level]
+        g = e["generate"]["output_tokens_per_s"]
+        tok = s["output_tokens_per_s"]
+        print(
+            f"| {level} | {g:.0f} | {e['output_tokens_per_s']:.0f} | {tok:.0f} "
+            f"| {tok / g:.2f} | {tok / e['output_tokens_per_s']:.2f} | {_ms(e['ttft_p50'])} | {_ms(s['ttft_p50'])} | {_ms(e['tpot_p50'])} "
+            f"| {_ms(s['tpot_p50'])} |"
+        )
+    print(
+        f"\nserver start-up (launch to /health): {server['startup_s']:.1f} s; first request after "
+        f"/health {server['first_s']:.3f} s, steady state {server['steady_s']:.3f} s "
+        f"(ratio {server['first_s'] / server['steady_s']:.2f}); idle server "
+        f"{100 * server['idle_cores']:.1f}% of a core"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
