@@ -138,7 +138,11 @@ def measure_server(args, options: dict, bodies: list[dict], levels: list[int]) -
         config = deployment.write_yaml("options.yaml", options)
         launched = time.perf_counter()
         deployment.start("server", ["--config", str(config), "--device", args.device])
-        deployment.wait_healthy("server")
+        try:
+            deployment.wait_healthy("server")
+        except (RuntimeError, TimeoutError):
+            print(deployment.log("server"), file=sys.stderr)
+            raise
         out["startup_s"] = time.perf_counter() - launched
         url = deployment.urls["server"] + "/v1/chat/completions"
         out["first_s"] = asyncio.run(_latency(url, bodies[0]))
