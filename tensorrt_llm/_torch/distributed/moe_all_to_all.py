@@ -118,14 +118,10 @@ def all_to_all_fixed(
 
 class ExchangeSync:
     """A rank's side of the MoE layers' exchanges under attention DP with EP: before each step's
-    forward the ranks agree, in one all-reduce over the control group, on
-
-    - how the layers exchange in it: through the fixed buffers of ``capacity`` rows when no
-      rank has more tokens (``graphs``: then the CUDA graphs may replay, whose buffers cannot be
-      sized per step), else sized by the counts (every rank runs eagerly);
-    - how many exchange passes every rank makes (``passes``): a rank that captures a CUDA graph
-      runs its step twice (once eagerly, then the replay; the capture itself only records), so
-      when one does, every rank makes two: the others one without tokens first.
+    forward the ranks agree, in one all-reduce over the control group, on how the layers exchange
+    in it: through the fixed buffers of ``capacity`` rows when no rank has more tokens
+    (``graphs``: then the CUDA graphs, all captured at start-up, may replay; their buffers
+    cannot be sized per step), else sized by the counts (every rank runs eagerly).
 
     ``moe_blocks``: the exchanging MoE layers, in forward order."""
 
@@ -133,43 +129,30 @@ class ExchangeSync:
         self.blocks = moe_blocks
         self.capacity = capacity
         self.graphs = True
-        self.passes = 1
 
     def agree(self, batch, runner) -> None:
         """``batch``: this step's ``ScheduledRequests``; ``runner``: the ``CUDAGraphRunner``, if
         any."""
-        tokens = captures = 0
         bucket = None
         if batch.batch_size and runner is not None:
             bucket = runner.bucket_size(batch)
         if bucket is not None:
             tokens = bucket * runner.tokens_per_seq  # the padded rows are exchanged too
-            captures = int(runner.capture_pending(batch, bucket))
         else:
             tokens = sum(r.context_chunk_size for r in batch.context_requests)
             tokens += sum(1 + len(r.py_draft_tokens) for r in batch.generation_requests)
-        most, any_capture = max_over_ranks([tokens, captures])
-        self.graphs = most <= self.capacity
-        for block in self.blocks:
-            block.experts.capacity = self.capacity if self.graphs else None
-        self.passes = 2 if any_capture and self.graphs else 1
+        (most,) = max_over_ranks([tokens])
+        self.use_graphs(most <= self.capacity)
 
-    def settle(self, batch, bucket: int | None, runner) -> int | None:
-        """Before this rank's forward of ``batch``: the bucket it runs in (None: eagerly) as
-        agreed, after the passes without tokens it owes the others."""
-        if not self.graphs:
-            bucket = None
-        captures = bucket is not None and runner.capture_pending(batch, bucket)
-        if captures and self.passes < 2:  # (not announced: the batch changed since) eagerly
-            bucket, captures = None, False
-        for _ in range(self.passes - 1 - captures):
-            self.idle_pass()
-        return bucket
+    def use_graphs(self, graphs: bool) -> None:
+        """Exchange through the fixed buffers (``graphs``) or sized by the counts."""
+        self.graphs = graphs
+        for block in self.blocks:
+            block.experts.capacity = self.capacity if graphs else None
 
     def idle_step(self) -> None:
-        """A step without a forward here: as many passes without tokens as the others make."""
-        for _ in range(self.passes):
-            self.idle_pass()
+        """A step without a forward here: one pass without tokens, as the others exchange."""
+        self.idle_pass()
 
     def idle_pass(self) -> None:
         for block in self.blocks:

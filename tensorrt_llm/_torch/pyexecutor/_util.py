@@ -31,6 +31,7 @@ from tensorrt_llm._torch.pyexecutor.resource_manager import (
     get_pp_layers,
 )
 from tensorrt_llm._torch.pyexecutor.scheduler import GuaranteedNoEvictScheduler
+from tensorrt_llm._torch.pyexecutor.warm_up import start_up
 from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
 from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 from tensorrt_llm._torch.speculative.utils import _should_create_separate_draft_kv_cache
@@ -172,7 +173,7 @@ def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig
         width = 1 + (spec.max_draft_len if spec is not None else 0)
         capacity = max((executor_config.max_batch_size, *sizes)) * width
         engine.exchange = ExchangeSync(engine.exchanging, capacity)
-    return PyExecutor(
+    executor = PyExecutor(
         engine,
         resources,
         scheduler,
@@ -181,6 +182,8 @@ def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig
         cuda_graph_runner=runner,
         overlap=executor_config.overlap_scheduler,
     )
+    start_up(executor, config.vocab_size)  # (on CUDA: kernels compiled, every graph captured)
+    return executor
 
 
 def _layers_to_capture(spec, draft_model, num_target_layers: int) -> tuple[int, ...]:

@@ -18,19 +18,23 @@ drafter's backend reads it); inside the graph the positions and lengths are deri
 step's lengths. A batch of ``n < B`` requests is padded with rows of a padding sequence that each
 KV manager holds for its life (``add_padding_sequence``), so padded rows write only there.
 
-A batch that asks for logprobs runs in a bucket that computes them inside the graph (keyed by the
-batch's largest top count), from the logits it made.
+A bucket is keyed by its batch size, how it samples (greedy; sampled by top-p and temperature;
+sampled with a top-k, whose draws sort) and whether it has the extras: penalties and bias, and
+the logprobs of ``MAX_LOGPROBS`` top tokens (each request then keeps the top count it asked for).
+A batch in which any request asks for penalties, bias or logprobs runs in an extras bucket.
 
-A bucket is captured the first time a batch uses it: one eager run of the same step (it compiles
-the kernels and writes what the replay writes; the penalties' counts, which a replay adds to,
-are put back after it), the capture, then the replay.
+Every bucket is captured at start-up (``capture_all``, on rows of the padding sequence): one eager
+run of the step (it compiles the kernels), the capture, then the replay. No graph is captured
+after that, so every rank of a multi-rank engine replays the same graphs from its first step.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import torch
+from tqdm import tqdm
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
@@ -49,12 +53,14 @@ from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 from tensorrt_llm._torch.pyexecutor.token_feed import on_device
 from tensorrt_llm.logger import logger
 from tensorrt_llm.runtime.staging import PinnedStaging
+from tensorrt_llm.sampling_params import MAX_LOGPROBS
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
 PADDING_REQUEST_ID = -1  # the padding sequence's id in every KV manager (request ids are >= 0)
+GREEDY, NUCLEUS, TOP_K = 0, 1, 2  # how a bucket samples
 
 
 class CUDAGraphRunner:
@@ -85,7 +91,8 @@ class CUDAGraphRunner:
         self._buckets: dict[int, Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if options.capture else None
         self.num_replays = 0
-        if options.enable_padding:
+        self.num_captures = 0
+        if options.enable_padding or options.capture:  # (capture_all runs on padding rows)
             for kind in (
                 ResourceManagerType.KV_CACHE_MANAGER,
                 ResourceManagerType.DRAFT_KV_CACHE_MANAGER,
@@ -126,25 +133,26 @@ class CUDAGraphRunner:
         n = len(requests)
         sizes = self.options.batch_sizes
         if not self.options.enable_padding:
-            return n if n in sizes else None
-        return next((b for b in sizes if b >= n), None)
+            size = n if n in sizes else None
+        else:
+            size = next((b for b in sizes if b >= n), None)
+        if size is not None and self.options.capture:  # (only a bucket captured at start-up)
+            bucket = self._buckets.get(self._key(batch, size))
+            size = size if bucket is not None and bucket.graph is not None else None
+        return size
 
     @torch.inference_mode()
-    def run(
-        self, batch: ScheduledRequests, batch_size: int, top_logprobs: int | None = None
-    ) -> GraphStep:
+    def run(self, batch: ScheduledRequests, batch_size: int) -> GraphStep:
         """Run ``batch`` in bucket ``batch_size`` (``bucket_size``): write its inputs, then replay
-        (capturing first if the bucket is new)."""
+        its graph (or, without ``capture``, run the step's ops on the bucket's buffers)."""
         requests = batch.generation_requests
         pad = batch_size - len(requests)
         request_ids = [r.request_id for r in requests] + [PADDING_REQUEST_ID] * pad
-        key = self._key(batch, batch_size, top_logprobs)
+        key = self._key(batch, batch_size)
         bucket = self._buckets.get(key) or self._new_bucket(request_ids, key)
         self._write_inputs(bucket, batch, request_ids)
         if not self.options.capture:
             bucket.outputs = self._step(bucket)
-        elif bucket.graph is None:
-            self._capture(bucket)
         else:
             if addresses(bucket, self._store, self._logits_state) != bucket.addresses:
                 raise RuntimeError(
@@ -154,25 +162,51 @@ class CUDAGraphRunner:
         self.num_replays += 1
         return self._result(bucket, batch)
 
-    def _key(self, batch: ScheduledRequests, batch_size: int, top_logprobs: int | None) -> tuple:
+    @staticmethod
+    def _key(batch: ScheduledRequests, batch_size: int) -> tuple[int, int, bool]:
         requests = batch.generation_requests
-        # greedy, sampled by top-p (and temperature) only, or sampled with a top-k
-        mode = (not all(r.sampling_params.greedy for r in requests)) + uses_top_k(requests)
-        penalized = any(r.sampling_params.processes_logits for r in requests)
-        return batch_size, mode, top_logprobs, penalized
+        mode = GREEDY
+        if not all(r.sampling_params.greedy for r in requests):
+            mode = TOP_K if uses_top_k(requests) else NUCLEUS
+        extras = logprobs_top(requests) is not None or any(
+            r.sampling_params.processes_logits for r in requests
+        )
+        return batch_size, mode, extras
 
-    def capture_pending(self, batch: ScheduledRequests, batch_size: int) -> bool:
-        """Whether running ``batch`` in bucket ``batch_size`` captures a graph first (an eager
-        run, the capture, then the replay)."""
-        key = self._key(batch, batch_size, logprobs_top(batch.all_requests))
-        bucket = self._buckets.get(key)
-        return self.options.capture and (bucket is None or bucket.graph is None)
+    def capture_all(self) -> None:
+        """Capture every bucket (each batch size, way of sampling, with and without the extras)
+        on rows of the padding sequence, with a progress bar; the time is logged."""
+        if not self.options.capture:
+            return
+        if self.spec_worker is not None:
+            self._store.allocate()
+        self._logits_state.allocate()
+        keys = [
+            (size, mode, extras)
+            for size in self.options.batch_sizes
+            for mode in (GREEDY, NUCLEUS, TOP_K)
+            for extras in (False, True)
+        ]
+        start = time.perf_counter()
+        for key in tqdm(keys, desc="capturing CUDA graphs", unit="graph", leave=False):
+            if key not in self._buckets:
+                request_ids = [PADDING_REQUEST_ID] * key[0]
+                bucket = self._new_bucket(request_ids, key)
+                self._write_padding(bucket, request_ids)
+                self._capture(bucket)
+        logger.info(
+            "captured %d CUDA graphs (batch sizes %s; greedy, top-p and top-k sampling; with and "
+            "without penalties and logprobs) in %.1f s",
+            len(keys),
+            list(self.options.batch_sizes),
+            time.perf_counter() - start,
+        )
 
     def _new_bucket(self, request_ids: list[int], key: tuple) -> Bucket:
         """A bucket for ``len(request_ids)`` sequences, its metadata first bound to these."""
         device, width, batch_size = self.engine.device, self.tokens_per_seq, len(request_ids)
-        mode = key[1]
-        sampled = mode > 0
+        _, mode, extras = key
+        sampled = mode != GREEDY
         per_row = width + 1 + (3 + (self.spec_worker is not None) if sampled else 0)
         size = batch_size * per_row
         inputs = torch.zeros(size, dtype=torch.long, device=device)
@@ -199,10 +233,11 @@ class CUDAGraphRunner:
             chain_md,
             float_inputs=floats,
             staging=staging,
-            uses_top_k=mode == 2,
-            top_logprobs=key[2],
+            uses_top_k=mode == TOP_K,
+            top_logprobs=MAX_LOGPROBS if extras else None,
         )
-        if key[3]:
+        if extras:
+            self._logits_state.allocate()  # (padding and plain rows read its zero scratch row)
             bucket.penalty_slots = torch.zeros(batch_size, dtype=torch.long, device=device)
             bucket.penalties = torch.zeros(2, batch_size, device=device)
         self._buckets[key] = bucket
@@ -243,6 +278,24 @@ class CUDAGraphRunner:
             slots = on_device(fed, bucket.inputs.device)
             bucket.input_ids.view(bucket.batch_size, -1)[slots] = ids
             bucket.first_positions[slots] += advance
+        self._rebind(bucket, request_ids)
+
+    def _write_padding(self, bucket: Bucket, request_ids: list[int]) -> None:
+        """Inputs of padding rows only (greedy, no penalty), for a capture at start-up."""
+        bucket.inputs.zero_()  # token 0 at position 0; top-k 0, seed 0, counter 0
+        if bucket.sampled:
+            temperature, top_p = bucket.float_inputs.view(2, -1)
+            temperature.zero_()  # greedy
+            top_p.fill_(1.0)
+            if self.spec_worker is not None:
+                bucket.slots.fill_(self._store.scratch)
+        if bucket.penalties is not None:
+            bucket.penalty_slots.fill_(self._logits_state.scratch)
+            bucket.penalties.zero_()
+        self._rebind(bucket, request_ids)
+
+    def _rebind(self, bucket: Bucket, request_ids: list[int]) -> None:
+        """The rows' block tables into the bucket's metadata (and the draft chain's)."""
         bucket.md.rebind(request_ids)
         if self.spec_worker is not None:
             draft_manager = self.spec_worker.resolve_draft_kv()
@@ -301,20 +354,15 @@ class CUDAGraphRunner:
     def _capture(self, bucket: Bucket) -> None:
         stream = torch.cuda.Stream(self.engine.device)
         stream.wait_stream(torch.cuda.current_stream())
-        counts = None
-        if bucket.penalties is not None:  # the one write a replay repeats: kept to put back
-            counts = self._logits_state.counts[bucket.penalty_slots].clone()
-        with torch.cuda.stream(stream):  # compiles the kernels; writes what the replay writes
+        with torch.cuda.stream(stream):  # compiles the kernels (padding rows: the scratch slots)
             self._step(bucket)
         torch.cuda.current_stream().wait_stream(stream)
-        if counts is not None:
-            self._logits_state.counts[bucket.penalty_slots] = counts
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             bucket.outputs = self._step(bucket)
         bucket.graph, bucket.addresses = graph, addresses(bucket, self._store, self._logits_state)
         graph.replay()
-        logger.info("captured a CUDA graph for batch size %d", bucket.batch_size)
+        self.num_captures += 1
 
     def _result(self, bucket: Bucket, batch: ScheduledRequests) -> GraphStep:
         """The bucket's outputs, for the batch's rows (views: the next replay rewrites them)."""

@@ -87,16 +87,20 @@ class LogitsState(BaseResourceManager):
             out.append(slot)
         return out
 
+    def allocate(self) -> None:
+        """The counts and bias, now (CUDA graphs that read them are captured at start-up)."""
+        if self.counts is None:
+            shape = (self.capacity + 1, self.vocab_size)
+            self.counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
+            self.bias = torch.zeros(shape, dtype=torch.float32, device=self.device)
+
     def _claim(self, req: LlmRequest) -> int:
         if not self._free:
             raise RuntimeError(
                 f"LogitsState: all {self.capacity} slots are held; a request with penalties or "
                 "logit_bias cannot start"
             )
-        if self.counts is None:
-            shape = (self.capacity + 1, self.vocab_size)
-            self.counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
-            self.bias = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        self.allocate()
         slot = self._slots[req.request_id] = self._free.pop()
         output = torch.tensor(req.output_token_ids, dtype=torch.long)
         self.counts[slot] = torch.bincount(output, minlength=self.vocab_size)[: self.vocab_size].to(

@@ -61,6 +61,12 @@ class PyTorchModelEngine:
             return None
         return torch.stack([m.routed for m in self._moe]).sum(0)
 
+    def reset_counters(self) -> None:
+        """The statistics start again from zero (after the start-up warm-up)."""
+        self.num_context_tokens_computed = 0
+        for module in self._moe:
+            module.routed.zero_()
+
     def build_inputs(
         self, batch: ScheduledRequests
     ) -> tuple[torch.Tensor, AttentionMetadata, list[int]]:

@@ -362,11 +362,12 @@ class PyExecutor:
         runner = self.cuda_graph_runner
         bucket = runner.bucket_size(batch) if runner is not None else None
         top_logprobs = logprobs_top(batch.all_requests)
-        if self.model_engine.exchange is not None:  # as agreed; first the passes it owes
-            bucket = self.model_engine.exchange.settle(batch, bucket, runner)
+        exchange = self.model_engine.exchange
+        if exchange is not None and not exchange.graphs:  # as the ranks agreed: eagerly
+            bucket = None
         if bucket is not None:
             # logprobs inside the graph: the next replay rewrites the bucket's logits
-            graph = runner.run(batch, bucket, top_logprobs)
+            graph = runner.run(batch, bucket)
             # generation logits are copied from the bucket's at the read: read before a replay
             keeps_logits = any(
                 r.sampling_params.return_generation_logits for r in batch.all_requests

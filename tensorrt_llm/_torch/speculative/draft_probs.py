@@ -61,11 +61,16 @@ class DraftProbStore(BaseResourceManager):
                 new.append(slot)
             out.append(self.scratch if slot is None else slot)
         if self.table is None and len(self._slots):
-            self.table = torch.zeros(self.shape, dtype=torch.float32, device=self.device)
-            self.has_q = torch.zeros(self.shape[0], dtype=torch.bool, device=self.device)
+            self.allocate()
         elif new:
             self.has_q[torch.tensor(new).to(self.device, non_blocking=True)] = False
         return out
+
+    def allocate(self) -> None:
+        """The table, now (CUDA graphs that read it are captured at start-up)."""
+        if self.table is None:
+            self.table = torch.zeros(self.shape, dtype=torch.float32, device=self.device)
+            self.has_q = torch.zeros(self.shape[0], dtype=torch.bool, device=self.device)
 
     @property
     def allocated(self) -> bool:

@@ -263,10 +263,10 @@ def test_the_fixed_exchange_gives_the_sized_ones_sums(tmp_path):
     assert torch.load(tmp_path / "out.1")["sized"].shape == (0, 32)
 
 
-def test_the_ranks_agree_on_each_steps_exchange_and_the_passes_a_capture_takes(monkeypatch):
-    """``ExchangeSync`` with the ranks' all-reduce stubbed: fixed buffers (and the CUDA graphs)
-    when no rank has more tokens than they hold; a rank that captures a graph runs its step twice
-    (an eager run, then the replay), so every other rank first makes one pass without tokens."""
+def test_the_ranks_agree_on_each_steps_exchange(monkeypatch):
+    """``ExchangeSync`` with the ranks' all-reduce stubbed: fixed buffers (and the CUDA graphs,
+    all captured at start-up) when no rank has more tokens than they hold, else every rank runs
+    eagerly, sized by the counts; a rank with nothing to run makes one pass without tokens."""
     from types import SimpleNamespace
 
     from tensorrt_llm._torch.distributed import moe_all_to_all
@@ -275,39 +275,23 @@ def test_the_ranks_agree_on_each_steps_exchange_and_the_passes_a_capture_takes(m
     experts = SimpleNamespace(capacity=None)
     block = SimpleNamespace(experts=experts, idle=lambda: passes.append(experts.capacity))
     sync = moe_all_to_all.ExchangeSync([block], capacity=8)
-    capturing = {"here": False}
-    runner = SimpleNamespace(
-        bucket_size=lambda batch: 2,
-        tokens_per_seq=4,
-        capture_pending=lambda batch, size: capturing["here"],
-    )
+    runner = SimpleNamespace(bucket_size=lambda batch: 2, tokens_per_seq=4)
     decode = SimpleNamespace(batch_size=2, context_requests=[], generation_requests=[])
     nothing = SimpleNamespace(batch_size=0, context_requests=[], generation_requests=[])
-    others = {"tokens": 0, "capture": 1}  # another rank captures
+    others = {"tokens": 0}
 
     def max_over_ranks(values):
         sent.append(values)
-        return [max(values[0], others["tokens"]), max(values[1], others["capture"])]
+        return [max(values[0], others["tokens"])]
 
     monkeypatch.setattr(moe_all_to_all, "max_over_ranks", max_over_ranks)
     sync.agree(decode, runner)
-    assert sent[-1] == [8, 0]  # bucket 2 x 4 rows, no capture here
-    assert (experts.capacity, sync.graphs, sync.passes) == (8, True, 2)
-    assert sync.settle(decode, 2, runner) == 2 and passes == [8]  # one pass, then the replay
-    capturing["here"] = True
+    assert sent[-1] == [8]  # bucket 2 x 4 rows
+    assert (experts.capacity, sync.graphs) == (8, True)
+    others["tokens"] = 9  # a rank's prefill overflows the fixed rows
     sync.agree(decode, runner)
-    assert sent[-1] == [8, 1] and sync.settle(decode, 2, runner) == 2 and passes == [8]
-    others["tokens"], others["capture"] = 9, 0  # a rank's prefill overflows the fixed rows
-    sync.agree(decode, runner)
-    assert (experts.capacity, sync.graphs, sync.passes) == (None, False, 1)
-    assert sync.settle(decode, 2, runner) is None  # every rank eagerly, sized by the counts
-    others["tokens"], others["capture"] = 0, 1
-    passes.clear()
-    sync.agree(nothing, runner)  # nothing to run here while another rank captures
+    assert (experts.capacity, sync.graphs) == (None, False)
+    others["tokens"] = 0
+    sync.agree(nothing, runner)  # nothing to run here
     sync.idle_step()
-    assert sent[-1] == [0, 0] and passes == [8, 8]
-    others["capture"], capturing["here"] = 0, False
-    sync.agree(decode, runner)
-    passes.clear()
-    capturing["here"] = True  # a capture that was not announced: eagerly instead, no extra pass
-    assert sent[-1] == [8, 0] and sync.settle(decode, 2, runner) is None and passes == []
+    assert sent[-1] == [0] and passes == [8]
