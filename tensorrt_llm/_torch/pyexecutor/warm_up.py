@@ -1,10 +1,10 @@
 """Start-up on a CUDA device: everything the first requests would otherwise pay for, done before
 ``LLM(...)`` returns (and so before a server's ``/health`` answers).
 
-1. A few requests of the warm-up's own run through the executor: prefills of several lengths
-   (Triton compiles a kernel per shape class: lengths of 1, multiples of 16 and the rest, one
-   block and more), steps mixing prefill and decode, greedy and sampled rows, top-k, logprobs and
-   penalties. Their KV is keyed by a salt no request can send, so no request reuses it.
+1. Requests of the warm-up's own run through the executor, one per step: prefills of lengths
+   in every power-of-two class up to 1025 (Triton compiles a kernel per tile size, which follows
+   the step's longest prompt, and per integer class: 1, multiples of 16, the rest), each beside the
+   earlier ones decoding; greedy and sampled rows, top-k, logprobs and penalties. Their KV is keyed by a salt no request can send, so no request reuses it.
 2. Every CUDA graph bucket captured (``CUDAGraphRunner.capture_all``).
 
 Then the executor's counters start from zero. Every rank of a multi-rank engine does the same, in
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 WARM_UP_SALT = "trtllm-warm-up"  # (no request of a user's has a salt)
 FIRST_ID = 1 << 62  # the warm-up's request ids, far from any ``LLM``'s
-PROMPT_LENGTHS = (1, 16, 45, 130)
+PROMPT_LENGTHS = (1, 2, 3, 5, 9, 16, 17, 33, 64, 65, 129, 257, 513, 1025)
 MAX_STEPS = 256
 
 _GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
@@ -68,38 +68,34 @@ def start_up(executor: PyExecutor, vocab_size: int) -> None:
     )
 
 
-def _requests(vocab_size: int, max_seq_len: int, max_num_tokens: int) -> list[list[LlmRequest]]:
-    """Two waves: the second arrives while the first decodes (steps mixing prefill and decode)."""
+def _requests(vocab_size: int, max_seq_len: int, max_num_tokens: int) -> list[LlmRequest]:
+    """One request per prompt length class, each alone in the step that prefills it (the
+    kernels' tile sizes follow the step's longest prompt), the earlier ones decoding beside it."""
     room = min(max_seq_len - 8, max_num_tokens)
     lengths = sorted({max(1, min(n, room)) for n in PROMPT_LENGTHS})
-    params = (_GREEDY, _SAMPLED, _TOP_K, _GREEDY)
-    out = []
-    for i, length in enumerate(lengths):
-        out.append(
-            LlmRequest(
-                request_id=FIRST_ID + i,
-                prompt_token_ids=[(7 * i + j) % vocab_size for j in range(length)],
-                max_new_tokens=4,
-                sampling_params=params[i % len(params)],
-                cache_salt=WARM_UP_SALT,
-            )
+    params = (_GREEDY, _SAMPLED, _TOP_K)
+    return [
+        LlmRequest(
+            request_id=FIRST_ID + i,
+            prompt_token_ids=[(7 * i + j) % vocab_size for j in range(length)],
+            max_new_tokens=4,
+            sampling_params=params[i % len(params)],
+            cache_salt=WARM_UP_SALT,
         )
-    half = (len(out) + 1) // 2
-    return [out[:half], out[half:]]
+        for i, length in enumerate(lengths)
+    ]
 
 
 def _run_warm_up_requests(executor: PyExecutor, vocab_size: int) -> int:
-    waves = _requests(vocab_size, executor.max_seq_len, executor.scheduler.max_num_tokens)
+    requests = _requests(vocab_size, executor.max_seq_len, executor.scheduler.max_num_tokens)
     steps = 0
-    for wave in waves:
-        for request in wave:
-            executor.enqueue_request(request)
-        executor.step()  # (the next wave then joins requests that decode)
+    for request in requests:
+        executor.enqueue_request(request)
+        executor.step()
         steps += 1
     while executor.has_work and steps < MAX_STEPS:
         executor.step()
         steps += 1
-    requests = [r for wave in waves for r in wave]
     if executor.has_work or not all(r.is_finished for r in requests):
         raise RuntimeError(f"the start-up warm-up did not finish in {MAX_STEPS} steps")
     failed = [r.stop_reason for r in requests if r.finish_reason is FinishReason.ERROR]
