@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import torch
 
 from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
@@ -73,6 +76,7 @@ class LLM:
             self.args = self.args.model_copy(update={"attn_backend": backend})
         args = self.args
         self._followers: Followers | None = None
+        self._closed = False
         if self.mapping.world_size > 1:  # ranks 1..N-1 in child processes; this one is rank 0
             logger.set_rank(0)
             self._followers = Followers(args, self.mapping)
@@ -142,8 +146,10 @@ class LLM:
 
     def cancel(self, request_id: int) -> None:
         """End a submitted request with ``FinishReason.CANCELLED`` and free its KV (between steps;
-        its ``on_update`` then gets its last output). Unknown or finished ids are ignored."""
-        self._loop.cancel(request_id)
+        its ``on_update`` then gets its last output). Unknown or finished ids are ignored, and so is
+        every id once the LLM is shut down."""
+        if not self._closed:
+            self._loop.cancel(request_id)
 
     def kv_cache_report(self) -> dict:
         """Every KV manager's slot counts (free, used, cached, live requests), checked with
@@ -210,6 +216,7 @@ class LLM:
 
     def between_steps(self, fn: Callable[[], object]):
         """``fn()`` where no step runs: on the engine loop's thread while it runs, else here."""
+        self._check_open()
         if self._loop.running and not self._loop.on_loop_thread:
             return self._loop.call(fn).result()
         return fn()
@@ -245,6 +252,7 @@ class LLM:
 
     # ---- requests --------------------------------------------------------------------------------
     def _prepare(self, request: GenerationRequest) -> _Job:
+        self._check_open()
         prompt, multimodal = self._prompt_with_images(request.prompt)
         if multimodal is not None:
             text, token_ids = multimodal.text, multimodal.token_ids
@@ -349,8 +357,13 @@ class LLM:
         return None if self._followers is None else self._followers.lost()
 
     def shutdown(self) -> None:
-        """Free the KV cache and end the NIXL agent; with several ranks, stop the others and leave
-        torch.distributed."""
+        """End the engine loop, free the KV cache and end the NIXL agent; with several ranks, stop
+        the others and leave torch.distributed. Then the device memory the LLM held (weights, KV,
+        CUDA graphs) goes back: another ``LLM`` built after it gets its full share. The LLM takes
+        no request after this; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         if self._followers is not None:
             stop_followers(self.lost_rank)
         self._loop.shutdown()  # first: its thread is the one that talks to the other ranks
@@ -361,6 +374,21 @@ class LLM:
             self._followers.stop()
             self._followers = None
             logger.set_rank(None)
+        self._release_device_memory()
+
+    def _release_device_memory(self) -> None:
+        """Drop every reference to the model and the executor, then give the allocator's cached
+        blocks back to the device."""
+        self.model = self.rank_executor = self.executor = self.kv_cache_manager = None
+        self._loop = None
+        gc.collect()  # (modules and executors reference each other)
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):
+                torch.cuda.empty_cache()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this LLM was shut down; build a new one")
 
     def __enter__(self) -> LLM:
         return self

@@ -266,3 +266,8 @@ def test_submit_streams_outputs_cancel_frees_the_slots_and_bad_input_takes_nothi
     # generate() goes through the running loop now, and gives the same tokens
     assert llm.generate(PROMPTS[1], GREEDY).outputs[0].token_ids == expected
     llm.shutdown()
+    llm.shutdown()  # (a second call does nothing)
+    llm.cancel(ids[0])  # (ignored)
+    assert llm.model is None and llm.executor is None  # nothing holds the weights or the KV
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate(PROMPTS[1], GREEDY)

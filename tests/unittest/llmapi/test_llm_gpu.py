@@ -81,3 +81,20 @@ def test_a_separate_draft_manager_shares_the_memory_fraction(spec_checkpoints):
     assert pool_bytes >= 0.04 * free_before  # and the budget is used, not halved
     draft = [m for m in managers if m.is_draft][0]
     assert draft.blocks_in_primary_pool == llm.kv_cache_manager.blocks_in_primary_pool
+
+
+def test_shutdown_gives_the_device_memory_back_for_the_next_llm(tiny_checkpoint):
+    """The KV pool takes its share of the free memory; after ``shutdown`` less than 1% of what
+    the LLM held is still allocated, and a second LLM gets as many slots as the first."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    first = LLM(tiny_checkpoint, device="cuda")
+    held = torch.cuda.memory_allocated() - base
+    slots = first.kv_cache_manager.blocks_in_primary_pool
+    first.generate(PROMPTS, GREEDY)
+    first.shutdown()
+    assert torch.cuda.memory_allocated() - base < 0.01 * held
+    with LLM(tiny_checkpoint, device="cuda") as second:
+        assert second.kv_cache_manager.blocks_in_primary_pool >= 0.98 * slots
+        assert second.generate(PROMPTS[0], GREEDY).outputs[0].token_ids
+    assert torch.cuda.memory_allocated() - base < 0.01 * held
