@@ -173,6 +173,7 @@ class CUDAGraphRunner:
         )
         return batch_size, mode, extras
 
+    @torch.inference_mode()  # (as ``run``: the buffers it makes are the replays')
     def capture_all(self) -> None:
         """Capture every bucket (each batch size, way of sampling, with and without the extras)
         on rows of the padding sequence, with a progress bar; the time is logged."""

@@ -16,8 +16,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-import torch
-
 from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm.logger import logger
@@ -44,7 +42,6 @@ _SAMPLED = SamplingParams(
 _TOP_K = SamplingParams(max_tokens=4, temperature=0.8, top_k=8, ignore_eos=True, seed=1)
 
 
-@torch.inference_mode()
 def start_up(executor: PyExecutor, vocab_size: int) -> None:
     """Compile and capture what serving needs (CUDA only; elsewhere nothing)."""
     engine = executor.model_engine
