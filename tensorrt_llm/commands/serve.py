@@ -25,7 +25,32 @@ from tensorrt_llm.llmapi.llm_args import load_yaml_options
 # (with both at 5 s, about 1 in 40 requests sent at the edge failed with a read error, a 502 at
 # the router).
 SERVER_KEEP_ALIVE_S = 30
+# upstream's flags for the common LLM options: flag -> where it goes in the options
+FLAG_OPTIONS: dict[str, tuple[str, ...]] = {
+    "tp_size": ("tensor_parallel_size",),
+    "ep_size": ("moe_expert_parallel_size",),
+    "max_batch_size": ("max_batch_size",),
+    "max_num_tokens": ("max_num_tokens",),
+    "max_seq_len": ("max_seq_len",),
+    "kv_cache_free_gpu_memory_fraction": ("kv_cache_config", "free_gpu_memory_fraction"),
+}
 _HOST = re.compile(r"[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]")  # a name, an IPv4 or [IPv6] address
+
+
+def apply_flags(options: dict, flags: dict[str, object], config: Path | None) -> None:
+    """``options`` (from ``config``) with each flag given (not None) set where it goes; a
+    ``ValueError`` for an option that both set."""
+    for flag, value in flags.items():
+        if value is None:
+            continue
+        *parents, key = FLAG_OPTIONS[flag]
+        where = options
+        for parent in parents:
+            where = where.setdefault(parent, {})
+        if key in where:
+            name = ".".join(FLAG_OPTIONS[flag])
+            raise ValueError(f"--{flag} {value} and {name} in {config}: give one of them")
+        where[key] = value
 
 
 def build_server(
@@ -39,7 +64,11 @@ def build_server(
     allowed_local_media_path: Path | None = None,
     allowed_media_domains: list[str] | None = None,
     max_request_tokens: int | None = None,
+    flags: dict[str, object] | None = None,
 ):
+    """The server for ``model`` (default: the bundled one) with the LLM options of ``config``
+    and of ``flags`` (``FLAG_OPTIONS``' names; ``tp_size`` too); an option given both ways is a
+    ``ValueError``."""
     from tensorrt_llm.llmapi import LLM
     from tensorrt_llm.serve.guards import ServeLimits
     from tensorrt_llm.serve.media import MediaOptions
@@ -51,12 +80,7 @@ def build_server(
         model = bundled_target()
         options.setdefault("speculative_config", bundled_eagle3())
     options.setdefault("device", device)
-    if tp_size is not None:
-        if "tensor_parallel_size" in options:
-            raise ValueError(
-                f"--tp_size {tp_size} and tensor_parallel_size in {config}: give one of them"
-            )
-        options["tensor_parallel_size"] = tp_size
+    apply_flags(options, {**(flags or {}), "tp_size": tp_size}, config)
     bad_hosts = [h for h in allowed_media_domains or () if not _HOST.fullmatch(h)]
     if bad_hosts:
         raise ValueError(
@@ -140,6 +164,16 @@ def _parser() -> argparse.ArgumentParser:
         help="ranks (GPUs) the model runs on, one process each (tensor_parallel_size; with "
         "enable_attention_dp: true in --config, each rank runs its own requests)",
     )
+    parser.add_argument("--ep_size", type=int, default=None, help="moe_expert_parallel_size")
+    parser.add_argument("--max_batch_size", type=int, default=None, help="requests per step")
+    parser.add_argument("--max_num_tokens", type=int, default=None, help="tokens per step")
+    parser.add_argument("--max_seq_len", type=int, default=None, help="prompt + output tokens")
+    parser.add_argument(
+        "--kv_cache_free_gpu_memory_fraction",
+        type=float,
+        default=None,
+        help="the share of the free GPU memory the KV cache takes (kv_cache_config)",
+    )
     parser.add_argument(
         "--api-key",
         default=envs.TRTLLM_API_KEY.get() or None,
@@ -187,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             allowed_local_media_path=args.allowed_local_media_path,
             allowed_media_domains=args.allowed_media_domains,
             max_request_tokens=args.max_request_tokens,
+            flags={flag: getattr(args, flag) for flag in FLAG_OPTIONS if flag != "tp_size"},
         )
     except ValueError as exc:
         print(f"trtllm-serve: {exc}", file=sys.stderr)
