@@ -99,9 +99,10 @@ class Eagle3DecodingConfig(StrictBaseModel):
 
 
 class CudaGraphConfig(StrictBaseModel):
-    """CUDA graphs for generation-only steps (the target forward and, with Eagle3, the accept and
-    the draft chain), one per batch size; prefill, mixed and sampled batches run eagerly. They need
-    a CUDA device and ``attn_backend="TRITON"``; ``cuda_graph_config=None`` turns them off."""
+    """CUDA graphs for generation-only steps (the target forward, sampling, penalties and
+    logprobs, and with Eagle3 the accept and the draft chain), per batch size, all captured at
+    start-up; prefill and mixed batches run eagerly. They need a CUDA device and
+    ``attn_backend="TRITON"``; ``cuda_graph_config=None`` turns them off."""
 
     # The captured batch sizes; None: 1, 2, 4, then multiples of 8, up to max_batch_size.
     batch_sizes: list[int] | None = None
