@@ -47,7 +47,7 @@ import numpy as np
 from bench_common import machine_name
 from PIL import Image
 
-from tensorrt_llm.evaluate.deployment import SERVE, disaggregation_options, running
+from tensorrt_llm.evaluate.deployment import SERVE, disaggregation_options, process_tree, running
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS: list[tuple[str, str]] = []
@@ -363,8 +363,9 @@ def probe_frozen_context(workdir: Path) -> None:
         params["request_type"] = "generation_only"
         beside = stream_texts(servers.urls["gen"], 1, 600)[0]
         time.sleep(1.0)
-        ctx = servers.procs["ctx"]
-        os.kill(ctx.pid, signal.SIGSTOP)
+        frozen = process_tree(servers.procs["ctx"].pid)  # the server and its engine process
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
         start = time.monotonic()
         try:
             reply = httpx.post(
@@ -375,7 +376,8 @@ def probe_frozen_context(workdir: Path) -> None:
             )
         finally:
             took = time.monotonic() - start
-            os.kill(ctx.pid, signal.SIGCONT)
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
         arrivals = [t for t, _ in beside.result()]
         gaps = [b - a for a, b in zip(arrivals, arrivals[1:]) if start < b < start + took + 1]
         report(

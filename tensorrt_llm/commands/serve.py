@@ -80,6 +80,7 @@ def build_server(
         model = bundled_target()
         options.setdefault("speculative_config", bundled_eagle3())
     options.setdefault("device", device)
+    options.setdefault("engine_process", True)  # the engine core in a process of its own
     apply_flags(options, {**(flags or {}), "tp_size": tp_size}, config)
     bad_hosts = [h for h in allowed_media_domains or () if not _HOST.fullmatch(h)]
     if bad_hosts:

@@ -41,6 +41,18 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None
     raise TimeoutError(f"{url} did not become healthy in {timeout}s")
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process under it (from /proc): a server and its engine core's process."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in os.listdir(f"/proc/{p}/task"):
+            with open(f"/proc/{p}/task/{task}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+    return out
+
+
 def metric(url: str, name: str) -> float:
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):

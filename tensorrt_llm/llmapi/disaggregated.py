@@ -29,6 +29,28 @@ from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 
 
+def check_params(request: LlmRequest, params: DisaggregatedParams | dict):
+    """``params`` read and checked against ``request`` (a ``ValueError`` naming what is wrong):
+    None for a context-only request (``request`` then made one), else a generation-only request's
+    params (a context server's reply)."""
+    params = DisaggregatedParams.model_validate(params)
+    if params.request_type is RequestType.CONTEXT_ONLY and not params.has_handle:
+        request.context_only = True
+        return None
+    if params.request_type not in (RequestType.CONTEXT_ONLY, RequestType.GENERATION_ONLY):
+        raise ValueError(
+            f"disaggregated_params.request_type={params.request_type.value!r}: a request "
+            "takes 'context_only' or 'generation_only'"
+        )
+    generation_only.check_resumable(params)
+    if params.prompt_token_ids != request.prompt_token_ids:
+        raise ValueError(
+            "the request's prompt is not the one the context server prefilled "
+            "(disaggregated_params.prompt_token_ids)"
+        )
+    return params
+
+
 class DisaggregatedServing:
     def __init__(
         self,
@@ -65,21 +87,9 @@ class DisaggregatedServing:
         resumed from a context server's reply; returns the latter's ``load_kv``. A
         ``ValueError`` (or ``trust.UntrustedParamsError``) names what is wrong with ``params``."""
         transceiver = self._require()
-        params = DisaggregatedParams.model_validate(params)
-        if params.request_type is RequestType.CONTEXT_ONLY and not params.has_handle:
-            request.context_only = True
+        params = check_params(request, params)
+        if params is None:
             return None
-        if params.request_type not in (RequestType.CONTEXT_ONLY, RequestType.GENERATION_ONLY):
-            raise ValueError(
-                f"disaggregated_params.request_type={params.request_type.value!r}: a request "
-                "takes 'context_only' or 'generation_only'"
-            )
-        generation_only.check_resumable(params)
-        if params.prompt_token_ids != request.prompt_token_ids:
-            raise ValueError(
-                "the request's prompt is not the one the context server prefilled "
-                "(disaggregated_params.prompt_token_ids)"
-            )
         options = pull_options(self._mapping)
         return generation_only.resume_from_context(
             request, params, self._rank_executor, transceiver, **options

@@ -2,32 +2,27 @@
 
 from __future__ import annotations
 
-import dataclasses
-import gc
 import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import torch
-
 from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
-from tensorrt_llm._torch.distributed.communicator import init_distributed, shutdown_distributed
-from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
-from tensorrt_llm._torch.distributed.ranks import TensorParallelLeader, stop_followers
 from tensorrt_llm._torch.models.config_utils import read_generation_config
-from tensorrt_llm._torch.pyexecutor.engine_loop import EngineLoop, Submit
+from tensorrt_llm._torch.pyexecutor.engine_loop import Submit
 from tensorrt_llm._torch.pyexecutor.executor import Executor
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.bundled import bundled_target
 from tensorrt_llm.inputs import MultimodalPrompts
+from tensorrt_llm.llmapi.core_process import CoreProcess
 from tensorrt_llm.llmapi.disaggregated import DisaggregatedServing
+from tensorrt_llm.llmapi.engine_core import EngineCore
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs, default_attn_backend
 from tensorrt_llm.llmapi.outputs import CompletionOutput, OutputTracker, RequestOutput
-from tensorrt_llm.llmapi.workers import Followers, build_rank, join_ranks, rank_device
+from tensorrt_llm.llmapi.workers import rank_device
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import GenerationDefaults, SamplingParams
 
@@ -75,58 +70,54 @@ class LLM:
             backend = default_attn_backend(self.device.type)
             self.args = self.args.model_copy(update={"attn_backend": backend})
         args = self.args
-        self._followers: Followers | None = None
         self._closed = False
-        if self.mapping.world_size > 1:  # ranks 1..N-1 in child processes; this one is rank 0
-            logger.set_rank(0)
-            self._followers = Followers(args, self.mapping)
-        try:
-            if self._followers is not None:
-                self._followers.wait("joining")
-                init_distributed(self.mapping, self._followers.init_method, self.device.type)
-            engine = build_rank(args, self.mapping)
-            if self._followers is not None:
-                self._followers.wait("ready")
-                join_ranks(engine, self.mapping)
-        except BaseException:
-            if self._followers is not None:
-                self._followers.kill()
-                shutdown_distributed()
-            raise
-        dtype = engine.dtype
-        self.model_config = engine.config
-        self.model = engine.model
-        self.tokenizer = engine.tokenizer
-        self.multimodal = MultimodalPrompts(args.model, engine.config.vision, engine.tokenizer)
-        self.eos_token_ids = engine.config.eos_token_ids
+        self._core = CoreProcess(args) if args.engine_process else EngineCore(args)
+        core = self._core
+        self.model_config = core.config
+        self.tokenizer = core.tokenizer
+        self.multimodal = MultimodalPrompts(args.model, core.config.vision, core.tokenizer)
+        self.eos_token_ids = core.config.eos_token_ids
         self.generation_defaults = GenerationDefaults.from_generation_config(
             read_generation_config(args.model), f"{args.model}/generation_config.json"
         )
-        self.max_seq_len = engine.max_seq_len
-        self.rank_executor: PyExecutor = engine.executor  # this rank's
-        self.executor: Executor = engine.executor
-        if self.mapping.enable_attention_dp and self.mapping.world_size > 1:
-            self.executor = AttentionDpExecutor(engine.executor, self.mapping, self.lost_rank)
-        elif self.mapping.world_size > 1:
-            self.executor.rank_sync = TensorParallelLeader(self.lost_rank)
-        self.kv_cache_manager = self.executor.kv_cache_manager
-        self._loop = EngineLoop(self.executor)
-        self.disaggregated = DisaggregatedServing(
-            engine.transceiver, self.executor, self.rank_executor, self.mapping, self.between_steps
-        )
-        if self.disaggregated.enabled:  # between steps, free the KV generation servers pulled
-            self._loop.housekeeping = self.disaggregated.release_pulled
+        self.max_seq_len = core.max_seq_len
         self._ids = itertools.count()
         logger.info(
             "LLM ready: %s on %s (%s, %s), %d KV slots of %d tokens%s",
             args.model,
             self.device,
-            str(dtype).removeprefix("torch."),
+            str(core.dtype).removeprefix("torch."),
             self.mapping.describe(),
-            self.kv_cache_manager.blocks_in_primary_pool,
-            self.kv_cache_manager.tokens_per_block,
+            core.kv_slots,
+            core.tokens_per_block,
             " per rank" if self.mapping.world_size > 1 else "",
         )
+
+    # ---- the engine core's parts (in this process) --------------------------------------------------
+    @property
+    def model(self):
+        return self._core.model
+
+    @property
+    def executor(self) -> Executor | None:
+        return self._core.executor
+
+    @property
+    def rank_executor(self) -> PyExecutor | None:
+        """This rank's executor (rank 0's)."""
+        return self._core.rank_executor
+
+    @property
+    def kv_cache_manager(self):
+        return self._core.kv_cache_manager
+
+    @property
+    def disaggregated(self) -> DisaggregatedServing:
+        return self._core.disaggregated
+
+    @property
+    def _followers(self):
+        return getattr(self._core, "_followers", None)
 
     # ---- the front door --------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, on_update: OnUpdate) -> int:
@@ -135,7 +126,6 @@ class LLM:
         that touched it, the last time with ``output.finished``. A request that cannot run raises
         ``ValueError`` or ``TypeError`` here, naming what is wrong, and takes nothing."""
         job = self._prepare(request)
-        self._loop.start()
         self._dispatch(job, on_update)
         return job.request.request_id
 
@@ -149,77 +139,28 @@ class LLM:
         its ``on_update`` then gets its last output). Unknown or finished ids are ignored, and so is
         every id once the LLM is shut down."""
         if not self._closed:
-            self._loop.cancel(request_id)
+            self._core.cancel(request_id)
 
     def kv_cache_report(self) -> dict:
         """Every KV manager's slot counts (free, used, cached, live requests), checked with
         ``check_integrity()``, and the requests active and held for pulls; taken between steps.
         Raises ``AssertionError`` naming a broken invariant."""
-
-        def report() -> dict:
-            out = {}
-            for kind, manager in self.executor.resource_manager.kv_cache_managers.items():
-                manager.check_integrity()
-                stats = manager.get_kv_cache_stats()
-                out[kind.value] = {
-                    "free": stats.num_free_slots,
-                    "used": stats.num_used_slots,
-                    "cached": stats.num_cached_slots,
-                    "live_requests": stats.num_live_sequences,
-                }
-            out["held_for_transfer"] = len(self.executor.disagg.held)
-            out["active_requests"] = len(self.executor.active)
-            return out
-
-        return self.between_steps(report)
+        self._check_open()
+        return self._core.kv_cache_report()
 
     def get_stats(self) -> dict:
         """The executor's counts (steps, prompt tokens computed, reused and transferred, tokens
         generated, decode iterations, accepted drafts: every rank's under attention DP), the
-        requests active and held for pulls, the KV slots, where the drafter's KV was found, and
-        the tokens each expert took."""
-
-        def stats() -> dict:
-            executor = self.executor
-            kv = self.kv_cache_manager.get_kv_cache_stats()
-            worker = executor.spec_worker
-            return {
-                **dataclasses.asdict(executor.stats),
-                "avg_decoded_tokens_per_iter": executor.stats.avg_decoded_tokens_per_iter,
-                "active_requests": len(executor.active),
-                "held_for_transfer": len(executor.disagg.held),
-                "kv_free_slots": kv.num_free_slots,
-                "kv_used_slots": kv.num_used_slots,
-                "kv_cached_slots": kv.num_cached_slots,
-                "kv_reused_blocks": kv.num_reused_blocks,
-                "kv_total_slots": self.kv_cache_manager.blocks_in_primary_pool,
-                "speculative": worker is not None,
-                "draft_kv_mode": worker.draft_kv_mode if worker is not None else None,
-                # per expert, the (token, choice) slots routed to it (every rank's tokens), and
-                # the expert groups that split them (``moe_expert_parallel_size``)
-                "expert_tokens": executor.expert_tokens(),
-                "moe_ep_size": self.mapping.moe_ep_size,
-                **self._image_stats(),
-            }
-
-        return self.between_steps(stats)
-
-    def _image_stats(self) -> dict:
-        """Images through the vision tower, and those its encoder cache saved (this rank's)."""
-        encoder = self.rank_executor.model_engine.encoder
-        if encoder is None:
-            return {"images_encoded": 0, "image_cache_hits": 0}
-        return {
-            "images_encoded": encoder.cache.num_encoded,
-            "image_cache_hits": encoder.cache.num_hits,
-        }
+        requests active and held for pulls, the KV slots, where the drafter's KV was found, the
+        tokens each expert took, and the images through the vision tower and those its encoder
+        cache saved (this rank's)."""
+        self._check_open()
+        return self._core.stats()
 
     def between_steps(self, fn: Callable[[], object]):
         """``fn()`` where no step runs: on the engine loop's thread while it runs, else here."""
         self._check_open()
-        if self._loop.running and not self._loop.on_loop_thread:
-            return self._loop.call(fn).result()
-        return fn()
+        return self._core.between_steps(fn)
 
     def generate(
         self,
@@ -321,7 +262,7 @@ class LLM:
             stop = job.tracker.consume()  # the output side: text, stop strings
             if stop is not None:
                 if not request.is_finished:
-                    self.executor.finish_request(request.request_id, FinishReason.STOP, stop)
+                    self._core.finish(request.request_id, FinishReason.STOP, stop)
                 elif request.finish_reason is FinishReason.LENGTH:  # the string came first
                     request.finish(FinishReason.STOP, stop)
             finished = finished or request.is_finished
@@ -329,7 +270,7 @@ class LLM:
                 reply = self.disaggregated.reply(request) if finished else None
                 on_update(job.tracker.output(finished, reply))
 
-        self._loop.submit(Submit(job.request, update, job.load_kv))
+        self._core.submit(Submit(job.request, update, job.load_kv))
 
     def _run(self, jobs: list[_Job]) -> list[RequestOutput]:
         """Run ``jobs`` to their end: on this thread, or through the engine loop's while it runs."""
@@ -343,18 +284,13 @@ class LLM:
 
         for job in jobs:
             self._dispatch(job, collect, final_only=True)
-        if not self._loop.running:
-            self._loop.run_until(done.is_set)
-        elif self._loop.on_loop_thread:
-            raise RuntimeError("LLM.generate cannot run inside an on_update callback")
-        else:
-            done.wait()
+        self._core.run_until(done)
         return [results[job.request.request_id] for job in jobs]
 
     def lost_rank(self) -> str | None:
         """With several ranks: which one's process is gone (None while all run). Every step
         then fails, ending its requests with an error: the LLM must be restarted."""
-        return None if self._followers is None else self._followers.lost()
+        return None if self._closed else self._core.lost_rank()
 
     def shutdown(self) -> None:
         """End the engine loop, free the KV cache and end the NIXL agent; with several ranks, stop
@@ -364,27 +300,7 @@ class LLM:
         if self._closed:
             return
         self._closed = True
-        if self._followers is not None:
-            stop_followers(self.lost_rank)
-        self._loop.shutdown()  # first: its thread is the one that talks to the other ranks
-        self.rank_executor.shutdown()
-        self.disaggregated.close()
-        if self._followers is not None:
-            shutdown_distributed()  # with the followers: NCCL's teardown waits for every rank
-            self._followers.stop()
-            self._followers = None
-            logger.set_rank(None)
-        self._release_device_memory()
-
-    def _release_device_memory(self) -> None:
-        """Drop every reference to the model and the executor, then give the allocator's cached
-        blocks back to the device."""
-        self.model = self.rank_executor = self.executor = self.kv_cache_manager = None
-        self._loop = None
-        gc.collect()  # (modules and executors reference each other)
-        if self.device.type == "cuda":
-            with torch.cuda.device(self.device):
-                torch.cuda.empty_cache()
+        self._core.shutdown()
 
     def _check_open(self) -> None:
         if self._closed:

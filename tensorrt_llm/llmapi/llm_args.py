@@ -164,6 +164,10 @@ class TorchLlmArgs(StrictBaseModel):
     # The overlap scheduler (upstream's key): the host schedules and prepares each step while the
     # device runs the one before; a stop then lands one step late (its extra token is dropped).
     disable_overlap_scheduler: bool = False
+    # The engine core (scheduler, KV, steps, ranks) in a process of its own, the front side
+    # (tokenizing, detokenizing, stop strings) in this one, joined by ZeroMQ: what trtllm-serve
+    # runs. False: the core runs on a thread of this process (offline use).
+    engine_process: bool = False
     # Ranks (one process and one GPU each) and how they split the work (upstream's keys): tensor
     # parallelism splits every layer's heads over them; with enable_attention_dp each rank runs
     # its own requests on replicated weights (see _torch/distributed/mapping.py).

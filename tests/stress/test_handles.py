@@ -17,7 +17,7 @@ from stress_helpers import assert_no_slot_in_use, kv_state
 
 from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
-from tensorrt_llm.evaluate.deployment import running
+from tensorrt_llm.evaluate.deployment import process_tree, running
 
 pytest.importorskip("nixl")
 pytestmark = pytest.mark.slow
@@ -184,13 +184,16 @@ def test_a_frozen_context_server_holds_up_only_the_requests_pulling_from_it(serv
         beside = pool.submit(stream)
         while not arrivals:
             time.sleep(0.05)
-        os.kill(ctx.pid, signal.SIGSTOP)
+        frozen = process_tree(ctx.pid)  # the server and its engine core's process
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
         try:
             start = time.monotonic()
             reply = generate(servers, "gen", params, auth)
             took = time.monotonic() - start
         finally:
-            os.kill(ctx.pid, signal.SIGCONT)
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
         beside.result(timeout=120)
     assert refused(reply, 502, "could not be pulled from the context server") and agent in str(
         reply.json()

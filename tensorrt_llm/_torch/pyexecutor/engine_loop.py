@@ -69,6 +69,9 @@ class EngineLoop:
     ) -> None:
         self.executor = executor
         self.housekeeping = housekeeping  # run every iteration (e.g. releasing pulled KV)
+        # run at the end of every iteration, after the callbacks (an engine process sends the
+        # step's outputs then, once for the whole batch)
+        self.flush: Callable[[], object] | None = None
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._watchers: dict[int, tuple[LlmRequest, Update]] = {}
         self._stop = threading.Event()
@@ -142,11 +145,12 @@ class EngineLoop:
                 command = None
         if self.executor.has_work:
             self._step()
-        if self.housekeeping is not None:
-            try:
-                self.housekeeping()
-            except Exception:
-                logger.error("engine housekeeping failed:\n%s", traceback.format_exc())
+        for hook in (self.housekeeping, self.flush):
+            if hook is not None:
+                try:
+                    hook()
+                except Exception:
+                    logger.error("engine hook %r failed:\n%s", hook, traceback.format_exc())
 
     def _apply(self, command: Command) -> None:
         match command:

@@ -1,0 +1,157 @@
+"""The engine core's process (``core_process.py`` starts it): build the ``EngineCore``, report
+ready, then apply the front's commands while the engine loop runs, and send each iteration's
+outputs once for the whole batch. It ends on ``shutdown`` or when the front's process is gone."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from concurrent.futures import Future
+
+import msgspec
+import zmq
+
+from tensorrt_llm._torch.distributed.ranks import request_from_json
+from tensorrt_llm._torch.pyexecutor.engine_loop import Submit
+from tensorrt_llm._torch.pyexecutor.llm_request import (
+    ErrorKind,
+    FinishReason,
+    LlmRequest,
+    stop_reason_to_json,
+)
+from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+from tensorrt_llm.logger import logger
+
+POLL_S = 0.5  # how often each side looks whether the other's process still runs
+encode = msgspec.msgpack.Encoder().encode
+decode = msgspec.msgpack.Decoder().decode
+
+
+class _Outputs:
+    """The core's side of the outputs socket: each request's changes since it was last sent,
+    gathered over one engine iteration and sent as one message (``flush``)."""
+
+    def __init__(self, socket: zmq.Socket) -> None:
+        self.socket = socket
+        self.reply = lambda request: None  # a finished request's disaggregated reply, if any
+        self.deltas: list = []
+        self.sent: dict[int, tuple[int, int]] = {}  # request id -> tokens, logprobs sent
+
+    def update(self, request: LlmRequest, finished: bool) -> None:
+        rid = request.request_id
+        tokens, logprobs = self.sent.get(rid, (0, 0))
+        finished = finished or request.is_finished
+        new_logprobs = request.py_logprobs[logprobs:]
+        reply = self.reply(request) if finished else None
+        self.deltas.append(
+            (
+                rid,
+                request.output_token_ids[tokens:],
+                [(lp, [list(pair) for pair in top]) for lp, top in new_logprobs] or None,
+                request.finish_reason.value if finished and request.finish_reason else None,
+                stop_reason_to_json(request.stop_reason) if finished else None,
+                request.num_decode_iterations,
+                request.num_accepted_draft_tokens,
+                request.admitted_at,
+                None if reply is None else reply.to_json(),
+            )
+        )
+        if finished:
+            self.sent.pop(rid, None)
+        else:
+            self.sent[rid] = (len(request.output_token_ids), len(request.py_logprobs))
+
+    def send(self, message: dict) -> None:
+        self.socket.send(encode(message))
+
+    def flush(self) -> None:
+        if self.deltas:
+            deltas, self.deltas = self.deltas, []
+            self.send({"op": "outputs", "deltas": deltas})
+
+
+def core_main(args_json: str, commands_path: str, outputs_path: str) -> None:
+    """The engine core's process: build, report ready, serve commands until ``shutdown`` or the
+    front's process is gone."""
+    from tensorrt_llm.llmapi.engine_core import EngineCore
+
+    parent = os.getppid()
+    context = zmq.Context()
+    outputs_socket = context.socket(zmq.PUSH)
+    outputs_socket.connect(outputs_path)
+    commands = context.socket(zmq.PULL)
+    commands.connect(commands_path)
+    outputs = _Outputs(outputs_socket)
+    try:
+        core = EngineCore(TorchLlmArgs.model_validate_json(args_json))
+    except BaseException:
+        outputs.send({"op": "failed", "error": traceback.format_exc()})
+        return
+    outputs.reply = core.disaggregated.reply
+    info = {
+        "kv_slots_per_rank": core.kv_cache_manager.get_max_resource_count(),
+        "dtype": str(core.dtype).removeprefix("torch."),
+        "kv_slots": core.kv_cache_manager.blocks_in_primary_pool,
+        "tokens_per_block": core.kv_cache_manager.tokens_per_block,
+    }
+    outputs.send({"op": "ready", "info": info})
+    core.loop.flush = outputs.flush  # every send from here on is on the loop's thread
+    core.loop.start()
+    told = False  # the front, of a lost rank
+    try:
+        while os.getppid() == parent:
+            if not commands.poll(int(POLL_S * 1000)):
+                lost = core.lost_rank()
+                if lost is not None and not told:
+                    told = True
+                    core.loop.call(lambda lost=lost: outputs.send({"op": "lost", "reason": lost}))
+                continue
+            message = decode(commands.recv())
+            if message["op"] == "shutdown":
+                break
+            _apply_command(core, outputs, message)
+    finally:
+        core.shutdown()
+        outputs.send({"op": "closed"})
+        outputs_socket.close(linger=1000)
+        commands.close(linger=0)
+        context.term()
+
+
+def _apply_command(core, outputs: _Outputs, message: dict) -> None:
+    match message["op"]:
+        case "submit":
+            try:
+                request = request_from_json(message["request"])
+            except Exception as exc:  # (the front checked it: a mismatch of the two sides)
+                logger.error("a submitted request could not be read: %s", exc)
+                return
+            load_kv = None
+            if message["disagg"] is not None:
+                try:  # (checked by the front: here the pull is made ready)
+                    load_kv = core.disaggregated.prepare(request, message["disagg"])
+                except Exception as exc:
+                    kind = (
+                        ErrorKind.INVALID_REQUEST
+                        if isinstance(exc, ValueError)
+                        else ErrorKind.ENGINE_FAULT
+                    )
+                    request.fail(kind, str(exc))
+                    outputs.update(request, True)
+                    return
+            core.loop.submit(Submit(request, outputs.update, load_kv))
+        case "cancel":
+            core.cancel(message["request_id"])
+        case "finish":
+            rid, reason, stop = message["request_id"], message["reason"], message["stop"]
+            core.loop.call(lambda: core.finish(rid, FinishReason(reason), stop))
+        case "call":
+            call_id, fn = message["call_id"], getattr(core, f"_{message['name']}")
+
+            def answer(future: Future) -> None:  # (on the loop's thread, between steps)
+                error = future.exception()
+                value = None if error is not None else future.result()
+                text = None if error is None else f"{type(error).__name__}: {error}"
+                outputs.send({"op": "reply", "call_id": call_id, "value": value, "error": text})
+
+            core.loop.call(fn).add_done_callback(answer)

@@ -1,0 +1,189 @@
+"""EngineCore: what runs requests behind ``LLM``: the ranks (rank 0 here, the others as child
+processes), their executors, the engine loop and the KV transceiver.
+
+``LLM`` holds one in its own process by default (offline use); ``trtllm-serve`` runs one in a
+process of its own (``core_process.py``), which holds an ``EngineCore`` the same way. Everything
+the front side needs from it goes through the calls below: requests in (``submit``, ``cancel``,
+``finish``), a step's outputs out (each request's ``on_update``), and read-outs taken between steps
+(``kv_cache_report``, ``stats``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import threading
+from collections.abc import Callable
+
+import torch
+
+from tensorrt_llm._torch.distributed.communicator import init_distributed, shutdown_distributed
+from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
+from tensorrt_llm._torch.distributed.ranks import TensorParallelLeader, stop_followers
+from tensorrt_llm._torch.pyexecutor.engine_loop import EngineLoop, Submit
+from tensorrt_llm._torch.pyexecutor.executor import Executor
+from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
+from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
+from tensorrt_llm.llmapi.disaggregated import DisaggregatedServing
+from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+from tensorrt_llm.llmapi.workers import Followers, build_rank, join_ranks, rank_device
+from tensorrt_llm.logger import logger
+
+
+class EngineCore:
+    def __init__(self, args: TorchLlmArgs) -> None:
+        """Build every rank of ``args`` (resolved: a model and an attention backend)."""
+        self.args = args
+        self.mapping = args.mapping()
+        self.device = rank_device(args.device, self.mapping)
+        self._followers: Followers | None = None
+        if self.mapping.world_size > 1:  # ranks 1..N-1 in child processes; this one is rank 0
+            logger.set_rank(0)
+            self._followers = Followers(args, self.mapping)
+        try:
+            if self._followers is not None:
+                self._followers.wait("joining")
+                init_distributed(self.mapping, self._followers.init_method, self.device.type)
+            engine = build_rank(args, self.mapping)
+            if self._followers is not None:
+                self._followers.wait("ready")
+                join_ranks(engine, self.mapping)
+        except BaseException:
+            if self._followers is not None:
+                self._followers.kill()
+                shutdown_distributed()
+            raise
+        self.dtype = engine.dtype
+        self.config = engine.config
+        self.model = engine.model
+        self.tokenizer = engine.tokenizer
+        self.max_seq_len = engine.max_seq_len
+        self.rank_executor: PyExecutor = engine.executor  # this rank's
+        self.executor: Executor = engine.executor
+        if self.mapping.enable_attention_dp and self.mapping.world_size > 1:
+            self.executor = AttentionDpExecutor(engine.executor, self.mapping, self.lost_rank)
+        elif self.mapping.world_size > 1:
+            self.executor.rank_sync = TensorParallelLeader(self.lost_rank)
+        self.kv_cache_manager = self.executor.kv_cache_manager
+        self.loop = EngineLoop(self.executor)
+        self.disaggregated = DisaggregatedServing(
+            engine.transceiver, self.executor, self.rank_executor, self.mapping, self.between_steps
+        )
+        if self.disaggregated.enabled:  # between steps, free the KV generation servers pulled
+            self.loop.housekeeping = self.disaggregated.release_pulled
+        self.kv_slots = self.kv_cache_manager.blocks_in_primary_pool
+        self.tokens_per_block = self.kv_cache_manager.tokens_per_block
+        self.closed = False
+
+    # ---- requests --------------------------------------------------------------------------------
+    def submit(self, command: Submit) -> None:
+        """Start a validated request on the engine loop (its thread starts with the first)."""
+        self.loop.start()
+        self.loop.submit(command)
+
+    def cancel(self, request_id: int) -> None:
+        self.loop.cancel(request_id)
+
+    def finish(self, request_id: int, reason: FinishReason, stop_reason: str) -> None:
+        """End a request the output side stopped (a stop string); from an ``on_update`` only."""
+        self.executor.finish_request(request_id, reason, stop_reason)
+
+    def run_until(self, done: threading.Event) -> None:
+        """Wait for ``done``: stepping on this thread while no loop thread runs."""
+        if not self.loop.running:
+            self.loop.run_until(done.is_set)
+        elif self.loop.on_loop_thread:
+            raise RuntimeError("LLM.generate cannot run inside an on_update callback")
+        else:
+            done.wait()
+
+    def between_steps(self, fn: Callable[[], object]):
+        """``fn()`` where no step runs: on the engine loop's thread while it runs, else here."""
+        if self.loop.running and not self.loop.on_loop_thread:
+            return self.loop.call(fn).result()
+        return fn()
+
+    # ---- read-outs ---------------------------------------------------------------------------------
+    def kv_cache_report(self) -> dict:
+        """Every KV manager's slot counts, checked with ``check_integrity()``, and the requests
+        active and held for pulls (between steps)."""
+        return self.between_steps(self._kv_cache_report)
+
+    def _kv_cache_report(self) -> dict:
+        out = {}
+        for kind, manager in self.executor.resource_manager.kv_cache_managers.items():
+            manager.check_integrity()
+            stats = manager.get_kv_cache_stats()
+            out[kind.value] = {
+                "free": stats.num_free_slots,
+                "used": stats.num_used_slots,
+                "cached": stats.num_cached_slots,
+                "live_requests": stats.num_live_sequences,
+            }
+        out["held_for_transfer"] = len(self.executor.disagg.held)
+        out["active_requests"] = len(self.executor.active)
+        return out
+
+    def stats(self) -> dict:
+        """The executor's counts, the KV slots, the draft KV mode, the experts' tokens and the
+        images (between steps; ``LLM.get_stats``)."""
+        return self.between_steps(self._stats)
+
+    def _stats(self) -> dict:
+        executor = self.executor
+        kv = self.kv_cache_manager.get_kv_cache_stats()
+        worker = executor.spec_worker
+        encoder = self.rank_executor.model_engine.encoder  # (this rank's images)
+        return {
+            **dataclasses.asdict(executor.stats),
+            "avg_decoded_tokens_per_iter": executor.stats.avg_decoded_tokens_per_iter,
+            "active_requests": len(executor.active),
+            "held_for_transfer": len(executor.disagg.held),
+            "kv_free_slots": kv.num_free_slots,
+            "kv_used_slots": kv.num_used_slots,
+            "kv_cached_slots": kv.num_cached_slots,
+            "kv_reused_blocks": kv.num_reused_blocks,
+            "kv_total_slots": self.kv_cache_manager.blocks_in_primary_pool,
+            "speculative": worker is not None,
+            "draft_kv_mode": worker.draft_kv_mode if worker is not None else None,
+            # per expert, the (token, choice) slots routed to it (every rank's tokens), and
+            # the expert groups that split them (``moe_expert_parallel_size``)
+            "expert_tokens": executor.expert_tokens(),
+            "moe_ep_size": self.mapping.moe_ep_size,
+            "images_encoded": encoder.cache.num_encoded if encoder is not None else 0,
+            "image_cache_hits": encoder.cache.num_hits if encoder is not None else 0,
+        }
+
+    def _held_slots(self) -> int:
+        return self.disaggregated.held_slots()
+
+    def _release_pulled(self) -> int:
+        return self.disaggregated.release_pulled()
+
+    def lost_rank(self) -> str | None:
+        """With several ranks: which one's process is gone (None while all run)."""
+        return None if self._followers is None else self._followers.lost()
+
+    # ---- lifetime ----------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop the loop and the other ranks, free the KV, end the NIXL agent, leave
+        torch.distributed, then give the device memory back (once; later calls do nothing)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._followers is not None:
+            stop_followers(self.lost_rank)
+        self.loop.shutdown()  # first: its thread is the one that talks to the other ranks
+        self.rank_executor.shutdown()
+        self.disaggregated.close()
+        if self._followers is not None:
+            shutdown_distributed()  # with the followers: NCCL's teardown waits for every rank
+            self._followers.stop()
+            self._followers = None
+            logger.set_rank(None)
+        self.model = self.rank_executor = self.executor = self.kv_cache_manager = None
+        self.loop = None
+        gc.collect()  # (modules and executors reference each other)
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):
+                torch.cuda.empty_cache()
