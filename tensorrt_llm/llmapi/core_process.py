@@ -116,6 +116,9 @@ class CoreProcess:
         raise RuntimeError(f"the engine core was not ready in {READY_TIMEOUT_S} s")
 
     # ---- requests ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """(The core's loop runs from the start, in its process.)"""
+
     def submit(self, command: Submit) -> None:
         request = command.request
         if request.sampling_params.return_generation_logits:

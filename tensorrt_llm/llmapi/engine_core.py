@@ -76,9 +76,13 @@ class EngineCore:
         self.closed = False
 
     # ---- requests --------------------------------------------------------------------------------
-    def submit(self, command: Submit) -> None:
-        """Start a validated request on the engine loop (its thread starts with the first)."""
+    def start(self) -> None:
+        """Run the engine loop on a thread of its own from now on (``LLM.submit``; until then
+        ``run_until`` steps on the caller's thread)."""
         self.loop.start()
+
+    def submit(self, command: Submit) -> None:
+        """Queue a validated request for the engine loop."""
         self.loop.submit(command)
 
     def cancel(self, request_id: int) -> None:

@@ -126,6 +126,7 @@ class LLM:
         that touched it, the last time with ``output.finished``. A request that cannot run raises
         ``ValueError`` or ``TypeError`` here, naming what is wrong, and takes nothing."""
         job = self._prepare(request)
+        self._core.start()
         self._dispatch(job, on_update)
         return job.request.request_id
 

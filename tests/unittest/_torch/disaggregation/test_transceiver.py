@@ -218,7 +218,11 @@ def test_a_read_nixl_cannot_cancel_keeps_what_it_writes_until_it_ends(monkeypatc
     sender, receiver = receiving_pair("parked")
     handle = sender.export(0, hold_s=30.0)
     agent, in_flight = receiver.agent, {"left": 3}
-    state, release = agent.check_xfer_state, agent.release_xfer_handle
+    state, release, start = agent.check_xfer_state, agent.release_xfer_handle, agent.transfer
+
+    def transfer(xfer):  # (a READ over loopback may end before the call returns)
+        started = start(xfer)
+        return "PROC" if in_flight["left"] else started
 
     def check_state(xfer):
         if in_flight["left"]:
@@ -231,6 +235,7 @@ def test_a_read_nixl_cannot_cancel_keeps_what_it_writes_until_it_ends(monkeypatc
             raise RuntimeError("NIXL_ERR_REPOST_ACTIVE")
         release(xfer)
 
+    monkeypatch.setattr(agent, "transfer", transfer)
     monkeypatch.setattr(agent, "check_xfer_state", check_state)
     monkeypatch.setattr(agent, "release_xfer_handle", release_unless_in_flight)
     pull = receiver.pull_steps(0, handle, num_blocks=3)

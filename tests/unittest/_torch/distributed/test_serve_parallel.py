@@ -65,14 +65,20 @@ def test_tp2_and_adp2_servers_answer_as_one_rank(tmp_path):
         assert procs[name].returncode == 0, servers.log(name)[-2000:]
 
 
+def spawned(pid: int) -> list[int]:
+    """The processes ``pid`` started with multiprocessing's spawn."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
 def test_a_server_that_loses_a_rank_says_so_instead_of_hanging(tmp_path):
     with running(tmp_path) as servers:
         servers.start("tp2", ["--tp_size", "2", "--device", "cpu"])
         servers.wait_healthy()
         url, pid = servers.urls["tp2"], servers.procs["tp2"].pid
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        (rank1,) = [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
-        os.kill(int(rank1), signal.SIGKILL)
+        (core,) = spawned(pid)  # the engine core's process, and rank 1 under it
+        (rank1,) = spawned(core)
+        os.kill(rank1, signal.SIGKILL)
         deadline = time.time() + 10
         while httpx.get(url + "/health").status_code == 200 and time.time() < deadline:
             time.sleep(0.1)
