@@ -41,13 +41,12 @@ class _Outputs:
         rid = request.request_id
         tokens, logprobs = self.sent.get(rid, (0, 0))
         finished = finished or request.is_finished
-        new_logprobs = request.py_logprobs[logprobs:]
         reply = self.reply(request) if finished else None
         self.deltas.append(
             (
                 rid,
                 request.output_token_ids[tokens:],
-                [(lp, [list(pair) for pair in top]) for lp, top in new_logprobs] or None,
+                request.py_logprobs[logprobs:] or None,  # (tuples go as msgpack arrays)
                 request.finish_reason.value if finished and request.finish_reason else None,
                 stop_reason_to_json(request.stop_reason) if finished else None,
                 request.num_decode_iterations,
