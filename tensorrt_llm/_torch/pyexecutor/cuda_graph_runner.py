@@ -1,16 +1,17 @@
 """CUDAGraphRunner: generation-only steps replayed from CUDA graphs, one per batch-size bucket.
 
 A step whose batch is all generation requests, each with ``1 + max_draft_len`` input tokens, runs
-as one graph: the target forward, the logits, the tokens, and with one-model Eagle3 the greedy
-accept and the whole draft chain (``Eagle3OneModelWorker.decode``, the eager step's code). A
-batch may sample (temperature, top-k, top-p, seeds: per-row buffers, its own graph per bucket):
+as one graph of the step program every step runs (``step_program.run_step``, on the bucket's
+``StepInputs``): the target forward, the logits, the tokens, and with one-model Eagle3 the accept
+and the whole draft chain. A batch may sample (temperature, top-k, top-p, seeds: per-row buffers, its own graph per bucket):
 target-only through ``sampler.sample``, Eagle3 by rejection sampling against the drafter's q,
 which stays on the device (``DraftProbStore``, its slots per row an input of the bucket).
 Penalties and logit bias apply inside the graph too, from counts kept on the device
 (``LogitsState``). Prefill, mixed batches and a batch larger than every bucket run eagerly.
 
 Per bucket of ``B`` sequences the runner owns the step's device inputs for the bucket's life: the
-token ids and each sequence's first position (one host-to-device copy per step), and two metadata
+token ids, each sequence's first position and the rows' values (``step_inputs.bucket_inputs``: one
+host-to-device copy per dtype and step), and two metadata
 objects (the step's and the draft chain's) whose buffers never move. Before each replay the host
 copies the batch's block tables into them (``rebind``; the draft manager's only where the
 drafter's backend reads it); inside the graph the positions and lengths are derived on the device
@@ -38,22 +39,22 @@ from tqdm import tqdm
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
-from tensorrt_llm._torch.pyexecutor.graph_bucket import Bucket, GraphStep, addresses
+from tensorrt_llm._torch.pyexecutor.graph_bucket import Bucket, addresses
 from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens
-from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState, PenaltyRows, draft_pairs
+from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
-from tensorrt_llm._torch.pyexecutor.sampler import (
-    host_rows,
-    logprobs_top,
-    sample,
-    uses_top_k,
-)
+from tensorrt_llm._torch.pyexecutor.sampler import uses_top_k
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+from tensorrt_llm._torch.pyexecutor.step_inputs import (
+    RowLayout,
+    bucket_inputs,
+    logprobs_top,
+    write_bucket,
+)
+from tensorrt_llm._torch.pyexecutor.step_program import StepOutputs, run_step
 from tensorrt_llm._torch.pyexecutor.token_feed import on_device
 from tensorrt_llm.logger import logger
-from tensorrt_llm.runtime.staging import PinnedStaging
-from tensorrt_llm.sampling_params import MAX_LOGPROBS
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
@@ -119,7 +120,12 @@ class CUDAGraphRunner:
     @property
     def inputs_pinned(self) -> bool:
         """Every bucket's inputs went up from pinned memory (a pageable copy waits for the device)."""
-        bufs = [s.buffer for b in self._buckets.values() for s in b.staging if s.buffer is not None]
+        bufs = [
+            s.buffer
+            for b in self._buckets.values()
+            for s in b.inputs.staging
+            if s.buffer is not None
+        ]
         return bool(bufs) and all(x.is_pinned() for x in bufs)
 
     def bucket_size(self, batch: ScheduledRequests) -> int | None:
@@ -142,9 +148,10 @@ class CUDAGraphRunner:
         return size
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledRequests, batch_size: int) -> GraphStep:
+    def run(self, batch: ScheduledRequests, batch_size: int) -> tuple[torch.Tensor, DeviceTokens]:
         """Run ``batch`` in bucket ``batch_size`` (``bucket_size``): write its inputs, then replay
-        its graph (or, without ``capture``, run the step's ops on the bucket's buffers)."""
+        its graph (or, without ``capture``, run the step program on the bucket's tensors).
+        Returns the batch's logits rows and tokens (views: the next replay rewrites them)."""
         requests = batch.generation_requests
         pad = batch_size - len(requests)
         request_ids = [r.request_id for r in requests] + [PADDING_REQUEST_ID] * pad
@@ -152,7 +159,7 @@ class CUDAGraphRunner:
         bucket = self._buckets.get(key) or self._new_bucket(request_ids, key)
         self._write_inputs(bucket, batch, request_ids)
         if not self.options.capture:
-            bucket.outputs = self._step(bucket)
+            bucket.outputs = self._run_step(bucket)
         else:
             if addresses(bucket, self._store, self._logits_state) != bucket.addresses:
                 raise RuntimeError(
@@ -160,7 +167,11 @@ class CUDAGraphRunner:
                 )
             bucket.graph.replay()
         self.num_replays += 1
-        return self._result(bucket, batch)
+        out = bucket.outputs.first(len(requests))
+        rows = list(range(len(requests)))
+        return out.logits, DeviceTokens(
+            rows, out.tokens, out.num_accepted, out.drafts, out.logprobs
+        )
 
     @staticmethod
     def _key(batch: ScheduledRequests, batch_size: int) -> tuple[int, int, bool]:
@@ -193,7 +204,8 @@ class CUDAGraphRunner:
             if key not in self._buckets:
                 request_ids = [PADDING_REQUEST_ID] * key[0]
                 bucket = self._new_bucket(request_ids, key)
-                self._write_padding(bucket, request_ids)
+                write_bucket(bucket.inputs, [], self._logits_state, self._store)  # padding rows
+                self._rebind(bucket, request_ids)
                 self._capture(bucket)
         logger.info(
             "captured %d CUDA graphs (batch sizes %s; greedy, top-p and top-k sampling; with and "
@@ -208,11 +220,12 @@ class CUDAGraphRunner:
         device, width, batch_size = self.engine.device, self.tokens_per_seq, len(request_ids)
         _, mode, extras = key
         sampled = mode != GREEDY
-        per_row = width + 1 + (3 + (self.spec_worker is not None) if sampled else 0)
-        size = batch_size * per_row
-        inputs = torch.zeros(size, dtype=torch.long, device=device)
-        floats = torch.zeros(2 * batch_size, device=device) if sampled else None
-        staging = tuple(PinnedStaging() for _ in range(4))
+        layout = RowLayout(sampled, sampled and self.spec_worker is not None, extras)
+        if extras:
+            self._logits_state.allocate()  # (padding and plain rows read its zero scratch row)
+        inputs = bucket_inputs(
+            batch_size, self.max_draft_len, layout, mode == TOP_K, extras, device
+        )
 
         def metadata(seq_len: int) -> AttentionMetadata:
             return AttentionMetadata(
@@ -227,72 +240,24 @@ class CUDAGraphRunner:
             )
 
         chain_md = metadata(1) if self.spec_worker is not None else None
-        bucket = Bucket(
-            batch_size,
-            inputs,
-            metadata(width),
-            chain_md,
-            float_inputs=floats,
-            staging=staging,
-            uses_top_k=mode == TOP_K,
-            top_logprobs=MAX_LOGPROBS if extras else None,
-        )
-        if extras:
-            self._logits_state.allocate()  # (padding and plain rows read its zero scratch row)
-            bucket.penalty_slots = torch.zeros(batch_size, dtype=torch.long, device=device)
-            bucket.penalties = torch.zeros(2, batch_size, device=device)
-        self._buckets[key] = bucket
+        bucket = self._buckets[key] = Bucket(inputs, metadata(width), chain_md)
         return bucket
 
     def _write_inputs(
         self, bucket: Bucket, batch: ScheduledRequests, request_ids: list[int]
     ) -> None:
-        """The batch's tokens and first positions in one host-to-device copy; the block tables
-        (and the draft manager's, where the drafter reads it) into the bucket's buffers."""
+        """The batch's tokens, first positions and rows (``step_inputs.write_bucket``); the
+        tokens of requests fed from the launched step not yet read; the block tables (and the
+        draft manager's, where the drafter reads it) into the bucket's metadata."""
         requests = batch.generation_requests
-        pad = bucket.batch_size - len(requests)
-        tokens = [t for r in requests for t in (r.get_tokens()[-1], *r.py_draft_tokens)]
-        tokens += [0] * (pad * self.tokens_per_seq)
-        tokens += [r.get_num_tokens() - 1 for r in requests] + [0] * pad
-        if bucket.sampled:  # padded rows: greedy
-            floats, ints = host_rows(requests)
-            tokens += [v for row in ints for v in row + [0] * pad]
-            if self.spec_worker is not None:
-                store = self.spec_worker.draft_probs
-                tokens += store.slots(requests) + [store.scratch] * pad
-            values = [
-                v for row, fill in zip(floats, (0.0, 1.0), strict=True) for v in row + [fill] * pad
-            ]
-            bucket.staging[1].upload(bucket.float_inputs, torch.tensor(values, dtype=torch.float32))
-        bucket.staging[0].upload(bucket.inputs, torch.tensor(tokens, dtype=torch.long))
-        if bucket.penalties is not None:  # padded rows: the scratch slot, no penalty
-            slots = self._logits_state.slots(requests) + [self._logits_state.scratch] * pad
-            bucket.staging[2].upload(bucket.penalty_slots, torch.tensor(slots, dtype=torch.long))
-            values = [
-                [float(getattr(r.sampling_params, name) or 0.0) for r in requests] + [0.0] * pad
-                for name in ("presence_penalty", "frequency_penalty")
-            ]
-            bucket.staging[3].upload(bucket.penalties, torch.tensor(values, dtype=torch.float32))
+        write_bucket(bucket.inputs, requests, self._logits_state, self._store)
         fed = [i for i, r in enumerate(requests) if batch.pending_tokens(r)]
         if fed:  # from the launched step not yet read: the tokens, and the positions moved
+            step = bucket.inputs.step
             ids, advance = batch.feed.take([requests[i].request_id for i in fed])
-            slots = on_device(fed, bucket.inputs.device)
-            bucket.input_ids.view(bucket.batch_size, -1)[slots] = ids
-            bucket.first_positions[slots] += advance
-        self._rebind(bucket, request_ids)
-
-    def _write_padding(self, bucket: Bucket, request_ids: list[int]) -> None:
-        """Inputs of padding rows only (greedy, no penalty), for a capture at start-up."""
-        bucket.inputs.zero_()  # token 0 at position 0; top-k 0, seed 0, counter 0
-        if bucket.sampled:
-            temperature, top_p = bucket.float_inputs.view(2, -1)
-            temperature.zero_()  # greedy
-            top_p.fill_(1.0)
-            if self.spec_worker is not None:
-                bucket.slots.fill_(self._store.scratch)
-        if bucket.penalties is not None:
-            bucket.penalty_slots.fill_(self._logits_state.scratch)
-            bucket.penalties.zero_()
+            slots = on_device(fed, step.input_ids.device)
+            step.input_ids.view(bucket.batch_size, -1)[slots] = ids
+            step.first_positions[slots] += advance
         self._rebind(bucket, request_ids)
 
     def _rebind(self, bucket: Bucket, request_ids: list[int]) -> None:
@@ -303,50 +268,16 @@ class CUDAGraphRunner:
             self.spec_worker.prefetch_draft_table(bucket.md, draft_manager)
             bucket.chain_md.rebind(request_ids, copied_from=bucket.md)
 
-    def _step(self, bucket: Bucket) -> tuple[torch.Tensor, ...]:
-        """The captured work: device tensors in, device tensors out."""
-        engine, md = self.engine, bucket.md
-        md.place(bucket.first_positions)
-        hidden, captured = engine.model(
-            bucket.input_ids, attn_metadata=md, capture_layers=engine.capture_layers
+    def _run_step(self, bucket: Bucket) -> StepOutputs:
+        """The captured work: ``run_step`` on the bucket's tensors."""
+        return run_step(
+            self.engine,
+            bucket.inputs.step,
+            bucket.md,
+            logits_state=self._logits_state,
+            spec_worker=self.spec_worker,
+            chain_md=bucket.chain_md,
         )
-        logits = engine.model.compute_logits(hidden)
-        if bucket.penalties is not None:
-            self._adjust(bucket, logits)
-        if self.spec_worker is None:
-            tokens = sample(logits, bucket.sampling()) if bucket.sampled else logits.argmax(-1)
-            outputs = (tokens.view(bucket.batch_size, 1),)
-        else:
-            st, slots = (bucket.sampling(), bucket.slots) if bucket.sampled else (None, None)
-            outputs = self.spec_worker.decode(
-                bucket.input_ids, logits, captured, md, bucket.chain_md, st, slots
-            )
-        if bucket.penalties is not None:  # the tokens just made count from the next step on
-            spec = self.spec_worker is not None
-            made = outputs[1] + 1 if spec else torch.ones_like(outputs[0][:, 0])
-            self._logits_state.record(bucket.penalty_slots, outputs[0], made)
-        if bucket.top_logprobs is None:
-            return logits, *outputs
-        with_logprobs = DeviceTokens(list(range(bucket.batch_size)), outputs[0])
-        with_logprobs.with_logprobs(logits, bucket.top_logprobs)
-        return logits, *outputs, *with_logprobs.logprobs
-
-    def _adjust(self, bucket: Bucket, logits: torch.Tensor) -> None:
-        """Penalties and bias, in place: ``T`` rows per sequence, each counting the drafts
-        ahead of it (``logits_processing``)."""
-        num_seqs, width = bucket.batch_size, self.tokens_per_seq
-        device = logits.device
-        pairs = draft_pairs(
-            bucket.input_ids.view(num_seqs, width)[:, 1:],
-            torch.full((num_seqs,), width - 1, device=device),
-            torch.arange(num_seqs, device=device) * width,
-        )
-        rows = PenaltyRows(
-            bucket.penalty_slots.repeat_interleave(width),
-            *bucket.penalties.repeat_interleave(width, dim=1),
-            *pairs,
-        )
-        self._logits_state.adjust(logits, rows)
 
     @property
     def _logits_state(self) -> LogitsState:
@@ -356,22 +287,11 @@ class CUDAGraphRunner:
         stream = torch.cuda.Stream(self.engine.device)
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # compiles the kernels (padding rows: the scratch slots)
-            self._step(bucket)
+            self._run_step(bucket)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            bucket.outputs = self._step(bucket)
+            bucket.outputs = self._run_step(bucket)
         bucket.graph, bucket.addresses = graph, addresses(bucket, self._store, self._logits_state)
         graph.replay()
         self.num_captures += 1
-
-    def _result(self, bucket: Bucket, batch: ScheduledRequests) -> GraphStep:
-        """The bucket's outputs, for the batch's rows (views: the next replay rewrites them)."""
-        n, width = len(batch.generation_requests), self.tokens_per_seq
-        logits, target, *spec = bucket.outputs
-        logprobs = None
-        if bucket.top_logprobs is not None:
-            spec, logprobs = spec[:-3], tuple(t[:n] for t in spec[-3:])
-        tokens = DeviceTokens(list(range(n)), target[:n], *(t[:n] for t in spec))
-        tokens.logprobs = logprobs
-        return GraphStep(logits[: n * width], [width] * n, tokens)

@@ -18,8 +18,6 @@ import torch
 
 from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest, LlmRequestState
-from tensorrt_llm._torch.pyexecutor.nucleus import row_logprobs
-from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, sample, token_logprobs
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 from tensorrt_llm._torch.pyexecutor.token_feed import TokenFeed
 from tensorrt_llm._torch.speculative.interface import StepTokens
@@ -36,26 +34,8 @@ class DeviceTokens:
     num_accepted: torch.Tensor | None = None  # [n]
     drafts: torch.Tensor | None = None  # [n, K]
     # each token's logprob [n, T] and the ``top`` most likely [n, T, top] (values, ids), computed
-    # on the device from the step's logits (``with_logprobs``)
+    # on the device from the step's logits (``step_program.token_logprobs``)
     logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-
-    def with_logprobs(self, logits: torch.Tensor, top: int) -> None:
-        """The logprobs of every token of the rows (``logits [n * T, V]``, row-major), queued
-        now: the logits may be rewritten before the step is read."""
-        n, width = self.tokens.shape
-        if n == 0:  # no row made a token (a prompt's chunk that does not finish it)
-            return
-        rows = logits[: n * width]
-        # log-softmax keeps the order: the top logits and the chosen ones are read in their own
-        # dtype, then moved by each row's log-sum-exp
-        lse, values, ids = row_logprobs(rows, top)
-        chosen = rows.view(n, width, -1).gather(-1, self.tokens[..., None])[..., 0].float()
-        lse = lse.view(n, width)
-        self.logprobs = (
-            chosen - lse,
-            (values - lse.view(-1, 1)).view(n, width, top),
-            ids.view(n, width, top),
-        )
 
     def feed(self, batch: ScheduledRequests) -> TokenFeed:
         requests = batch.all_requests
@@ -129,16 +109,6 @@ class DeviceTokens:
         return StepTokens(new_tokens, next_drafts, accepted)
 
 
-def sample_target(
-    requests: list[LlmRequest], logits: torch.Tensor, num_logits: list[int]
-) -> DeviceTokens:
-    """Target-only decoding: one token per request that produced logits, drawn on the device
-    for the whole batch (``sampler.sample``)."""
-    sampled = [i for i, n in enumerate(num_logits) if n]
-    st = SamplingTensors.of([requests[i] for i in sampled], logits.device)
-    return DeviceTokens(sampled, sample(logits, st)[:, None])
-
-
 @dataclass
 class LaunchedStep:
     """A scheduled batch whose step is queued: its logits rows, its tokens on the device, and
@@ -146,8 +116,7 @@ class LaunchedStep:
 
     batch: ScheduledRequests
     decoding: list[bool]  # per request: a generation step (its acceptance counts)
-    logits: torch.Tensor
-    num_logits: list[int]
+    logits: torch.Tensor  # [n * T, V]: each row's positions (``step_inputs``)
     device_tokens: DeviceTokens
     host_tokens: StepTokens | None = field(init=False, default=None)  # once read
     # the next step may launch before this one is read (its logits stay valid, its tokens feed)
@@ -162,6 +131,13 @@ class LaunchedStep:
 
     def __post_init__(self) -> None:
         self._host, self._event = self.device_tokens.to_host()
+
+    def row_logits(self, index: int) -> torch.Tensor | None:
+        """``[T, V]`` the logits of the batch's ``index``-th request's row (None: it has none)."""
+        rows = self.device_tokens.rows
+        if index not in rows:
+            return None
+        return self.logits.view(len(rows), -1, self.logits.shape[-1])[rows.index(index)]
 
     def holds(self, request: LlmRequest) -> bool:
         return any(r is request for r in self.batch.all_requests)
@@ -194,25 +170,19 @@ def apply_tokens(
     """Emit a read step's tokens to its ``live`` requests (not those ended while it ran): each
     token in turn until one ends the request, with its logprobs and logits where asked; then the
     acceptance counts and the next drafts."""
-    row = 0
     for i, req in enumerate(step.batch.all_requests):
-        rows = step.logits[row : row + step.num_logits[i]]
-        row += step.num_logits[i]
         new = tokens.new_tokens[i]
         if not new or req not in live:
             continue
         req.state = LlmRequestState.GENERATION_IN_PROGRESS
         params = req.sampling_params
-        top = params.logprobs
-        if top is None:
-            logprobs = None
-        elif step.logprobs is not None:  # computed on the device: this request's top of them
+        top, logprobs = params.logprobs, None
+        if top is not None:  # computed on the device: this request's top of them
             logprobs = [(lp, pairs[:top]) for lp, pairs in step.logprobs[i][: len(new)]]
-        else:
-            logprobs = token_logprobs(rows[: len(new)], new, top)
+        rows = step.row_logits(i) if params.return_generation_logits else None
         emitted = 0
         for j, token in enumerate(new):
-            if params.return_generation_logits:
+            if rows is not None:
                 req.py_generation_logits.append(rows[j].cpu())
             if logprobs is not None:
                 req.py_logprobs.append(logprobs[j])

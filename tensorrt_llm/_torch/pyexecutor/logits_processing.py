@@ -30,6 +30,7 @@ from tensorrt_llm._torch.pyexecutor.resource_manager import BaseResourceManager
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+    from tensorrt_llm._torch.pyexecutor.step_inputs import StepInputs
 
 
 @dataclass
@@ -134,32 +135,6 @@ class LogitsState(BaseResourceManager):
         logits.view(-1).scatter_add_(0, flat, delta.to(logits.dtype))
 
     @torch.inference_mode()  # the logits are inference tensors
-    def adjust_step(
-        self, requests: Sequence[LlmRequest], logits: torch.Tensor, num_logits: list[int]
-    ) -> list[int] | None:
-        """An eager step's logits (``num_logits`` rows per request, in batch order) in place;
-        returns each request's slot, or None (nothing done) when no request has penalties or
-        bias."""
-        if not any(r.sampling_params.processes_logits for r in requests):
-            return None
-        slots = self.slots(requests)
-        self.adjust(logits, penalty_rows(requests, num_logits, slots, logits.device))
-        return slots
-
-    @torch.inference_mode()  # the logits are inference tensors
-    def record_step(self, tokens, slots: list[int]) -> None:
-        """Count an eager step's tokens (a ``DeviceTokens``: its rows are batch indices)."""
-        if not tokens.rows:
-            return
-        device = tokens.tokens.device
-        rows = torch.tensor([slots[i] for i in tokens.rows], dtype=torch.long).to(device)
-        if tokens.num_accepted is None:
-            num_new = torch.ones(len(tokens.rows), dtype=torch.long, device=device)
-        else:
-            num_new = tokens.num_accepted + 1
-        self.record(rows, tokens.tokens, num_new)
-
-    @torch.inference_mode()  # the logits are inference tensors
     def record(self, slots: torch.Tensor, tokens: torch.Tensor, num_new: torch.Tensor) -> None:
         """Count each row's first ``num_new [n]`` of ``tokens [n, T]`` into its slot (the scratch
         slot's counts are never read with a nonzero penalty)."""
@@ -184,33 +159,14 @@ def draft_pairs(drafts: torch.Tensor, num_drafts: torch.Tensor, first_row: torch
     return (first_row[:, None] + j[None, :]).flatten(), drafts[:, d].flatten(), counts.flatten()
 
 
-def penalty_rows(
-    requests: Sequence[LlmRequest], num_logits: list[int], slots: list[int], device: torch.device
-) -> PenaltyRows:
-    """An eager step's rows (``num_logits`` per request, in batch order; ``slots`` per request
-    from ``LogitsState.slots``), its draft pairs from each generation request's drafts."""
-    row_slots, presence, frequency = [], [], []
-    pairs: list[tuple[int, int, int]] = []
-    row = 0
-    for req, n, slot in zip(requests, num_logits, slots, strict=True):
-        params = req.sampling_params
-        row_slots += [slot] * n
-        presence += [float(params.presence_penalty or 0.0)] * n
-        frequency += [float(params.frequency_penalty or 0.0)] * n
-        drafts = list(req.py_draft_tokens[: n - 1]) if n > 1 else []
-        for j in range(1, len(drafts) + 1):
-            ahead = drafts[:j]
-            pairs += [(row + j, t, ahead.count(t)) for t in dict.fromkeys(ahead)]
-        row += n
-    floats = torch.tensor([presence, frequency], dtype=torch.float32).to(device)
-    pair_rows, pair_tokens, pair_counts = torch.tensor(
-        [list(column) for column in zip(*pairs)] if pairs else [[], [], []], dtype=torch.long
-    ).to(device)
+def step_penalty_rows(inputs: StepInputs) -> PenaltyRows:
+    """A step's ``n * T`` logits rows as ``adjust`` sees them: each row's slot and penalties
+    repeated over its ``T`` positions, and the pairs of its drafts (``draft_pairs``)."""
+    n, width, penalties = inputs.num_rows, inputs.width, inputs.penalties
+    first_row = torch.arange(n, device=inputs.drafts.device) * width
     return PenaltyRows(
-        torch.tensor(row_slots, dtype=torch.long).to(device),
-        floats[0],
-        floats[1],
-        pair_rows,
-        pair_tokens,
-        pair_counts.float(),
+        penalties.slots.repeat_interleave(width),
+        penalties.presence.repeat_interleave(width),
+        penalties.frequency.repeat_interleave(width),
+        *draft_pairs(inputs.drafts, inputs.num_drafts, first_row),
     )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
@@ -11,20 +9,6 @@ from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.multimodal import MultimodalEncoder
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 from tensorrt_llm._torch.pyexecutor.token_feed import on_device
-
-
-@dataclass
-class ForwardOutput:
-    """Logits of the rows the sampler needs, in batch order: the last prompt token of each context
-    request that finishes its prompt this step, then every input token of each generation request
-    (its last token and its drafts). ``num_logits[i]`` rows belong to the i-th request of the batch."""
-
-    logits: torch.Tensor  # [num_rows, vocab]
-    num_logits: list[int]
-    hidden_states: torch.Tensor  # [num_tokens, hidden], every input token
-    attn_metadata: AttentionMetadata
-    captured: list[torch.Tensor]
-
 
 ENCODER_CACHE_TOKENS = 32768  # image tokens whose embeddings stay cached for reuse
 
@@ -67,18 +51,17 @@ class PyTorchModelEngine:
         for module in self._moe:
             module.routed.zero_()
 
-    def build_inputs(
-        self, batch: ScheduledRequests
-    ) -> tuple[torch.Tensor, AttentionMetadata, list[int]]:
+    def build_inputs(self, batch: ScheduledRequests) -> tuple[torch.Tensor, AttentionMetadata]:
+        """An eager step's token ids on the device and its metadata: each prompt's chunk, then
+        each generation request's last token and drafts."""
         tokens: list[int] = []
-        seq_lens, cached, num_logits = [], [], []
+        seq_lens, cached = [], []
         for req in batch.context_requests:
             start = req.context_current_position
             chunk = req.prompt_token_ids[start : start + req.context_chunk_size]
             tokens += chunk
             seq_lens.append(len(chunk))
             cached.append(start)
-            num_logits.append(1 if req.is_last_context_chunk else 0)
         fed: list[int] = []  # requests whose inputs come from the launched step not yet read
         fed_at: list[int] = []  # where their inputs start
         for req in batch.generation_requests:
@@ -90,7 +73,6 @@ class PyTorchModelEngine:
             tokens += step
             seq_lens.append(len(step))
             cached.append(req.get_num_tokens() - 1 + pending)
-            num_logits.append(len(step))
         metadata = AttentionMetadata(
             kv_cache_manager=self.kv_cache_manager,
             request_ids=[r.request_id for r in batch.all_requests],
@@ -108,31 +90,12 @@ class PyTorchModelEngine:
             if ids.shape[1] != 1:
                 raise RuntimeError("an eager step takes one fed token per request (target-only)")
             input_ids[on_device(fed_at, input_ids.device)] = ids[:, 0]
-        return input_ids, metadata, num_logits
+        self.num_context_tokens_computed += sum(seq_lens[: metadata.num_contexts])
+        return input_ids, metadata
 
-    @torch.inference_mode()
-    def forward(self, batch: ScheduledRequests) -> ForwardOutput:
-        input_ids, metadata, num_logits = self.build_inputs(batch)
-        self.num_context_tokens_computed += sum(metadata.seq_lens[: metadata.num_contexts])
-        extra = {}
-        if self.encoder is not None and batch.context_requests:
-            self.encoder.prepare(batch.context_requests)
-            extra["multimodal"] = self.encoder.rows(batch.context_requests)
-        hidden, captured = self.model(
-            input_ids, attn_metadata=metadata, capture_layers=self.capture_layers, **extra
-        )
-        logits = self.model.compute_logits(hidden[self.logits_rows(metadata, num_logits)])
-        return ForwardOutput(logits, num_logits, hidden, metadata, captured)
-
-    def logits_rows(self, metadata: AttentionMetadata, num_logits: list[int]) -> torch.Tensor:
-        """The token rows that get logits (the last ``num_logits[i]`` of sequence ``i``), derived
-        on the device from the query offsets: only the counts cross from the host."""
-        counts = self.buffers.put("num_logits", torch.tensor(num_logits), torch.long)  # [num_seqs]
-        ends = metadata.cu_seqlens_q[1:].long()
-        total = sum(num_logits)
-        seq = torch.repeat_interleave(  # [total]: each row's sequence
-            torch.arange(len(num_logits), device=counts.device), counts, output_size=total
-        )
-        first_of_seq = torch.cumsum(counts, 0) - counts  # row index where each sequence's begin
-        index = torch.arange(total, device=counts.device)
-        return (ends - counts)[seq] + index - first_of_seq[seq]
+    def forward_extra(self, batch: ScheduledRequests) -> dict:
+        """What the model's forward takes beside the tokens for this batch: its images' rows."""
+        if self.encoder is None or not batch.context_requests:
+            return {}
+        self.encoder.prepare(batch.context_requests)
+        return {"multimodal": self.encoder.rows(batch.context_requests)}

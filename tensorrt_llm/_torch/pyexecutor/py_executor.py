@@ -6,14 +6,16 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import torch
+
 from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv
 from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats, RankSync
 from tensorrt_llm._torch.pyexecutor.fault_isolation import FaultIsolation, describe
 from tensorrt_llm._torch.pyexecutor.launched_step import (
+    DeviceTokens,
     LaunchedStep,
     apply_tokens,
     check_stop,
-    sample_target,
 )
 from tensorrt_llm._torch.pyexecutor.llm_request import (
     ErrorKind,
@@ -24,13 +26,14 @@ from tensorrt_llm._torch.pyexecutor.llm_request import (
 )
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
-from tensorrt_llm._torch.pyexecutor.sampler import logprobs_top
 from tensorrt_llm._torch.pyexecutor.scheduler import (
     GuaranteedNoEvictScheduler,
     ScheduledRequests,
     admit,
     owed_to_admitted,
 )
+from tensorrt_llm._torch.pyexecutor.step_inputs import StepInputsBuilder
+from tensorrt_llm._torch.pyexecutor.step_program import run_step
 from tensorrt_llm.logger import logger
 
 if TYPE_CHECKING:
@@ -58,6 +61,12 @@ class PyExecutor:
         self.resource_manager = resource_manager
         self.scheduler = scheduler
         self.max_seq_len = max_seq_len
+        self._inputs = StepInputsBuilder(  # an eager step's inputs
+            model_engine.device,
+            spec_worker.max_draft_len if spec_worker is not None else 0,
+            resource_manager.get_resource_manager(ResourceManagerType.LOGITS_STATE),
+            spec_worker.draft_probs if spec_worker is not None else None,
+        )
         self.active: list[LlmRequest] = []
         self.disagg = DisaggCoordinator(resource_manager)  # held KV, and requests pulling theirs
         self._admitted: set[int] = set()
@@ -272,10 +281,11 @@ class PyExecutor:
         )
         self.stats.num_overlapped_steps += len(self._unread) > 1
         self.stats.num_context_tokens_computed = self.model_engine.num_context_tokens_computed
-        for req, n in zip(batch.all_requests, self._unread[-1].num_logits, strict=True):
+        made = set(self._unread[-1].device_tokens.rows)  # the requests that make a token
+        for i, req in enumerate(batch.all_requests):
             if req.is_context_init_state:  # what the host knows of the step before it runs
                 req.context_current_position += req.context_chunk_size
-            if n:
+            if i in made:
                 req.num_sampling_steps += 1  # the next step's random numbers are new
                 if not req.context_only:
                     req.state = LlmRequestState.GENERATION_IN_PROGRESS
@@ -355,43 +365,34 @@ class PyExecutor:
         elif not self.disagg.drop_loading(req.request_id):  # (a READ into it may still run)
             self.resource_manager.free_resources(req)
 
+    @torch.inference_mode()
     def _forward(self, batch: ScheduledRequests) -> LaunchedStep:
-        """One forward (a CUDA graph replay when the runner takes the batch) and its tokens,
-        queued on the device."""
+        """One step (a CUDA graph replay when the runner takes the batch, else ``run_step`` on
+        the batch's inputs), queued on the device."""
         decoding = [r.state is LlmRequestState.GENERATION_IN_PROGRESS for r in batch.all_requests]
         runner = self.cuda_graph_runner
         bucket = runner.bucket_size(batch) if runner is not None else None
-        top_logprobs = logprobs_top(batch.all_requests)
         exchange = self.model_engine.exchange
         if exchange is not None and not exchange.graphs:  # as the ranks agreed: eagerly
             bucket = None
         if bucket is not None:
-            # logprobs inside the graph: the next replay rewrites the bucket's logits
-            graph = runner.run(batch, bucket)
+            logits, tokens = runner.run(batch, bucket)
             # generation logits are copied from the bucket's at the read: read before a replay
             keeps_logits = any(
                 r.sampling_params.return_generation_logits for r in batch.all_requests
             )
-            return LaunchedStep(
-                batch,
-                decoding,
-                graph.logits,
-                graph.num_logits,
-                device_tokens=graph.tokens,
-                overlappable=self.overlap and not keeps_logits,
-            )
-        output = self.model_engine.forward(batch)
-        logits, num_logits = output.logits, output.num_logits
-        state = self.resource_manager.get_resource_manager(ResourceManagerType.LOGITS_STATE)
-        slots = state.adjust_step(batch.all_requests, logits, num_logits) if state else None
-        if self.spec_worker is not None:  # logprobs from the logits rows, at the read
-            tokens = self.spec_worker.launch(batch, output)
-        else:
-            tokens = sample_target(batch.all_requests, logits, num_logits)
-            if top_logprobs is not None:
-                tokens.with_logprobs(logits, top_logprobs)
-        if slots is not None:  # the penalties' counts, on the device
-            state.record_step(tokens, slots)
-        return LaunchedStep(
-            batch, decoding, logits, num_logits, device_tokens=tokens, overlappable=self.overlap
+            overlappable = self.overlap and not keeps_logits
+            return LaunchedStep(batch, decoding, logits, tokens, overlappable=overlappable)
+        engine = self.model_engine
+        input_ids, md = engine.build_inputs(batch)
+        inputs = self._inputs.build(batch, input_ids, md.seq_lens)
+        out = run_step(
+            engine,
+            inputs,
+            md,
+            logits_state=self._inputs.logits_state,
+            spec_worker=self.spec_worker,
+            **engine.forward_extra(batch),
         )
+        tokens = DeviceTokens(inputs.rows, out.tokens, out.num_accepted, out.drafts, out.logprobs)
+        return LaunchedStep(batch, decoding, out.logits, tokens, overlappable=self.overlap)

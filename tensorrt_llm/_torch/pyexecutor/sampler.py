@@ -70,14 +70,6 @@ class SamplingTensors:
     # (host) some row has a top-k: ``sample`` sorts; otherwise it draws by ``nucleus`` rejection
     uses_top_k: bool = True
 
-    @classmethod
-    def of(cls, requests: Sequence[LlmRequest], device: torch.device) -> SamplingTensors:
-        floats, ints = host_rows(requests)
-        host = torch.tensor(floats, dtype=torch.float32).to(device, non_blocking=True)
-        ints = torch.tensor(ints, dtype=torch.long).to(device, non_blocking=True)
-        greedy = all(r.sampling_params.greedy for r in requests)
-        return cls(host[0], ints[0], host[1], ints[1], ints[2], greedy, uses_top_k(requests))
-
     def select(self, rows: slice) -> SamplingTensors:
         """These rows only."""
         return SamplingTensors(
@@ -107,27 +99,6 @@ class SamplingTensors:
 def uses_top_k(requests: Sequence[LlmRequest]) -> bool:
     """Whether a sampled request of these has a top-k (its batch's draws sort)."""
     return any(not r.sampling_params.greedy and r.sampling_params.top_k for r in requests)
-
-
-def logprobs_top(requests: Sequence[LlmRequest]) -> int | None:
-    """The most top logprobs any of ``requests`` asks for (0: each token's own), None when none
-    asks for logprobs."""
-    if all(r.sampling_params.logprobs is None for r in requests):
-        return None
-    return max(r.sampling_params.logprobs or 0 for r in requests)
-
-
-def host_rows(requests: Sequence[LlmRequest]) -> tuple[list[list[float]], list[list[int]]]:
-    """The requests' sampling rows on the host: ``[temperature, top_p]`` and ``[top_k, seed,
-    counter]``, one column per request (``LlmRequest.sampling_row``, checked when it was made)."""
-    rows = [r.sampling_row for r in requests]
-    floats = [[row.temperature for row in rows], [row.top_p for row in rows]]
-    ints = [
-        [row.top_k for row in rows],
-        [row.seed for row in rows],
-        [r.num_sampling_steps * COUNTER_STRIDE for r in requests],
-    ]
-    return floats, ints
 
 
 def filtered_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
@@ -197,17 +168,3 @@ def sample(logits: torch.Tensor, st: SamplingTensors, lane: int = LANE_TOKEN) ->
     index = torch.minimum(torch.searchsorted(cum, target, right=True), last)
     drawn = order.gather(1, index).squeeze(-1)
     return torch.where(st.temperature > 0, drawn, greedy)
-
-
-def token_logprobs(
-    rows: torch.Tensor, tokens: list[int], top: int
-) -> list[tuple[float, list[tuple[int, float]]]]:
-    """Per token, its log-probability under its row of logits and the ``top`` most likely (tokens,
-    log-probabilities): one softmax and one copy to the host for the request's step."""
-    logprobs = torch.log_softmax(rows.float(), dim=-1)
-    chosen = logprobs.gather(1, torch.tensor(tokens, device=rows.device)[:, None])[:, 0].tolist()
-    values, ids = torch.topk(logprobs, top, dim=-1)
-    return [
-        (lp, list(zip(i, v, strict=True)))
-        for lp, i, v in zip(chosen, ids.tolist(), values.tolist(), strict=True)
-    ]

@@ -62,20 +62,20 @@ class OracleDrafts(Eagle3OneModelWorker):
     draft corrupted, so acceptance, bonus tokens and rewinds all happen."""
 
     reference: dict[int, list[int]] = {}
+    executor = None  # whose active requests the rows are
 
     @torch.inference_mode()
-    def launch(self, batch, out):
-        step = super().launch(batch, out)
-        accepted = step.num_accepted.tolist()
-        for r, i in enumerate(step.rows):
-            req = batch.all_requests[i]
-            ref = self.reference[req.request_id]
-            done = len(req.output_token_ids) + accepted[r] + 1
+    def step(self, inputs, logits, captured, md, chain_md=None):
+        tokens, accepted, drafts = super().step(inputs, logits, captured, md, chain_md)
+        active = {r.request_id: r for r in self.executor.active}
+        for r, (request_id, n) in enumerate(zip(inputs.request_ids, accepted.tolist())):
+            ref = self.reference[request_id]
+            done = len(active[request_id].output_token_ids) + n + 1
             proposal = ref[done : done + self.max_draft_len]
             corrupted = [t if (done + k) % 3 else (t + 1) % 40 for k, t in enumerate(proposal)]
             if corrupted:
-                step.drafts[r, : len(corrupted)] = torch.tensor(corrupted)
-        return step
+                drafts[r, : len(corrupted)] = torch.tensor(corrupted)
+        return tokens, accepted, drafts
 
 
 @pytest.mark.parametrize("mode", ["unified", "separate"])
@@ -86,6 +86,7 @@ def test_accepted_drafts_keep_the_output_identical_and_raise_al(spec_checkpoints
     llm = make(spec_checkpoints, mode)
     worker = llm.executor.spec_worker
     worker.__class__ = OracleDrafts
+    OracleDrafts.executor = llm.executor
     OracleDrafts.reference = {i: ref for i, ref in enumerate(expected)}  # request ids count from 0
     got = llm.generate(prompts, params)
     assert tokens(got) == expected

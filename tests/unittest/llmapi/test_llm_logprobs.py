@@ -109,7 +109,13 @@ def test_bad_penalties_are_refused(params, message):
 
 def test_each_verify_row_counts_the_drafts_before_it():
     from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
-    from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
+    from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState, step_penalty_rows
+    from tensorrt_llm._torch.pyexecutor.step_inputs import (
+        RowLayout,
+        StepInputs,
+        row_values,
+        row_views,
+    )
 
     params = SamplingParams(frequency_penalty=1.0, presence_penalty=0.5, logit_bias={0: 2.0})
     req = LlmRequest(request_id=1, prompt_token_ids=[9], max_new_tokens=8, sampling_params=params)
@@ -119,7 +125,12 @@ def test_each_verify_row_counts_the_drafts_before_it():
         [3, 3],
     )
     logits = torch.zeros(3, 5)
-    LogitsState(2, 5, torch.device("cpu")).adjust_step([req], logits, [3])
+    state, layout = LogitsState(2, 5, torch.device("cpu")), RowLayout(penalties=True)
+    ints, floats = row_values([req], 0, layout, state, None)
+    _, _, penalties = row_views(torch.tensor(ints), torch.tensor(floats), 1, layout)
+    drafts = torch.tensor([req.py_draft_tokens])
+    inputs = StepInputs(torch.zeros(0), drafts, torch.tensor([2]), [0], penalties=penalties)
+    state.adjust(logits, step_penalty_rows(inputs))
     assert logits.tolist() == [
         [2.0, -1.5, -1.5, 0.0, 0.0],  # after the output [1, 2]
         [2.0, -1.5, -1.5, -1.5, 0.0],  # and the first draft

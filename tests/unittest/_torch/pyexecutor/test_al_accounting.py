@@ -36,7 +36,7 @@ def update(req: LlmRequest, tokens: list[int], num_accepted: int) -> SimpleNames
     device_tokens = DeviceTokens(
         [0], torch.tensor([tokens]), torch.tensor([num_accepted]), torch.tensor([[13, 14, 15]])
     )
-    step = LaunchedStep(batch, [True], logits, [len(tokens)], device_tokens)
+    step = LaunchedStep(batch, [True], logits, device_tokens)
     apply_tokens(step, step.read(), [req], stats, 1024)
     return stats
 

@@ -88,16 +88,16 @@ def test_a_step_that_raises_ends_only_its_batch_and_frees_every_slot(executor, m
     first = request(0)
     executor.enqueue_request(first)
     engine = executor.model_engine
-    original = engine.forward
+    original = engine.build_inputs
 
     def broken(batch):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(engine, "forward", broken)
+    monkeypatch.setattr(engine, "build_inputs", broken)
     with pytest.raises(RuntimeError, match="device lost"):
         executor.step()
     assert first.finish_reason is FinishReason.ERROR and used_slots(executor) == 0
-    monkeypatch.setattr(engine, "forward", original)
+    monkeypatch.setattr(engine, "build_inputs", original)
     second = request(1)
     executor.enqueue_request(second)
     while executor.has_work:

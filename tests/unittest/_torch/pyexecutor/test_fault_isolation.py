@@ -53,7 +53,7 @@ def run(executor, requests) -> None:
 def poison(executor, monkeypatch, request_id: int, after_steps: int = 0) -> None:
     """From its ``after_steps``-th step on, any step that holds ``request_id`` raises."""
     engine = executor.model_engine
-    original, seen = engine.forward, {"steps": 0}
+    original, seen = engine.build_inputs, {"steps": 0}
 
     def forward(batch):
         if any(r.request_id == request_id for r in batch.all_requests):
@@ -62,7 +62,7 @@ def poison(executor, monkeypatch, request_id: int, after_steps: int = 0) -> None
                 raise RuntimeError("kernel cannot take this shape\nsecond line")
         return original(batch)
 
-    monkeypatch.setattr(engine, "forward", forward)
+    monkeypatch.setattr(engine, "build_inputs", forward)
 
 
 def used_slots(executor) -> int:
@@ -125,14 +125,14 @@ def test_a_batch_that_fails_for_its_size_is_held_to_half_of_it(model, monkeypatc
     assert run(make(model, False), want) == 0
     executor, got = make(model, False), batch()
     engine = executor.model_engine
-    original = engine.forward
+    original = engine.build_inputs
 
     def forward(step):  # a step of more than two requests runs out of memory
         if step.batch_size > 2:
             raise RuntimeError("out of memory")
         return original(step)
 
-    monkeypatch.setattr(engine, "forward", forward)
+    monkeypatch.setattr(engine, "build_inputs", forward)
     assert run(executor, got) == 0  # every request ran alone once, then two at a time
     assert executor.isolation.cap == 2 and executor.isolation.num_failed_alone == 0
     assert [r.output_token_ids for r in got] == [r.output_token_ids for r in want]

@@ -5,11 +5,12 @@ over the requests computes them; the counts follow the tokens each step records.
 import torch
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
-from tensorrt_llm._torch.pyexecutor.logits_processing import (
-    LogitsState,
-    PenaltyRows,
-    draft_pairs,
-    penalty_rows,
+from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState, step_penalty_rows
+from tensorrt_llm._torch.pyexecutor.step_inputs import (
+    RowLayout,
+    StepInputs,
+    row_values,
+    row_views,
 )
 from tensorrt_llm.sampling_params import SamplingParams
 
@@ -37,51 +38,56 @@ def reference(req: LlmRequest, rows: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def step_inputs(requests: list[LlmRequest], state: LogitsState, width: int) -> StepInputs:
+    """A step's rows for ``requests`` (each of ``width`` positions), their penalties' values
+    through the builder's columns, as an eager step has them."""
+    k, n, layout = width - 1, len(requests), RowLayout(penalties=True)
+    drafts = [list(r.py_draft_tokens) + [0] * (k - len(r.py_draft_tokens)) for r in requests]
+    ints, floats = row_values(requests, 0, layout, state, None)
+    _, _, penalties = row_views(torch.tensor(ints), torch.tensor(floats), n, layout)
+    return StepInputs(
+        input_ids=torch.zeros(0, dtype=torch.long),
+        drafts=torch.tensor(drafts, dtype=torch.long).view(n, k),
+        num_drafts=torch.tensor([len(r.py_draft_tokens) for r in requests]),
+        rows=list(range(n)),
+        penalties=penalties,
+    )
+
+
 def test_each_row_moves_as_a_loop_over_the_requests_computes():
     requests = [
         request(0, [4, 4, 7], [4, 9, 9], presence_penalty=1.5, frequency_penalty=0.25),
-        request(1, [2], [], logit_bias={3: 5.0, 11: -2.0}),  # a prompt's first row: no drafts
+        request(1, [2], [], logit_bias={3: 5.0, 11: -2.0}),  # a prompt's row: no drafts
         request(2, [5], [8, 1, 3]),  # neither: the scratch slot
         request(3, [], [6, 6, 6], presence_penalty=2.0, logit_bias={6: 1.0}),
     ]
-    num_logits = [4, 1, 4, 4]
     state = LogitsState(4, VOCAB, torch.device("cpu"))
-    logits = torch.randn(sum(num_logits), VOCAB)
-    want = torch.cat(
-        [reference(r, logits[s : s + n]) for r, s, n in zip(requests, [0, 4, 5, 9], num_logits)]
-    )
-    slots = state.slots(requests)
+    logits = torch.randn(16, VOCAB)
+    want = torch.cat([reference(r, logits[4 * i : 4 * i + 4]) for i, r in enumerate(requests)])
+    inputs = step_inputs(requests, state, 4)
+    slots = inputs.penalties.slots.tolist()
     assert slots[2] == state.scratch and len(set(slots)) == 4
     got = logits.clone()
-    state.adjust(got, penalty_rows(requests, num_logits, slots, torch.device("cpu")))
+    state.adjust(got, step_penalty_rows(inputs))
     torch.testing.assert_close(got, want)
 
 
-def test_the_device_pairs_match_the_host_ones_and_the_counts_follow_the_steps():
+def test_one_position_rows_and_the_counts_follow_the_steps():
     requests = [
-        request(0, [4], [4, 9, 9], presence_penalty=1.0, frequency_penalty=0.5),
-        request(1, [1, 1], [2, 3, 2], frequency_penalty=1.0, logit_bias={0: 3.0}),
+        request(0, [4], [], presence_penalty=1.0, frequency_penalty=0.5),
+        request(1, [1, 1], [], frequency_penalty=1.0, logit_bias={0: 3.0}),
     ]
     state = LogitsState(2, VOCAB, torch.device("cpu"))
-    slots = state.slots(requests)
-    logits = torch.randn(8, VOCAB)
-    host = logits.clone()
-    state.adjust(host, penalty_rows(requests, [4, 4], slots, torch.device("cpu")))
-    drafts = torch.tensor([r.py_draft_tokens for r in requests])
-    pairs = draft_pairs(drafts, torch.tensor([3, 3]), torch.tensor([0, 4]))
-    device = logits.clone()
-    rows = PenaltyRows(
-        torch.tensor(slots).repeat_interleave(4),
-        torch.tensor([1.0, 0.0]).repeat_interleave(4),
-        torch.tensor([0.5, 1.0]).repeat_interleave(4),
-        *pairs,
-    )
-    state.adjust(device, rows)
-    torch.testing.assert_close(device, host)
-    # the step made [4, 9] (one draft accepted) and [2, 3, 2, 5] (all three and the bonus)
-    state.record(
-        torch.tensor(slots), torch.tensor([[4, 9, 0, 0], [2, 3, 2, 5]]), torch.tensor([2, 4])
-    )
+    inputs = step_inputs(requests, state, 1)  # without speculation: no drafts, one position
+    logits = torch.randn(2, VOCAB)
+    got = logits.clone()
+    state.adjust(got, step_penalty_rows(inputs))
+    want = torch.cat([reference(r, logits[i : i + 1]) for i, r in enumerate(requests)])
+    torch.testing.assert_close(got, want)
+    slots = inputs.penalties.slots
+    # an Eagle3 step made [4, 9] (one draft accepted) and [2, 3, 2, 5] (all three and the bonus)
+    state.record(slots, torch.tensor([[4, 9, 0, 0], [2, 3, 2, 5]]), torch.tensor([2, 4]))
+    slots = slots.tolist()
     assert (
         state.counts[slots[0]].tolist()
         == torch.bincount(torch.tensor([4, 4, 9]), minlength=VOCAB).tolist()

@@ -149,7 +149,7 @@ def test_a_step_that_always_raises_ends_every_request_and_frees_every_slot(model
     def broken(batch):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(engine, "forward", broken)
+    monkeypatch.setattr(engine, "build_inputs", broken)
     executor.step()  # the batch failed: each of its requests runs again alone
     assert executor.isolation.suspects == {first.request_id, second.request_id}
     for _ in range(2):  # and fails alone
