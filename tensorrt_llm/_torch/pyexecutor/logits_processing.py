@@ -30,7 +30,6 @@ from tensorrt_llm._torch.pyexecutor.resource_manager import BaseResourceManager
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
-    from tensorrt_llm._torch.pyexecutor.step_inputs import StepInputs
 
 
 @dataclass
@@ -157,16 +156,3 @@ def draft_pairs(drafts: torch.Tensor, num_drafts: torch.Tensor, first_row: torch
     ahead = same.to(torch.float32).cumsum(dim=2)  # [n, K, K]: [.., d, c] occurrences in 0..c
     counts = ahead[:, d, j - 1] * first[:, d]  # (j >= 1 for every pair)
     return (first_row[:, None] + j[None, :]).flatten(), drafts[:, d].flatten(), counts.flatten()
-
-
-def step_penalty_rows(inputs: StepInputs) -> PenaltyRows:
-    """A step's ``n * T`` logits rows as ``adjust`` sees them: each row's slot and penalties
-    repeated over its ``T`` positions, and the pairs of its drafts (``draft_pairs``)."""
-    n, width, penalties = inputs.num_rows, inputs.width, inputs.penalties
-    first_row = torch.arange(n, device=inputs.drafts.device) * width
-    return PenaltyRows(
-        penalties.slots.repeat_interleave(width),
-        penalties.presence.repeat_interleave(width),
-        penalties.frequency.repeat_interleave(width),
-        *draft_pairs(inputs.drafts, inputs.num_drafts, first_row),
-    )

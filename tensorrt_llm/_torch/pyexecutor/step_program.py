@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
-from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState, step_penalty_rows
+from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState, PenaltyRows, draft_pairs
 from tensorrt_llm._torch.pyexecutor.nucleus import row_logprobs
 from tensorrt_llm._torch.pyexecutor.sampler import sample
 from tensorrt_llm._torch.pyexecutor.step_inputs import StepInputs
@@ -104,4 +104,17 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> Logp
         chosen - lse,
         (values - lse.view(-1, 1)).view(n, width, top),
         ids.view(n, width, top),
+    )
+
+
+def step_penalty_rows(inputs: StepInputs) -> PenaltyRows:
+    """A step's ``n * T`` logits rows as ``adjust`` sees them: each row's slot and penalties
+    repeated over its ``T`` positions, and the pairs of its drafts (``draft_pairs``)."""
+    n, width, penalties = inputs.num_rows, inputs.width, inputs.penalties
+    first_row = torch.arange(n, device=inputs.drafts.device) * width
+    return PenaltyRows(
+        penalties.slots.repeat_interleave(width),
+        penalties.presence.repeat_interleave(width),
+        penalties.frequency.repeat_interleave(width),
+        *draft_pairs(inputs.drafts, inputs.num_drafts, first_row),
     )

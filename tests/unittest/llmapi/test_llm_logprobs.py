@@ -109,13 +109,14 @@ def test_bad_penalties_are_refused(params, message):
 
 def test_each_verify_row_counts_the_drafts_before_it():
     from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
-    from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState, step_penalty_rows
+    from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
     from tensorrt_llm._torch.pyexecutor.step_inputs import (
         RowLayout,
         StepInputs,
         row_values,
         row_views,
     )
+    from tensorrt_llm._torch.pyexecutor.step_program import step_penalty_rows
 
     params = SamplingParams(frequency_penalty=1.0, presence_penalty=0.5, logit_bias={0: 2.0})
     req = LlmRequest(request_id=1, prompt_token_ids=[9], max_new_tokens=8, sampling_params=params)

@@ -5,13 +5,14 @@ over the requests computes them; the counts follow the tokens each step records.
 import torch
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
-from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState, step_penalty_rows
+from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
 from tensorrt_llm._torch.pyexecutor.step_inputs import (
     RowLayout,
     StepInputs,
     row_values,
     row_views,
 )
+from tensorrt_llm._torch.pyexecutor.step_program import step_penalty_rows
 from tensorrt_llm.sampling_params import SamplingParams
 
 VOCAB = 12
