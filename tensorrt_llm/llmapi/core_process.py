@@ -31,7 +31,7 @@ from concurrent.futures import Future
 import torch.multiprocessing as mp
 import zmq
 
-from tensorrt_llm._torch.distributed.ranks import request_to_json
+from tensorrt_llm._torch.executors.ranks import request_to_json
 from tensorrt_llm._torch.models.checkpoint import load_config
 from tensorrt_llm._torch.pyexecutor.engine_loop import Submit, Update
 from tensorrt_llm._torch.pyexecutor.llm_request import (

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 import msgspec
 import zmq
 
-from tensorrt_llm._torch.distributed.ranks import request_from_json
+from tensorrt_llm._torch.executors.ranks import request_from_json
 from tensorrt_llm._torch.pyexecutor.engine_loop import Submit
 from tensorrt_llm._torch.pyexecutor.llm_request import (
     ErrorKind,

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import torch
 
 from tensorrt_llm._torch.distributed.communicator import init_distributed, shutdown_distributed
-from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
-from tensorrt_llm._torch.distributed.ranks import TensorParallelLeader, stop_followers
+from tensorrt_llm._torch.executors.data_parallel import AttentionDpExecutor
+from tensorrt_llm._torch.executors.ranks import TensorParallelLeader, stop_followers
 from tensorrt_llm._torch.pyexecutor.engine_loop import EngineLoop, Submit
 from tensorrt_llm._torch.pyexecutor.executor import Executor
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason

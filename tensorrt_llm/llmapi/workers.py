@@ -20,9 +20,9 @@ import torch.multiprocessing as mp
 from tensorrt_llm._torch.disaggregation.parallel import connect_ranks, hold_in_step, in_lockstep
 from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
 from tensorrt_llm._torch.distributed.communicator import init_distributed, shutdown_distributed
-from tensorrt_llm._torch.distributed.data_parallel import ProgressReporter
 from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.distributed.ranks import follow
+from tensorrt_llm._torch.executors.data_parallel import ProgressReporter
+from tensorrt_llm._torch.executors.ranks import follow
 from tensorrt_llm._torch.models.checkpoint import load_config, load_model
 from tensorrt_llm._torch.models.registry import ModelConfig
 from tensorrt_llm._torch.pyexecutor._util import create_py_executor

@@ -11,6 +11,20 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "tensorrt_llm"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
+# Folders from the bottom up: a module imports nothing from a layer above its own. A folder belongs
+# to the layer of its longest prefix here; the package's root modules (logger, sampling_params,
+# bundled, ...) are everyone's and in no layer.
+FOLDER_ORDER = [
+    # storage, pinned staging, collectives and ``Mapping``
+    ("tensorrt_llm.runtime", "tensorrt_llm._torch.distributed"),
+    # one rank's engine: models, kernels, the step, KV, speculation, disaggregation
+    ("tensorrt_llm._torch",),
+    ("tensorrt_llm.inputs",),  # prompts and images as the engine takes them
+    ("tensorrt_llm._torch.executors",),  # several ranks kept in step
+    ("tensorrt_llm.llmapi",),
+    ("tensorrt_llm.serve",),
+    ("tensorrt_llm.commands",),
+]
 
 
 def module_name(path: Path) -> str:
@@ -71,6 +85,33 @@ def test_the_cycle_finder_finds_a_circle_and_accepts_a_tree():
 
 def test_no_import_circles_among_package_modules():
     assert find_cycle(import_graph()) is None
+
+
+def layer(module: str) -> int | None:
+    """``module``'s layer in ``FOLDER_ORDER`` (its longest prefix there), or None."""
+    best, found = -1, None
+    for i, prefixes in enumerate(FOLDER_ORDER):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), i
+    return found
+
+
+def test_the_layer_of_a_module_is_its_longest_prefix():
+    assert layer("tensorrt_llm._torch.distributed.mapping") == 0
+    assert layer("tensorrt_llm._torch.pyexecutor.py_executor") == 1
+    assert layer("tensorrt_llm._torch.executors.ranks") == 3
+    assert layer("tensorrt_llm.sampling_params") is None
+
+
+def test_folders_import_downward_only():
+    upward = [
+        f"{name} -> {dep}"
+        for name, deps in import_graph().items()
+        for dep in deps
+        if layer(name) is not None and layer(dep) is not None and layer(dep) > layer(name)
+    ]
+    assert upward == []
 
 
 def test_the_runtime_never_imports_the_user_layer():

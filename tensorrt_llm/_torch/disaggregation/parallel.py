@@ -10,7 +10,7 @@
 - A generation-only request runs on every tensor-parallel rank (each pulls its heads) or on one
   attention-DP rank. Tensor-parallel ranks admit it inside a step only, pull, then agree: if one
   rank's pull failed, the request fails on every rank, and only rank 0 talks to the context server.
-  (The commands that carry releases and generation-only requests are ``distributed/ranks.py``'s.)
+  (The commands that carry releases and generation-only requests are ``executors/ranks.py``'s.)
 """
 
 from __future__ import annotations

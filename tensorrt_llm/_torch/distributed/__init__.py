@@ -1,6 +1,6 @@
-"""Several ranks, one process each: the ``Mapping`` that describes them, the collectives the model
-calls (``torch.distributed``; NCCL on GPUs, gloo on the CPU) and the control plane that keeps the
-ranks' executors in step."""
+"""Several ranks, one process each: the ``Mapping`` that describes them and the collectives the
+model and the control plane call (``torch.distributed``; NCCL on GPUs, gloo on the CPU). The
+executors that keep the ranks in step are ``_torch/executors``'."""
 
 from tensorrt_llm._torch.distributed.mapping import Mapping
 

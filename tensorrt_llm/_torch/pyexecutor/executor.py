@@ -1,5 +1,5 @@
 """The executor protocol: what the engine loop and ``LLM`` drive, one rank's ``PyExecutor`` or
-rank 0's ``AttentionDpExecutor`` (``distributed/data_parallel.py``) alike."""
+rank 0's ``AttentionDpExecutor`` (``executors/data_parallel.py``) alike."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class ExecutorStats:
 
 class RankSync(Protocol):
     """What rank 0's executor tells the other ranks under tensor parallelism
-    (``distributed/ranks.py``: ``TensorParallelLeader``)."""
+    (``executors/ranks.py``: ``TensorParallelLeader``)."""
 
     def submitted(self, request: LlmRequest) -> None: ...
 

@@ -39,7 +39,7 @@ class ImageItem:
     digest: str  # sha256 hex of the grid and the patches: equal only for the same pixels
     num_tokens: int  # placeholder tokens it fills (patches / merge**2)
     # the resized 8-bit pixels [3, H, W] and the processor settings that made the patches from
-    # them: what another rank needs to make the same patches (``distributed/ranks.py``)
+    # them: what another rank needs to make the same patches (``executors/ranks.py``)
     pixels: torch.Tensor | None = None
     processing: dict | None = None
 

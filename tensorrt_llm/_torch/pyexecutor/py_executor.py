@@ -73,7 +73,7 @@ class PyExecutor:
         self.stats = ExecutorStats()
         self.isolation = FaultIsolation()  # a failed step's requests retried one at a time
         # Rank 0 under tensor parallelism: tells the other ranks of every submit, cancel and
-        # release at the start of every step (``distributed/ranks.py``).
+        # release at the start of every step (``executors/ranks.py``).
         self.rank_sync: RankSync | None = None
         # Every rank under tensor parallelism: generation-only requests are admitted (and pull
         # their KV) inside a step only, at the same point on every rank.

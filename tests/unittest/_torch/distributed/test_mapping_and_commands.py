@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tensorrt_llm._torch.distributed import commands, data_parallel
-from tensorrt_llm._torch.distributed.affinity import PrefixAffinity, choose_rank
 from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.distributed.ranks import request_from_json, submit_command
+from tensorrt_llm._torch.executors import commands, data_parallel
+from tensorrt_llm._torch.executors.affinity import PrefixAffinity, choose_rank
+from tensorrt_llm._torch.executors.ranks import request_from_json, submit_command
 from tensorrt_llm._torch.modules.linear import ColumnParallelLinear, RowParallelLinear, shard_weight
 from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest

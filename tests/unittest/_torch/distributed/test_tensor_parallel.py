@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tensorrt_llm import LLM, SamplingParams
-from tensorrt_llm._torch.distributed.data_parallel import AttentionDpExecutor
+from tensorrt_llm._torch.executors.data_parallel import AttentionDpExecutor
 from tensorrt_llm._torch.speculative.utils import VIEW_MODE
 from tensorrt_llm.bundled import BUNDLED_DRAFT
 from tensorrt_llm.evaluate.runner import run_multiturn_copy

@@ -24,11 +24,11 @@ from collections.abc import Callable
 
 import torch
 
-from tensorrt_llm._torch.distributed.affinity import PrefixAffinity, choose_rank
-from tensorrt_llm._torch.distributed.commands import CancelCommand, RankCommand
 from tensorrt_llm._torch.distributed.communicator import gather_json
 from tensorrt_llm._torch.distributed.mapping import Mapping
-from tensorrt_llm._torch.distributed.ranks import (
+from tensorrt_llm._torch.executors.affinity import PrefixAffinity, choose_rank
+from tensorrt_llm._torch.executors.commands import CancelCommand, RankCommand
+from tensorrt_llm._torch.executors.ranks import (
     generation_only_command,
     send_step_commands,
     submit_command,

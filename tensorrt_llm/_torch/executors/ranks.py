@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Protocol
 from tensorrt_llm._torch.disaggregation.generation_only import PromptKvPull
 from tensorrt_llm._torch.disaggregation.parallel import pull_options
 from tensorrt_llm._torch.disaggregation.params import TransferHandle
-from tensorrt_llm._torch.distributed import commands as cmd
-from tensorrt_llm._torch.distributed.commands import (
+from tensorrt_llm._torch.distributed.communicator import broadcast_bytes
+from tensorrt_llm._torch.distributed.mapping import Mapping
+from tensorrt_llm._torch.executors import commands as cmd
+from tensorrt_llm._torch.executors.commands import (
     EVERY_RANK,
     CancelCommand,
     GenerationOnlyCommand,
@@ -36,8 +38,6 @@ from tensorrt_llm._torch.distributed.commands import (
     ShutdownCommand,
     SubmitCommand,
 )
-from tensorrt_llm._torch.distributed.communicator import broadcast_bytes
-from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, LlmRequest
 from tensorrt_llm.inputs.image_processing import images_from_json, images_to_json
 from tensorrt_llm.logger import logger
