@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import msgspec
@@ -31,9 +32,9 @@ class _Outputs:
     """The core's side of the outputs socket: each request's changes since it was last sent,
     gathered over one engine iteration and sent as one message (``flush``)."""
 
-    def __init__(self, socket: zmq.Socket) -> None:
+    def __init__(self, socket: zmq.Socket, reply: Callable[[LlmRequest], object | None]) -> None:
         self.socket = socket
-        self.reply = lambda request: None  # a finished request's disaggregated reply, if any
+        self.reply = reply  # a finished request's disaggregated reply, if any
         self.deltas: list = []
         self.sent: dict[int, tuple[int, int]] = {}  # request id -> tokens, logprobs sent
 
@@ -80,13 +81,12 @@ def core_main(args_json: str, commands_path: str, outputs_path: str) -> None:
     outputs_socket.connect(outputs_path)
     commands = context.socket(zmq.PULL)
     commands.connect(commands_path)
-    outputs = _Outputs(outputs_socket)
-    try:
-        core = EngineCore(TorchLlmArgs.model_validate_json(args_json))
+    try:  # (the loop flushes the outputs once it runs, after they exist)
+        core = EngineCore(TorchLlmArgs.model_validate_json(args_json), lambda: outputs.flush())
     except BaseException:
-        outputs.send({"op": "failed", "error": traceback.format_exc()})
+        outputs_socket.send(encode({"op": "failed", "error": traceback.format_exc()}))
         return
-    outputs.reply = core.disaggregated.reply
+    outputs = _Outputs(outputs_socket, core.disaggregated.reply)
     info = {
         "kv_slots_per_rank": core.kv_cache_manager.get_max_resource_count(),
         "dtype": str(core.dtype).removeprefix("torch."),
@@ -94,7 +94,7 @@ def core_main(args_json: str, commands_path: str, outputs_path: str) -> None:
         "tokens_per_block": core.kv_cache_manager.tokens_per_block,
     }
     outputs.send({"op": "ready", "info": info})
-    core.loop.flush = outputs.flush  # every send from here on is on the loop's thread
+    # every send from here on is on the loop's thread
     core.loop.start()
     told = False  # the front, of a lost rank
     try:

@@ -129,5 +129,4 @@ class DisaggregatedServing:
         """End this LLM's NIXL agent and let go of the executors and the KV (``LLM.shutdown``)."""
         if self.transceiver is not None:
             self.transceiver.close()
-            self.transceiver.manager = None
         self._executor = self._rank_executor = None

@@ -31,8 +31,10 @@ from tensorrt_llm.logger import logger
 
 
 class EngineCore:
-    def __init__(self, args: TorchLlmArgs) -> None:
-        """Build every rank of ``args`` (resolved: a model and an attention backend)."""
+    def __init__(self, args: TorchLlmArgs, flush: Callable[[], object] | None = None) -> None:
+        """Build every rank of ``args`` (resolved: a model and an attention backend). ``flush``:
+        run at the end of every engine loop iteration (an engine process sends the step's
+        outputs then)."""
         self.args = args
         self.mapping = args.mapping()
         self.device = rank_device(args.device, self.mapping)
@@ -44,7 +46,9 @@ class EngineCore:
             if self._followers is not None:
                 self._followers.wait("joining")
                 init_distributed(self.mapping, self._followers.init_method, self.device.type)
-            engine = build_rank(args, self.mapping)
+            tensor_parallel = self.mapping.world_size > 1 and not self.mapping.enable_attention_dp
+            rank_sync = TensorParallelLeader(self.lost_rank) if tensor_parallel else None
+            engine = build_rank(args, self.mapping, rank_sync)
             if self._followers is not None:
                 self._followers.wait("ready")
                 join_ranks(engine, self.mapping)
@@ -62,15 +66,13 @@ class EngineCore:
         self.executor: Executor = engine.executor
         if self.mapping.enable_attention_dp and self.mapping.world_size > 1:
             self.executor = AttentionDpExecutor(engine.executor, self.mapping, self.lost_rank)
-        elif self.mapping.world_size > 1:
-            self.executor.rank_sync = TensorParallelLeader(self.lost_rank)
         self.kv_cache_manager = self.executor.kv_cache_manager
-        self.loop = EngineLoop(self.executor)
         self.disaggregated = DisaggregatedServing(
             engine.transceiver, self.executor, self.rank_executor, self.mapping, self.between_steps
         )
-        if self.disaggregated.enabled:  # between steps, free the KV generation servers pulled
-            self.loop.housekeeping = self.disaggregated.release_pulled
+        # between steps, free the KV generation servers pulled
+        housekeeping = self.disaggregated.release_pulled if self.disaggregated.enabled else None
+        self.loop = EngineLoop(self.executor, housekeeping, flush)
         self.kv_slots = self.kv_cache_manager.blocks_in_primary_pool
         self.tokens_per_block = self.kv_cache_manager.tokens_per_block
         self.closed = False

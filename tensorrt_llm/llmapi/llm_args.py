@@ -238,6 +238,11 @@ class TorchLlmArgs(StrictBaseModel):
             overlap_scheduler=not self.disable_overlap_scheduler,
             mapping=mapping or self.mapping(),
             load_format=self.load_format,
+            kv_transfer_timeout_s=(
+                None
+                if self.cache_transceiver_config is None
+                else self.cache_transceiver_config.transfer_timeout_s
+            ),
         )
 
     def _cuda_graph_options(self, attn_backend: str, device: str) -> CudaGraphOptions | None:

@@ -11,13 +11,12 @@ steps until rank 0 shuts down. Children are daemons: they end with rank 0's proc
 from __future__ import annotations
 
 import traceback
-import uuid
 from dataclasses import dataclass
 
 import torch
 import torch.multiprocessing as mp
 
-from tensorrt_llm._torch.disaggregation.parallel import connect_ranks, hold_in_step, in_lockstep
+from tensorrt_llm._torch.disaggregation.parallel import connect_ranks, in_lockstep
 from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
 from tensorrt_llm._torch.distributed.communicator import init_distributed, shutdown_distributed
 from tensorrt_llm._torch.distributed.mapping import Mapping
@@ -26,6 +25,7 @@ from tensorrt_llm._torch.executors.ranks import follow
 from tensorrt_llm._torch.models.checkpoint import load_config, load_model
 from tensorrt_llm._torch.models.registry import ModelConfig
 from tensorrt_llm._torch.pyexecutor._util import create_py_executor
+from tensorrt_llm._torch.pyexecutor.executor import RankSync
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 from tensorrt_llm.logger import logger
@@ -68,9 +68,11 @@ def rank_device(device: str, mapping: Mapping) -> torch.device:
     return torch.device(device)
 
 
-def build_rank(args: TorchLlmArgs, mapping: Mapping) -> RankEngine:
+def build_rank(
+    args: TorchLlmArgs, mapping: Mapping, rank_sync: RankSync | None = None
+) -> RankEngine:
     """This rank's shard of the model, its tokenizer and its executor (``args`` resolved: a model
-    and an attention backend)."""
+    and an attention backend; ``rank_sync``: rank 0's under tensor parallelism)."""
     device = rank_device(args.device, mapping)
     if device.index is not None:
         torch.cuda.set_device(device)
@@ -92,19 +94,10 @@ def build_rank(args: TorchLlmArgs, mapping: Mapping) -> RankEngine:
     executor_config = args.to_executor_config(
         max_seq_len, str(dtype).removeprefix("torch."), str(device), mapping
     )
-    executor = create_py_executor(model, executor_config)
-    executor.lockstep = in_lockstep(mapping)
-    transceiver = None
-    if args.cache_transceiver_config is not None:
-        executor.disagg.transfer_timeout_s = args.cache_transceiver_config.transfer_timeout_s
-        transceiver = KvCacheTransceiver(
-            executor.kv_cache_manager,
-            f"trtllm-{uuid.uuid4().hex[:12]}-rank{mapping.rank}",
-            parallel=mapping.describe(),
-            rank=mapping.rank,
-        )
-        executor.disagg.on_hold = hold_in_step(transceiver, mapping)
-    return RankEngine(config, model, dtype, device, tokenizer, max_seq_len, executor, transceiver)
+    executor = create_py_executor(model, executor_config, rank_sync)
+    return RankEngine(
+        config, model, dtype, device, tokenizer, max_seq_len, executor, executor.transceiver
+    )
 
 
 def join_ranks(engine: RankEngine, mapping: Mapping) -> None:

@@ -147,3 +147,87 @@ def test_modules_and_functions_stay_readable():
             if is_function and (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
                 too_long.append(f"function {name}.{node.name}: {n} lines")
     assert too_long == []
+
+
+# The engine's parts are built whole by their constructors: nothing else sets what they hold.
+BUILT_WHOLE = {
+    "PyExecutor",
+    "StepDispatch",
+    "PyTorchModelEngine",
+    "CUDAGraphRunner",
+    "DisaggCoordinator",
+    "EngineLoop",
+    "EngineCore",
+    "ExchangeSync",
+    "Eagle3OneModelWorker",
+    "AttentionDpExecutor",
+    "KvCacheTransceiver",
+}
+
+
+def class_attributes() -> dict[str, set[str]]:
+    """Class name -> the attributes it declares (annotated in its body: dataclass fields) or
+    sets on ``self`` in ``__init__``, for every class of the package."""
+    found: dict[str, set[str]] = {}
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            names = found.setdefault(node.name, set())
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    for target in assigned_attributes(item):
+                        if isinstance(target.value, ast.Name) and target.value.id == "self":
+                            names.add(target.attr)
+    return found
+
+
+def constructor_attributes(classes: set[str]) -> dict[str, str]:
+    """Attribute name -> class, for what ``classes`` hold that no other class of the package
+    declares (a name shared with, say, a dataclass field cannot be told apart by name)."""
+    attributes = class_attributes()
+    elsewhere = set().union(*(v for k, v in attributes.items() if k not in classes))
+    return {
+        name: cls
+        for cls in sorted(classes)
+        for name in attributes.get(cls, ())
+        if name not in elsewhere
+    }
+
+
+def assigned_attributes(tree: ast.AST) -> list[ast.Attribute]:
+    """Every ``x.attr`` that ``tree`` assigns (plain, annotated, augmented or tuple targets)."""
+    out = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+            targets = [node.target]
+        for target in targets:
+            elements = target.elts if isinstance(target, ast.Tuple) else [target]
+            out += [e for e in elements if isinstance(e, ast.Attribute)]
+    return out
+
+
+def test_the_constructor_finder_sees_self_attributes():
+    found = constructor_attributes({"PyExecutor"})
+    assert found["dispatch"] == "PyExecutor" and found["lockstep"] == "PyExecutor"
+    assert "model" not in constructor_attributes({"EngineCore"})  # TorchLlmArgs.model too
+
+
+def test_the_engine_parts_are_not_set_after_construction():
+    held = constructor_attributes(BUILT_WHOLE)
+    outside = []
+    for name, path in modules().items():
+        for target in assigned_attributes(ast.parse(path.read_text())):
+            owner = target.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if target.attr in held:
+                outside.append(
+                    f"{name}:{target.lineno} sets .{target.attr} ({held[target.attr]}'s)"
+                )
+    assert outside == []

@@ -124,6 +124,9 @@ class AttentionMetadata:
     # A bound on every kv_lens[i] of this and later steps on the same tensors (a CUDA graph sizes
     # its grids once for all replays); None: the step's own maximum.
     kv_len_bound: int | None = None
+    # The step's MoE exchange between ranks (EP under attention DP): through buffers of this
+    # many rows per rank, or (None) sized by the step's counts (``moe_all_to_all``).
+    moe_capacity: int | None = None
 
     # Filled by prepare():
     seq_lens_cpu: torch.Tensor = field(init=False)  # [num_seqs]

@@ -61,7 +61,10 @@ class DisaggCoordinator:
         self,
         resource_manager: ResourceManager,
         transfer_timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S,
+        on_hold: Callable[[list[int]], None] | None = None,
     ) -> None:
+        """``on_hold``: called once per step with the context-only requests whose KV started
+        waiting for a pull (``disaggregation/parallel.py``: ``hold_in_step``)."""
         self.resource_manager = resource_manager
         self.transfer_timeout_s = transfer_timeout_s  # how long held KV waits for a pull
         self.held: dict[int, _Held] = {}
@@ -69,9 +72,7 @@ class DisaggCoordinator:
         self.loading: dict[int, _Loading] = {}  # admitted, their KV in flight (arrival order)
         # ended while a READ into their slots could not be cancelled: freed once it ends
         self.draining: dict[int, tuple[LlmRequest, LoadKv]] = {}
-        # Called once per step with the context-only requests whose KV started waiting for a
-        # pull (``disaggregation/parallel.py``: ``hold_in_step``).
-        self.on_hold: Callable[[list[int]], None] | None = None
+        self.on_hold = on_hold
 
     def _kv(self):
         return self.resource_manager.get_resource_manager(ResourceManagerType.KV_CACHE_MANAGER)

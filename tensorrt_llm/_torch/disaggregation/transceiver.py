@@ -212,8 +212,10 @@ class KvCacheTransceiver(PullSide):
 
     def close(self) -> None:
         """Deregister this side's memory and end its NIXL agent, and the agent's thread with it
-        (``LLM.shutdown``). Nothing can be pulled from or by this side after."""
+        (``LLM.shutdown``), and let go of the KV manager. Nothing can be pulled from or by this
+        side after."""
         agent, self.agent = self.agent, None
+        self.manager = None  # (the device memory is freed with the executor)
         if agent is None:
             return
         registrations = list(self._registrations)

@@ -142,13 +142,13 @@ class ExchangeSync:
             tokens = sum(r.context_chunk_size for r in batch.context_requests)
             tokens += sum(1 + len(r.py_draft_tokens) for r in batch.generation_requests)
         (most,) = max_over_ranks([tokens])
-        self.use_graphs(most <= self.capacity)
+        self.graphs = most <= self.capacity
 
-    def use_graphs(self, graphs: bool) -> None:
-        """Exchange through the fixed buffers (``graphs``) or sized by the counts."""
-        self.graphs = graphs
-        for block in self.blocks:
-            block.experts.capacity = self.capacity if graphs else None
+    @property
+    def step_capacity(self) -> int | None:
+        """The exchange of this step's forward (its metadata's ``moe_capacity``): the fixed
+        buffers' rows, or None (sized by the counts)."""
+        return self.capacity if self.graphs else None
 
     def idle_step(self) -> None:
         """A step without a forward here: one pass without tokens, as the others exchange."""
@@ -156,4 +156,4 @@ class ExchangeSync:
 
     def idle_pass(self) -> None:
         for block in self.blocks:
-            block.idle()
+            block.idle(self.step_capacity)

@@ -143,7 +143,10 @@ class MiniMaxM3DecoderLayer(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, metadata, backend)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        normed = self.post_attention_layernorm(hidden)
+        if isinstance(self.mlp, MiniMaxM3SparseMoeBlock):  # (the step's exchange between ranks)
+            return hidden + self.mlp(normed, metadata.moe_capacity if metadata else None)
+        return hidden + self.mlp(normed)
 
 
 class MiniMaxM3Model(nn.Module):

@@ -112,8 +112,6 @@ class StackedExperts(nn.Module):
         # EP under attention DP: tokens travel (``moe_all_to_all``); under TP attention every
         # rank has every token and one all-reduce sums the ranks' shares
         self.all_to_all = mapping.moe_all_to_all
-        # set per step (``ExchangeSync``): the exchange's fixed rows per rank, or None: sized
-        self.capacity: int | None = None
         self.reduce = not self.all_to_all and mapping.moe_ep_size * mapping.moe_tp_size > 1
         inter, num_local = self.local_intermediate, self.num_experts
         self.w13 = nn.Parameter(torch.empty(num_local, 2 * inter, hidden_size))  # [E, 2I, H]
@@ -144,13 +142,20 @@ class StackedExperts(nn.Module):
             )
         self.fp8_block = "store"
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        capacity: int | None = None,
+    ) -> torch.Tensor:
         """``x [T, H]``, ``weights, ids [T, k]`` (global expert ids) -> ``sum_e w_e *
-        expert_e(x)``, fp32 ``[T, H]``, summed over the ranks."""
+        expert_e(x)``, fp32 ``[T, H]``, summed over the ranks. ``capacity``: where tokens
+        travel between ranks, the exchange's fixed rows per rank (None: sized by the counts)."""
         if self.all_to_all:
             args = (x, weights, ids, self.num_experts, self.ep_size, self.local)
-            if self.capacity is not None:
-                return all_to_all_fixed(*args, self.capacity)
+            if capacity is not None:
+                return all_to_all_fixed(*args, capacity)
             return all_to_all_experts(*args)
         if self.ep_size > 1:  # another rank's experts: -1, skipped
             ids = ids - self.expert_start
@@ -167,11 +172,11 @@ class StackedExperts(nn.Module):
             return fused_experts(*args)
         return reference_experts(*args)
 
-    def idle(self, top_k: int, like: torch.Tensor) -> None:
+    def idle(self, top_k: int, like: torch.Tensor, capacity: int | None) -> None:
         """A step without tokens on this rank: its part in the exchange (EP under attention DP),
         as ``forward`` of no tokens; ``like``: a tensor of the activations' dtype and device."""
         empty = torch.empty((0, top_k), device=like.device)
-        self.forward(like.new_empty((0, self.w13.shape[2])), empty, empty.long())
+        self.forward(like.new_empty((0, self.w13.shape[2])), empty, empty.long(), capacity)
 
 
 class MiniMaxM3SparseMoeBlock(nn.Module):
@@ -197,16 +202,16 @@ class MiniMaxM3SparseMoeBlock(nn.Module):
         # life (the load-balance figures; a device add per step, graph-safe)
         self.register_buffer("routed", torch.zeros(num_experts, dtype=torch.long), persistent=False)
 
-    def idle(self) -> None:
+    def idle(self, capacity: int | None) -> None:
         """This layer's part in a step in which this rank has no tokens (``experts.all_to_all``)."""
-        self.experts.idle(self.top_k, self.gate.weight)
+        self.experts.idle(self.top_k, self.gate.weight, capacity)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., H]`` -> ``[..., H]``."""
+    def forward(self, x: torch.Tensor, capacity: int | None = None) -> torch.Tensor:
+        """``x [..., H]`` -> ``[..., H]``; ``capacity``: the step's exchange (``StackedExperts``)."""
         flat = x.reshape(-1, x.shape[-1])
         weights, ids = route(self.gate(flat), self.e_score_correction_bias, self.top_k)
         if self.expert_hits is not None:
             self.expert_hits.index_fill_(0, ids.flatten(), True)  # no host scalar: graph-safe
         self.routed.index_add_(0, ids.flatten(), torch.ones_like(ids.flatten()))
-        routed = self.experts(flat, weights, ids) * self.routed_scaling_factor
+        routed = self.experts(flat, weights, ids, capacity) * self.routed_scaling_factor
         return (routed + self.shared_experts(flat).float()).to(x.dtype).view(x.shape)

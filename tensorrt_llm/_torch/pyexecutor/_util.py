@@ -8,9 +8,13 @@ downstream trusts the registered resources (``resolve_draft_kv_cache_manager``).
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 import torch
 
+from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator
+from tensorrt_llm._torch.disaggregation.parallel import hold_in_step, in_lockstep
+from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
 from tensorrt_llm._torch.distributed.moe_all_to_all import ExchangeSync
 from tensorrt_llm._torch.models.checkpoint import load_eagle3
 from tensorrt_llm._torch.models.modeling_speculative import default_layers_to_capture
@@ -21,9 +25,10 @@ from tensorrt_llm._torch.pyexecutor.config import (
     PyExecutorConfig,
 )
 from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
+from tensorrt_llm._torch.pyexecutor.executor import RankSync
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
-from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
+from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine, exchanging_moe
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm._torch.pyexecutor.resource_manager import (
     ResourceManager,
@@ -121,7 +126,12 @@ def _bytes_per_block(manager: KVCacheManagerV2) -> int:
     return sum(pool.slot_bytes for pool in manager.layout.pools)
 
 
-def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig) -> PyExecutor:
+def create_py_executor(
+    model: torch.nn.Module, executor_config: PyExecutorConfig, rank_sync: RankSync | None = None
+) -> PyExecutor:
+    """The rank's executor, built whole: its KV managers, engine, scheduler, drafter, CUDA graphs
+    (captured here on CUDA), and a disaggregated server's KV transceiver. ``rank_sync``: rank 0's
+    under tensor parallelism (``executors/ranks.py``)."""
     config = model.config
     spec = executor_config.speculative
     device = torch.device(executor_config.device)
@@ -148,10 +158,9 @@ def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig
         2 * executor_config.max_batch_size, config.vocab_size, device
     )
     kv_cache_manager = managers[ResourceManagerType.KV_CACHE_MANAGER]
-    engine = PyTorchModelEngine(model, kv_cache_manager, device)
-    worker = None
+    capture_layers, exchange, worker = (), None, None
     if draft_model is not None:
-        engine.capture_layers = _layers_to_capture(spec, draft_model, config.num_hidden_layers)
+        capture_layers = _layers_to_capture(spec, draft_model, config.num_hidden_layers)
         resources.resource_managers[ResourceManagerType.SPEC_RESOURCE_MANAGER] = DraftProbStore(
             2 * executor_config.max_batch_size,  # finished requests' slots free at their last read
             spec.max_draft_len,
@@ -159,6 +168,12 @@ def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig
             device,
         )
         worker = Eagle3OneModelWorker(spec, draft_model, resources, config.vocab_size)
+    if exchanging := exchanging_moe(model):  # a graph step's most tokens per rank: the
+        sizes = executor_config.cuda_graph.batch_sizes if executor_config.cuda_graph else ()
+        width = 1 + (spec.max_draft_len if spec is not None else 0)  # exchange's fixed rows
+        capacity = max((executor_config.max_batch_size, *sizes)) * width
+        exchange = ExchangeSync(exchanging, capacity)
+    engine = PyTorchModelEngine(model, kv_cache_manager, device, capture_layers, exchange)
     scheduler = GuaranteedNoEvictScheduler(
         executor_config.max_batch_size,
         executor_config.max_num_tokens,
@@ -168,11 +183,7 @@ def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig
     runner = None
     if executor_config.cuda_graph is not None:
         runner = CUDAGraphRunner(engine, resources, executor_config.cuda_graph, worker)
-    if engine.exchanging:  # a graph step's most tokens per rank: the exchange's fixed rows
-        sizes = executor_config.cuda_graph.batch_sizes if executor_config.cuda_graph else ()
-        width = 1 + (spec.max_draft_len if spec is not None else 0)
-        capacity = max((executor_config.max_batch_size, *sizes)) * width
-        engine.exchange = ExchangeSync(engine.exchanging, capacity)
+    disagg, transceiver = _disaggregation(executor_config, resources, kv_cache_manager)
     executor = PyExecutor(
         engine,
         resources,
@@ -181,9 +192,31 @@ def create_py_executor(model: torch.nn.Module, executor_config: PyExecutorConfig
         spec_worker=worker,
         cuda_graph_runner=runner,
         overlap=executor_config.overlap_scheduler,
+        disagg=disagg,
+        transceiver=transceiver,
+        rank_sync=rank_sync,
+        lockstep=in_lockstep(executor_config.mapping),
     )
     start_up(executor, config.vocab_size)  # (on CUDA: kernels compiled, every graph captured)
     return executor
+
+
+def _disaggregation(
+    executor_config: PyExecutorConfig, resources: ResourceManager, kv_cache_manager
+) -> tuple[DisaggCoordinator | None, KvCacheTransceiver | None]:
+    """A disaggregated server's coordinator and KV transceiver (None, None elsewhere)."""
+    timeout = executor_config.kv_transfer_timeout_s
+    if timeout is None:
+        return None, None
+    mapping = executor_config.mapping
+    transceiver = KvCacheTransceiver(
+        kv_cache_manager,
+        f"trtllm-{uuid.uuid4().hex[:12]}-rank{mapping.rank}",
+        parallel=mapping.describe(),
+        rank=mapping.rank,
+    )
+    coordinator = DisaggCoordinator(resources, timeout, hold_in_step(transceiver, mapping))
+    return coordinator, transceiver
 
 
 def _layers_to_capture(spec, draft_model, num_target_layers: int) -> tuple[int, ...]:

@@ -163,3 +163,6 @@ class PyExecutorConfig:
     overlap_scheduler: bool = False
     mapping: Mapping = field(default_factory=Mapping)  # this rank, and how the ranks split work
     load_format: str = "auto"  # "dummy": random weights, no file read (the drafter's too)
+    # a disaggregated server's: its KV transceiver, and how long held KV waits for a pull (None:
+    # no transceiver)
+    kv_transfer_timeout_s: float | None = None

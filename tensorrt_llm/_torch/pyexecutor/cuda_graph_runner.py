@@ -226,6 +226,7 @@ class CUDAGraphRunner:
         inputs = bucket_inputs(
             batch_size, self.max_draft_len, layout, mode == TOP_K, extras, device
         )
+        exchange = self.engine.exchange
 
         def metadata(seq_len: int) -> AttentionMetadata:
             return AttentionMetadata(
@@ -237,6 +238,7 @@ class CUDAGraphRunner:
                 device=device,
                 buffers=MetadataBuffers(device),
                 kv_len_bound=self.kv_len_bound,
+                moe_capacity=exchange.capacity if exchange is not None else None,  # (fixed)
             )
 
         chain_md = metadata(1) if self.spec_worker is not None else None

@@ -65,13 +65,17 @@ Command = Submit | Cancel | Call | _Wake
 
 class EngineLoop:
     def __init__(
-        self, executor: Executor, housekeeping: Callable[[], object] | None = None
+        self,
+        executor: Executor,
+        housekeeping: Callable[[], object] | None = None,
+        flush: Callable[[], object] | None = None,
     ) -> None:
+        """``housekeeping``: run every iteration (e.g. releasing pulled KV); ``flush``: run at
+        the end of every iteration, after the callbacks (an engine process sends the step's
+        outputs then, once for the whole batch)."""
         self.executor = executor
-        self.housekeeping = housekeeping  # run every iteration (e.g. releasing pulled KV)
-        # run at the end of every iteration, after the callbacks (an engine process sends the
-        # step's outputs then, once for the whole batch)
-        self.flush: Callable[[], object] | None = None
+        self.housekeeping = housekeeping
+        self.flush = flush
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._watchers: dict[int, tuple[LlmRequest, Update]] = {}
         self._stop = threading.Event()

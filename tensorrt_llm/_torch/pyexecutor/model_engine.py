@@ -13,30 +13,37 @@ from tensorrt_llm._torch.pyexecutor.token_feed import on_device
 ENCODER_CACHE_TOKENS = 32768  # image tokens whose embeddings stay cached for reuse
 
 
+def exchanging_moe(model: torch.nn.Module) -> list:
+    """The MoE layers whose tokens travel between ranks (EP under attention DP), in forward
+    order."""
+    return [m for m in model.modules() if hasattr(m, "routed") and m.experts.all_to_all]
+
+
 class PyTorchModelEngine:
     def __init__(
-        self, model: torch.nn.Module, kv_cache_manager: KVCacheManagerV2, device: torch.device
+        self,
+        model: torch.nn.Module,
+        kv_cache_manager: KVCacheManagerV2,
+        device: torch.device,
+        capture_layers: tuple[int, ...] = (),
+        exchange=None,
     ) -> None:
+        """``capture_layers``: the target layers whose hidden states the drafter reads;
+        ``exchange``: the ranks' agreement on each step's MoE exchanges (``ExchangeSync``) where
+        the MoE layers exchange tokens between ranks."""
         self.model = model
         self.kv_cache_manager = kv_cache_manager
         self.device = device
         self.num_context_tokens_computed = 0  # prompt tokens that went through a forward (stats)
-        self.capture_layers: tuple[int, ...] = ()
+        self.capture_layers = capture_layers
         self.buffers = MetadataBuffers(device)  # the step metadata's device tensors, reused
         self._moe = [m for m in model.modules() if hasattr(m, "routed")]
-        # where the MoE layers exchange tokens between ranks (EP under attention DP): the
-        # ranks' agreement on each step's exchanges (``ExchangeSync``, set by the creation site)
-        self.exchange = None
+        self.exchange = exchange
         self.encoder = (  # images, for a model with a vision tower
             MultimodalEncoder(model, device, ENCODER_CACHE_TOKENS)
             if hasattr(model, "vision_tower")
             else None
         )
-
-    @property
-    def exchanging(self) -> list:
-        """The MoE layers whose tokens travel between ranks, in forward order."""
-        return [m for m in self._moe if m.experts.all_to_all]
 
     def expert_tokens(self) -> torch.Tensor | None:
         """``[num_experts]``: the (token, choice) slots this rank's tokens routed to each expert,
@@ -81,6 +88,7 @@ class PyTorchModelEngine:
             num_contexts=len(batch.context_requests),
             device=self.device,
             buffers=self.buffers,
+            moe_capacity=self.exchange.step_capacity if self.exchange is not None else None,
         )
         input_ids = self.buffers.put(
             "input_ids", torch.tensor(tokens, dtype=torch.long), torch.long

@@ -6,17 +6,10 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import torch
-
 from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv
 from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats, RankSync
 from tensorrt_llm._torch.pyexecutor.fault_isolation import FaultIsolation, describe
-from tensorrt_llm._torch.pyexecutor.launched_step import (
-    DeviceTokens,
-    LaunchedStep,
-    apply_tokens,
-    check_stop,
-)
+from tensorrt_llm._torch.pyexecutor.launched_step import LaunchedStep, apply_tokens, check_stop
 from tensorrt_llm._torch.pyexecutor.llm_request import (
     ErrorKind,
     FinishReason,
@@ -32,11 +25,11 @@ from tensorrt_llm._torch.pyexecutor.scheduler import (
     admit,
     owed_to_admitted,
 )
-from tensorrt_llm._torch.pyexecutor.step_inputs import StepInputsBuilder
-from tensorrt_llm._torch.pyexecutor.step_program import run_step
+from tensorrt_llm._torch.pyexecutor.step_dispatch import StepDispatch
 from tensorrt_llm.logger import logger
 
 if TYPE_CHECKING:
+    from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
     from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
@@ -51,33 +44,40 @@ class PyExecutor:
         spec_worker: Eagle3OneModelWorker | None = None,
         cuda_graph_runner: CUDAGraphRunner | None = None,
         overlap: bool = False,
+        disagg: DisaggCoordinator | None = None,
+        transceiver: KvCacheTransceiver | None = None,
+        rank_sync: RankSync | None = None,
+        lockstep: bool = False,
     ) -> None:
+        """``disagg``: held KV and requests pulling theirs (a disaggregated server's, with its
+        ``transceiver``); ``rank_sync``: rank 0's under tensor parallelism, telling the other
+        ranks of every submit, cancel and release at the start of every step
+        (``executors/ranks.py``); ``lockstep``: every rank under tensor parallelism, where
+        generation-only requests are admitted (and pull their KV) inside a step only, at the same
+        point on every rank."""
         self.spec_worker = spec_worker
         # The overlap scheduler: step n+1 is launched before step n is read (``step``).
         self.overlap = overlap
         self._unread: list[LaunchedStep] = []  # launched steps not yet read, oldest first
-        self.cuda_graph_runner = cuda_graph_runner
         self.model_engine = model_engine
         self.resource_manager = resource_manager
         self.scheduler = scheduler
         self.max_seq_len = max_seq_len
-        self._inputs = StepInputsBuilder(  # an eager step's inputs
-            model_engine.device,
-            spec_worker.max_draft_len if spec_worker is not None else 0,
-            resource_manager.get_resource_manager(ResourceManagerType.LOGITS_STATE),
-            spec_worker.draft_probs if spec_worker is not None else None,
+        self.dispatch = StepDispatch(
+            model_engine, resource_manager, spec_worker, cuda_graph_runner, overlap
         )
         self.active: list[LlmRequest] = []
-        self.disagg = DisaggCoordinator(resource_manager)  # held KV, and requests pulling theirs
+        self.disagg = disagg or DisaggCoordinator(resource_manager)
+        self.transceiver = transceiver
         self._admitted: set[int] = set()
         self.stats = ExecutorStats()
         self.isolation = FaultIsolation()  # a failed step's requests retried one at a time
-        # Rank 0 under tensor parallelism: tells the other ranks of every submit, cancel and
-        # release at the start of every step (``executors/ranks.py``).
-        self.rank_sync: RankSync | None = None
-        # Every rank under tensor parallelism: generation-only requests are admitted (and pull
-        # their KV) inside a step only, at the same point on every rank.
-        self.lockstep = False
+        self.rank_sync = rank_sync
+        self.lockstep = lockstep
+
+    @property
+    def cuda_graph_runner(self) -> CUDAGraphRunner | None:
+        return self.dispatch.runner
 
     @property
     def kv_cache_manager(self):
@@ -211,7 +211,7 @@ class PyExecutor:
         self.isolation.restrict(batch)
         if self.model_engine.exchange is not None:  # the ranks agree on the MoE exchanges
             self.model_engine.exchange.agree(batch, self.cuda_graph_runner)
-        if batch.feed is not None and batch.batch_size and not self._can_feed(batch):
+        if batch.feed is not None and batch.batch_size and not self.dispatch.can_feed(batch):
             finished += self._read(self._unread[-1])
             batch.feed = None
             batch.pause([r for r in batch.all_requests if r.is_finished])
@@ -229,6 +229,28 @@ class PyExecutor:
             finished += self._read(self._unread[0])
         return finished
 
+    def run_alone(self, requests: list[LlmRequest], max_steps: int) -> int:
+        """Run ``requests`` on this rank alone, one more joining each step, until they end or
+        ``max_steps`` steps ran; returns the steps. (The start-up warm-up: every rank runs the
+        same requests in the same order, so no rank commands are sent.)"""
+        rank_sync, self.rank_sync = self.rank_sync, None
+        steps = 0
+        try:
+            for request in requests:
+                self.enqueue_request(request)
+                self.step()
+                steps += 1
+            while self.has_work and steps < max_steps:
+                self.step()
+                steps += 1
+        finally:
+            self.rank_sync = rank_sync
+        return steps
+
+    def reset_stats(self) -> None:
+        """The statistics start again from zero (after the start-up warm-up)."""
+        self.stats = ExecutorStats()
+
     def expert_tokens(self) -> list[int] | None:
         counts = self.model_engine.expert_tokens()  # (TP attention: every rank routes every token)
         return None if counts is None else counts.tolist()
@@ -238,16 +260,6 @@ class PyExecutor:
         if self.model_engine.exchange is not None:
             self.model_engine.exchange.idle_step()
             self.stats.num_idle_steps += 1
-
-    def _can_feed(self, batch: ScheduledRequests) -> bool:
-        """Whether ``batch`` can launch with the launched step's tokens still on the device."""
-        fed = [r for r in batch.generation_requests if batch.pending_tokens(r)]
-        if not fed or self.spec_worker is None:
-            return True
-        runner = self.cuda_graph_runner  # Eagle3 moves the positions on the device: graphs only
-        exchange = self.model_engine.exchange  # (which the ranks' MoE exchanges may rule out)
-        graphs = runner is not None and (exchange is None or exchange.graphs)
-        return graphs and runner.bucket_size(batch) is not None
 
     def _launch(self, batch: ScheduledRequests) -> None:
         """Prepare the batch's KV and queue its step. On failure (after what is already launched
@@ -259,7 +271,7 @@ class PyExecutor:
                 if req.request_id in batch.reused_tokens:
                     req.skip_reused_prefix(batch.reused_tokens[req.request_id])
             forwarded = True
-            self._unread.append(self._forward(batch))
+            self._unread.append(self.dispatch.launch(batch))
         except Exception as exc:  # its requests end (never leaking a slot) or run again alone
             one_rank = self.rank_sync is None and not self.lockstep  # (an ADP rank runs alone
             one_rank &= self.model_engine.exchange is None  # unless its MoE meets the others)
@@ -364,35 +376,3 @@ class PyExecutor:
             self.disagg.hold(req)
         elif not self.disagg.drop_loading(req.request_id):  # (a READ into it may still run)
             self.resource_manager.free_resources(req)
-
-    @torch.inference_mode()
-    def _forward(self, batch: ScheduledRequests) -> LaunchedStep:
-        """One step (a CUDA graph replay when the runner takes the batch, else ``run_step`` on
-        the batch's inputs), queued on the device."""
-        decoding = [r.state is LlmRequestState.GENERATION_IN_PROGRESS for r in batch.all_requests]
-        runner = self.cuda_graph_runner
-        bucket = runner.bucket_size(batch) if runner is not None else None
-        exchange = self.model_engine.exchange
-        if exchange is not None and not exchange.graphs:  # as the ranks agreed: eagerly
-            bucket = None
-        if bucket is not None:
-            logits, tokens = runner.run(batch, bucket)
-            # generation logits are copied from the bucket's at the read: read before a replay
-            keeps_logits = any(
-                r.sampling_params.return_generation_logits for r in batch.all_requests
-            )
-            overlappable = self.overlap and not keeps_logits
-            return LaunchedStep(batch, decoding, logits, tokens, overlappable=overlappable)
-        engine = self.model_engine
-        input_ids, md = engine.build_inputs(batch)
-        inputs = self._inputs.build(batch, input_ids, md.seq_lens)
-        out = run_step(
-            engine,
-            inputs,
-            md,
-            logits_state=self._inputs.logits_state,
-            spec_worker=self.spec_worker,
-            **engine.forward_extra(batch),
-        )
-        tokens = DeviceTokens(inputs.rows, out.tokens, out.num_accepted, out.drafts, out.logprobs)
-        return LaunchedStep(batch, decoding, out.logits, tokens, overlappable=self.overlap)

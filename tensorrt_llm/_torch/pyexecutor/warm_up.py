@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -52,10 +51,8 @@ def start_up(executor: PyExecutor, vocab_size: int) -> None:
     warmed = time.perf_counter()
     runner = executor.cuda_graph_runner
     if runner is not None:
-        if engine.exchange is not None:  # graphs exchange through the fixed buffers
-            engine.exchange.use_graphs(True)
         runner.capture_all()
-    executor.stats = ExecutorStats()
+    executor.reset_stats()
     engine.reset_counters()
     logger.info(
         "start-up: %d warm-up steps in %.1f s, CUDA graphs in %.1f s",
@@ -85,14 +82,7 @@ def _requests(vocab_size: int, max_seq_len: int, max_num_tokens: int) -> list[Ll
 
 def _run_warm_up_requests(executor: PyExecutor, vocab_size: int) -> int:
     requests = _requests(vocab_size, executor.max_seq_len, executor.scheduler.max_num_tokens)
-    steps = 0
-    for request in requests:
-        executor.enqueue_request(request)
-        executor.step()
-        steps += 1
-    while executor.has_work and steps < MAX_STEPS:
-        executor.step()
-        steps += 1
+    steps = executor.run_alone(requests, MAX_STEPS)
     if executor.has_work or not all(r.is_finished for r in requests):
         raise RuntimeError(f"the start-up warm-up did not finish in {MAX_STEPS} steps")
     failed = [r.stop_reason for r in requests if r.finish_reason is FinishReason.ERROR]

@@ -54,7 +54,7 @@ def attach_runner(llm: LLM, batch_sizes=(1, 2, 4), enable_padding=True) -> CUDAG
         CudaGraphOptions(batch_sizes, enable_padding, capture=False),
         executor.spec_worker,
     )
-    executor.cuda_graph_runner = runner
+    executor.dispatch.runner = runner
     return runner
 
 

@@ -272,8 +272,7 @@ def test_the_ranks_agree_on_each_steps_exchange(monkeypatch):
     from tensorrt_llm._torch.distributed import moe_all_to_all
 
     passes, sent = [], []
-    experts = SimpleNamespace(capacity=None)
-    block = SimpleNamespace(experts=experts, idle=lambda: passes.append(experts.capacity))
+    block = SimpleNamespace(idle=passes.append)  # records the capacity of each idle pass
     sync = moe_all_to_all.ExchangeSync([block], capacity=8)
     runner = SimpleNamespace(bucket_size=lambda batch: 2, tokens_per_seq=4)
     decode = SimpleNamespace(batch_size=2, context_requests=[], generation_requests=[])
@@ -287,10 +286,10 @@ def test_the_ranks_agree_on_each_steps_exchange(monkeypatch):
     monkeypatch.setattr(moe_all_to_all, "max_over_ranks", max_over_ranks)
     sync.agree(decode, runner)
     assert sent[-1] == [8]  # bucket 2 x 4 rows
-    assert (experts.capacity, sync.graphs) == (8, True)
+    assert (sync.step_capacity, sync.graphs) == (8, True)
     others["tokens"] = 9  # a rank's prefill overflows the fixed rows
     sync.agree(decode, runner)
-    assert (experts.capacity, sync.graphs) == (None, False)
+    assert (sync.step_capacity, sync.graphs) == (None, False)
     others["tokens"] = 0
     sync.agree(nothing, runner)  # nothing to run here
     sync.idle_step()
