@@ -15,7 +15,9 @@ unpickled:
 
 The front keeps a mirror ``LlmRequest`` per request and applies each step's changes to it before
 calling the request's ``on_update`` (on its output thread, as the engine loop's thread calls it in
-one process). The core's process dying is noticed within ``POLL_S``: every request in flight ends
+one process). When the front falls behind, the messages waiting are read together and each
+request's ``on_update`` is called once for all of them (outputs are cumulative: nothing is lost,
+the stream's chunks just grow). The core's process dying is noticed within ``POLL_S``: every request in flight ends
 with ``ErrorKind.RANK_LOST`` naming the exit, and ``lost_rank`` says so from then on.
 """
 
@@ -47,6 +49,7 @@ from tensorrt_llm.logger import logger
 from tensorrt_llm.tokenizer import TransformersTokenizer
 
 READY_TIMEOUT_S = 900.0  # loading a large checkpoint, compiling and capturing graphs
+MAX_MERGED = 64  # messages the output thread takes at once (their updates merged per request)
 
 
 class CoreProcess:
@@ -201,30 +204,49 @@ class CoreProcess:
                     self._lose(f"the engine core's process exited (code {self._process.exitcode})")
                     return
                 continue
-            message = decode(self._outputs.recv())
-            match message["op"]:
-                case "outputs":
-                    self._apply(message["deltas"])
-                case "reply":
-                    with self._lock:
-                        future = self._calls.pop(message["call_id"])
-                    if message["error"] is not None:
-                        future.set_exception(AssertionError(message["error"]))
-                    else:
-                        future.set_result(message["value"])
-                case "lost":
-                    self._lose(message["reason"])
-                case "closed":
-                    return
+            if not self._read_waiting():
+                return
 
-    def _apply(self, deltas: list) -> None:
+    def _read_waiting(self) -> bool:
+        """Every message waiting (at most ``MAX_MERGED``), in order; each request's ``on_update``
+        called once for all the steps among them that touched it, so a front that falls behind
+        the core catches up in fewer, larger updates. False once the core has closed."""
+        touched: dict[int, tuple[LlmRequest, Update]] = {}
+        try:
+            for _ in range(MAX_MERGED):
+                message = decode(self._outputs.recv())
+                match message["op"]:
+                    case "outputs":
+                        self._apply(message["deltas"], touched)
+                    case "reply":
+                        with self._lock:
+                            future = self._calls.pop(message["call_id"])
+                        if message["error"] is not None:
+                            future.set_exception(AssertionError(message["error"]))
+                        else:
+                            future.set_result(message["value"])
+                    case "lost":
+                        self._notify(touched)
+                        self._lose(message["reason"])
+                    case "closed":
+                        return False
+                if not self._outputs.poll(0):
+                    break
+        except zmq.ZMQError:  # (closed under it at shutdown)
+            return False
+        finally:
+            self._notify(touched)
+        return True
+
+    def _apply(self, deltas: list, touched: dict[int, tuple[LlmRequest, Update]]) -> None:
+        """One step's changes into the mirrors of the requests it touched."""
         for delta in deltas:
             rid, tokens, logprobs, finish, stop, iterations, accepted, admitted_at, reply = delta
             with self._lock:
                 watched = self._watchers.get(rid)
             if watched is None:  # (ended here already: a stop string, a lost core)
                 continue
-            request, on_update = watched
+            request = watched[0]
             request.output_token_ids.extend(tokens)
             if logprobs:
                 request.py_logprobs.extend(
@@ -237,10 +259,16 @@ class CoreProcess:
                 request.finish(FinishReason(finish), stop_reason_from_json(stop))
             if reply is not None:
                 self.disaggregated.received(rid, reply)
+            touched[rid] = watched
+
+    def _notify(self, touched: dict[int, tuple[LlmRequest, Update]]) -> None:
+        """Each touched request's ``on_update``, once; a finished one is no longer watched."""
+        for rid, (request, on_update) in touched.items():
             _call(on_update, request, request.is_finished)
             if request.is_finished:
                 with self._lock:
                     self._watchers.pop(rid, None)
+        touched.clear()
 
     def _lose(self, reason: str) -> None:
         """The core is gone: every request in flight ends with ``reason``."""

@@ -89,12 +89,16 @@ class Submission:
     async def _updates(
         self, running: _Running, timer: RequestTimer
     ) -> AsyncIterator[RequestOutput]:
-        """A submitted request's outputs, one per step that touched it. Leaving early (a
-        disconnected client, a cancelled task) cancels the request and frees its slots."""
+        """A submitted request's outputs, one per step that touched it, or (when this stream
+        falls behind the engine) the latest of those waiting: each output holds everything so
+        far. Leaving early (a disconnected client, a cancelled task) cancels the request and
+        frees its slots."""
         finished = False
         try:
             while not finished:
                 output = await running.outputs.get()
+                while not output.finished and not running.outputs.empty():
+                    output = running.outputs.get_nowait()
                 finished = output.finished
                 out = output.outputs[0]
                 al = out.avg_decoded_tokens_per_iter
