@@ -25,8 +25,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import triton
+import triton.language as tl
 
 from tensorrt_llm._torch.pyexecutor.resource_manager import BaseResourceManager
+
+PENALTY_BLOCK = 2048  # vocabulary entries per program of ``_penalty_kernel``
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
@@ -119,15 +123,26 @@ class LogitsState(BaseResourceManager):
             self._free.append(slot)
 
     @torch.inference_mode()  # the logits are inference tensors
-    def adjust(self, logits: torch.Tensor, rows: PenaltyRows) -> None:
-        """``logits [R, V]`` in place: each row's bias and penalties."""
-        counts = self.counts[rows.slots]  # [R, V]
-        penalty = rows.frequency[:, None] * counts + rows.presence[:, None] * (counts > 0)
-        logits += (self.bias[rows.slots] - penalty).to(logits.dtype)
+    def adjust(self, logits: torch.Tensor, rows: PenaltyRows, kernel: bool | None = None) -> None:
+        """``logits [R, V]`` in place: each row's bias and penalties. On CUDA (``kernel``) one
+        Triton program per row and block of the vocabulary, which reads nothing for rows at the
+        scratch slot (a batch whose rows mostly have no penalties pays for those that do)."""
+        if kernel if kernel is not None else logits.is_cuda:
+            num_rows, vocab = logits.shape
+            grid = (num_rows, triton.cdiv(vocab, PENALTY_BLOCK))
+            _penalty_kernel[grid](
+                logits, logits.stride(0), self.counts, self.bias, rows.slots, rows.presence,
+                rows.frequency, vocab, self.scratch, BLOCK=PENALTY_BLOCK,
+            )  # fmt: skip
+        else:
+            counts = self.counts[rows.slots]  # [R, V]
+            penalty = rows.frequency[:, None] * counts + rows.presence[:, None] * (counts > 0)
+            logits += (self.bias[rows.slots] - penalty).to(logits.dtype)
         # the drafts ahead of a verify row count as its output, and add presence where the
         # token had no count yet
         vocab = logits.shape[1]
-        new = (rows.pair_counts > 0) & (counts[rows.pair_rows, rows.pair_tokens] == 0)
+        had = self.counts[rows.slots[rows.pair_rows], rows.pair_tokens]
+        new = (rows.pair_counts > 0) & (had == 0)
         row_frequency, row_presence = rows.frequency[rows.pair_rows], rows.presence[rows.pair_rows]
         delta = -(row_frequency * rows.pair_counts + row_presence * new)
         flat = rows.pair_rows * vocab + rows.pair_tokens
@@ -156,3 +171,27 @@ def draft_pairs(drafts: torch.Tensor, num_drafts: torch.Tensor, first_row: torch
     ahead = same.to(torch.float32).cumsum(dim=2)  # [n, K, K]: [.., d, c] occurrences in 0..c
     counts = ahead[:, d, j - 1] * first[:, d]  # (j >= 1 for every pair)
     return (first_row[:, None] + j[None, :]).flatten(), drafts[:, d].flatten(), counts.flatten()
+
+
+@triton.jit
+def _penalty_kernel(
+    logits_ptr, logits_stride, counts_ptr, bias_ptr, slots_ptr, presence_ptr, frequency_ptr,
+    vocab, scratch, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Row ``program_id(0)``, vocabulary block ``program_id(1)``: ``logits += bias - frequency *
+    count - presence * (count > 0)`` of the row's slot, rounded as the torch form rounds (the
+    change in fp32, then to the logits' dtype, then added); nothing read at the scratch slot."""
+    row = tl.program_id(0)
+    slot = tl.load(slots_ptr + row)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = (offs < vocab) & (offs * 0 + slot != scratch)  # (a block: the interpreter wants one)
+    count = tl.load(counts_ptr + slot * vocab + offs, mask=mask, other=0)
+    bias = tl.load(bias_ptr + slot * vocab + offs, mask=mask, other=0.0)
+    frequency = tl.load(frequency_ptr + row)
+    presence = tl.load(presence_ptr + row)
+    penalty = frequency * count.to(tl.float32) + presence * (count > 0).to(tl.float32)
+    x = tl.load(logits_ptr + row * logits_stride + offs, mask=mask)
+    change = (bias - penalty).to(x.dtype).to(tl.float32)  # (torch adds in fp32, then rounds)
+    tl.store(
+        logits_ptr + row * logits_stride + offs, (x.to(tl.float32) + change).to(x.dtype), mask=mask
+    )

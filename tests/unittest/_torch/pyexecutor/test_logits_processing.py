@@ -109,3 +109,26 @@ def test_a_freed_slot_starts_from_the_next_requests_own_output():
     assert state.slots([second]) == [slot]
     assert state.counts[slot].nonzero().flatten().tolist() == [7]
     assert state.bias[slot].abs().sum() == 0
+
+
+def test_the_kernel_moves_the_rows_as_the_torch_form_does(monkeypatch):
+    """``_penalty_kernel`` (what CUDA runs) under Triton's interpreter against the torch form:
+    the same fp32 values, bf16 within a rounding (the interpreter's bf16 is emulated), rows at
+    the scratch slot untouched."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    requests = [
+        request(0, [4, 4, 7], [4, 9, 9], presence_penalty=1.5, frequency_penalty=0.25),
+        request(1, [5], [8, 1, 3]),  # the scratch slot
+        request(2, [], [6, 6, 6], presence_penalty=2.0, logit_bias={6: 1.0, 11: -3.5}),
+    ]
+    state = LogitsState(4, VOCAB, torch.device("cpu"))
+    inputs = step_inputs(requests, state, 4)
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = torch.randn(12, VOCAB).to(dtype)
+        want, got = logits.clone(), logits.clone()
+        state.adjust(want, step_penalty_rows(inputs), kernel=False)
+        state.adjust(got, step_penalty_rows(inputs), kernel=True)
+        if dtype == torch.float32:
+            assert torch.equal(got, want)
+        torch.testing.assert_close(got, want, rtol=1 / 64, atol=1 / 64)
+        assert torch.equal(got[4:8], logits[4:8]) and not torch.equal(got[:4], logits[:4])
