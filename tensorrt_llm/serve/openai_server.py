@@ -49,6 +49,7 @@ from tensorrt_llm.serve.waits import (
     unless_disconnected,
     until_finished,
 )
+from tensorrt_llm.serve.warm_up import warm_up_front
 
 
 class OpenAIServer:
@@ -72,6 +73,7 @@ class OpenAIServer:
 
         @contextlib.asynccontextmanager
         async def lifespan(app: FastAPI):
+            await warm_up_front(self.llm, self.media)  # (before /health answers)
             async with self.memory.watching():
                 yield
 
