@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.pyexecutor.config import (
+    BatchWait,
     CudaGraphOptions,
     KvCacheOptions,
     PyExecutorConfig,
@@ -149,6 +150,11 @@ class TorchLlmArgs(StrictBaseModel):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     enable_chunked_prefill: bool = True
+    # Batch waiting (upstream's keys; 0 disables): while requests decode, new prompts wait up to
+    # batch_wait_timeout_iters steps for others to join them, or until the step's tokens reach
+    # batch_wait_max_tokens_ratio * max_num_tokens, so that fewer steps mix prefill into decode.
+    batch_wait_timeout_iters: int = Field(default=0, ge=0)
+    batch_wait_max_tokens_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
     speculative_config: Eagle3DecodingConfig | None = None
     quant_config: QuantConfig | None = None
     # How weights load (upstream's key): "auto" reads the checkpoint; "dummy" reads only the
@@ -229,6 +235,7 @@ class TorchLlmArgs(StrictBaseModel):
                 enable_block_reuse=kv.enable_block_reuse,
             ),
             enable_chunked_prefill=self.enable_chunked_prefill,
+            batch_wait=BatchWait(self.batch_wait_timeout_iters, self.batch_wait_max_tokens_ratio),
             speculative=(
                 None if self.speculative_config is None else self.speculative_config.to_runtime()
             ),

@@ -179,6 +179,7 @@ def create_py_executor(
         executor_config.max_num_tokens,
         kv_cache_manager,
         executor_config.enable_chunked_prefill,
+        executor_config.batch_wait,
     )
     runner = None
     if executor_config.cuda_graph is not None:

@@ -15,6 +15,24 @@ KV_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
+class BatchWait:
+    """Upstream's batch waiting (0 disables each): while requests decode, the prompts of a step
+    wait until ``timeout_iters`` steps have passed, or (``max_tokens_ratio``) until the step's
+    tokens reach that share of ``max_num_tokens``; then they all go in one step. Prefill then
+    joins decode in fewer steps (each such step runs outside the CUDA graphs)."""
+
+    timeout_iters: int = 0
+    max_tokens_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.timeout_iters < 0 or not 0.0 <= self.max_tokens_ratio <= 1.0:
+            raise ValueError(
+                f"batch_wait_timeout_iters={self.timeout_iters} must be >= 0 and "
+                f"batch_wait_max_tokens_ratio={self.max_tokens_ratio} in [0, 1]"
+            )
+
+
+@dataclass(frozen=True)
 class KvCacheLayer:
     """What one layer keeps per token: K and V of ``num_kv_heads x head_dim``, and on an MSA layer
     one index-K head of ``index_head_dim`` (0: none). ``is_draft`` marks a one-model draft layer,
@@ -155,6 +173,7 @@ class PyExecutorConfig:
     max_seq_len: int
     kv_cache: KvCacheOptions
     enable_chunked_prefill: bool = True
+    batch_wait: BatchWait = field(default_factory=BatchWait)
     speculative: Eagle3SpecConfig | None = None
     attn_backend: str = "VANILLA"
     device: str = "cpu"

@@ -74,6 +74,7 @@ class PyExecutor:
         self.isolation = FaultIsolation()  # a failed step's requests retried one at a time
         self.rank_sync = rank_sync
         self.lockstep = lockstep
+        self._alone = False  # (``run_alone``)
 
     @property
     def cuda_graph_runner(self) -> CUDAGraphRunner | None:
@@ -203,7 +204,7 @@ class PyExecutor:
                 self.end_all(RequestError(ErrorKind.RANK_LOST, f"a rank is gone ({describe(exc)})"))
                 raise
         self._admit_generation_only()
-        batch = self.scheduler.schedule(self.active, self._admitted)
+        batch = self.scheduler.schedule(self.active, self._admitted, not self._alone)
         finished: list[LlmRequest] = []
         if self._unread and batch.batch_size:
             batch.feed = self._unread[-1].feed()
@@ -234,6 +235,7 @@ class PyExecutor:
         ``max_steps`` steps ran; returns the steps. (The start-up warm-up: every rank runs the
         same requests in the same order, so no rank commands are sent.)"""
         rank_sync, self.rank_sync = self.rank_sync, None
+        self._alone = True  # (each prompt prefills in the step it joins: no batch waiting)
         steps = 0
         try:
             for request in requests:
@@ -244,7 +246,7 @@ class PyExecutor:
                 self.step()
                 steps += 1
         finally:
-            self.rank_sync = rank_sync
+            self.rank_sync, self._alone = rank_sync, False
         return steps
 
     def reset_stats(self) -> None:

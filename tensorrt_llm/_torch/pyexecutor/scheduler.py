@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from tensorrt_llm._torch.pyexecutor.config import BatchWait
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
 
 if TYPE_CHECKING:
@@ -99,14 +100,38 @@ class GuaranteedNoEvictScheduler:
         max_num_tokens: int,
         kv_cache_manager: KvCapacity,
         enable_chunked_prefill: bool = True,
+        batch_wait: BatchWait | None = None,
     ) -> None:
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
         self.kv_cache_manager = kv_cache_manager
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.batch_wait = batch_wait or BatchWait()
+        self._waited = 0  # steps the prompts waiting now have waited
 
-    def schedule(self, active: list[LlmRequest], admitted: set[int]) -> ScheduledRequests:
-        """``active`` in arrival order; ``admitted`` holds ids already granted KV (updated here)."""
+    def schedule(
+        self, active: list[LlmRequest], admitted: set[int], may_wait: bool = True
+    ) -> ScheduledRequests:
+        """``active`` in arrival order; ``admitted`` holds ids already granted KV (updated here).
+        ``may_wait``: batch waiting applies (``BatchWait``)."""
+        batch = self._schedule(active, admitted)
+        if may_wait and batch.context_requests and batch.generation_requests and self._wait(batch):
+            batch.context_requests = []  # (admitted: their KV stays reserved while they wait)
+        return batch
+
+    def _wait(self, batch: ScheduledRequests) -> bool:
+        """Whether the batch's prompts wait for this step (``BatchWait``)."""
+        wait = self.batch_wait
+        tokens = sum(r.context_chunk_size for r in batch.context_requests)
+        tokens += sum(1 + len(r.py_draft_tokens) for r in batch.generation_requests)
+        full = wait.max_tokens_ratio > 0 and tokens >= wait.max_tokens_ratio * self.max_num_tokens
+        if self._waited >= wait.timeout_iters or full:
+            self._waited = 0
+            return False
+        self._waited += 1
+        return True
+
+    def _schedule(self, active: list[LlmRequest], admitted: set[int]) -> ScheduledRequests:
         batch = ScheduledRequests()
         budget = self.max_num_tokens
         for req in active:

@@ -98,3 +98,41 @@ def test_finished_requests_are_never_scheduled():
     done.state = LlmRequestState.GENERATION_COMPLETE
     batch = scheduler().schedule([done], {0})
     assert batch.batch_size == 0
+
+
+def test_batch_waiting_holds_prompts_beside_decodes_until_its_timeout_or_token_share():
+    from tensorrt_llm._torch.pyexecutor.config import BatchWait
+
+    capacity = Capacity(100)
+    wait = GuaranteedNoEvictScheduler(8, 64, capacity, batch_wait=BatchWait(timeout_iters=2))
+    running, admitted = [decoding(0, drafts=3)], {0}
+    active = running + [prompt(1, 10)]
+    held = [wait.schedule(active, admitted) for _ in range(2)]
+    assert all(ids(b.context_requests) == [] and ids(b.generation_requests) == [0] for b in held)
+    assert 1 in admitted  # its KV is reserved while it waits
+    active.append(prompt(2, 10))  # joins the wait; both go once the timeout is reached
+    assert ids(wait.schedule(active, admitted).context_requests) == [1, 2]
+    # no decode running: prompts never wait; and the start-up warm-up turns waiting off
+    assert ids(wait.schedule([prompt(3, 10)], set()).context_requests) == [3]
+    assert ids(wait.schedule(running + [prompt(4, 10)], {0}, may_wait=False).context_requests) == [
+        4
+    ]
+    # the token share: 4 + 40 tokens reach half of 64 at once, 4 + 10 do not
+    share = BatchWait(timeout_iters=100, max_tokens_ratio=0.5)
+    wait = GuaranteedNoEvictScheduler(8, 64, capacity, batch_wait=share)
+    assert ids(wait.schedule(running + [prompt(5, 10)], {0}).context_requests) == []
+    assert ids(wait.schedule(running + [prompt(5, 10), prompt(6, 30)], {0}).context_requests) == [
+        5,
+        6,
+    ]
+
+
+def test_batch_wait_options_are_checked():
+    import pytest
+
+    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+
+    with pytest.raises(ValueError, match="batch_wait_max_tokens_ratio"):
+        TorchLlmArgs(batch_wait_max_tokens_ratio=1.5)
+    config = TorchLlmArgs(batch_wait_timeout_iters=8).to_executor_config(64, "float32", "cpu")
+    assert (config.batch_wait.timeout_iters, config.batch_wait.max_tokens_ratio) == (8, 0.0)
