@@ -1,11 +1,14 @@
 """The front's one-time costs, paid before ``/health`` answers rather than by a user's first
 request: the chat template's compilation, the request models' first validation, the first
-tokenization and detokenization. Nothing reaches the engine (whose own are paid at its start-up:
-``_torch/pyexecutor/warm_up.py``), so no statistic and no KV slot moves."""
+tokenization and detokenization, the loading of the async backend a streamed reply runs on.
+Nothing reaches the engine (whose own are paid at its start-up: ``_torch/pyexecutor/warm_up.py``),
+so no statistic and no KV slot moves."""
 
 from __future__ import annotations
 
 import time
+
+import anyio
 
 from tensorrt_llm.logger import logger
 from tensorrt_llm.serve import media
@@ -20,6 +23,8 @@ async def warm_up_front(llm, pool: media.MediaPool) -> None:
     starts all the same."""
     start = time.perf_counter()
     try:
+        async with anyio.create_task_group():  # (a streamed reply's first loads anyio's backend)
+            pass
         chat = ChatCompletionRequest.model_validate(CHAT)
         CompletionRequest.model_validate(COMPLETION)
         if llm.tokenizer is None:  # (token ids in, token ids out)
