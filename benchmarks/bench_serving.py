@@ -2,7 +2,7 @@
 through a ``trtllm-serve`` process driven by ``trtllm-bench``'s client, in one run.
 
     python benchmarks/bench_serving.py [--device cpu|cuda] [--concurrency 1,16,64]
-        [--num-requests 192] [--output-len 64] [--config options.yaml]
+        [--num-requests 192] [--output-len 64] [--config options.yaml] [--client-processes 4]
 
 The workload is ``trtllm-bench``'s (fixed-seed GSM8K-style chat questions, greedy, ``ignore_eos``,
 ``max_tokens`` = ``--output-len``); the model is the README's (the bundled M3-tiny with its Eagle3
@@ -11,7 +11,9 @@ drafter, unified KV) unless ``--config`` names other ``LLM`` options. Both sides
 timed one. At each level ``concurrency`` requests are in flight at once: HTTP streams on the server,
 ``LLM.submit`` calls (a new one as each ends, an output after every step) on the engine; and the
 engine runs the workload through ``LLM.generate`` in batches of ``concurrency`` (no output before
-a request ends), the reference the server is held to.
+a request ends), the reference the server is held to. The client runs in ``--client-processes``
+processes (each one event loop, an equal share of the requests in flight), so that parsing the
+streams does not cap what the server is measured at.
 
 Printed per level: output tokens/s of each and the ratios server / generate and server / submit,
 TTFT p50 and TPOT p50 of the streamed two. Then the server's start-up time (launch to ``/health`` 200), the latency of the first
@@ -34,7 +36,7 @@ import httpx
 import yaml
 from bench_common import machine_name
 
-from tensorrt_llm.bench.serving import Workload, one_request, run_level, summarize
+from tensorrt_llm.bench.serving import Workload, one_request, run_spread, summarize
 from tensorrt_llm.bundled import bundled_eagle3
 from tensorrt_llm.evaluate.deployment import running
 from tensorrt_llm.llmapi import LLM, GenerationRequest
@@ -112,8 +114,8 @@ def generate_level(llm: LLM, prompts: list[list[int]], params: SamplingParams, b
     return {"output_tokens_per_s": tokens / (time.perf_counter() - begin)}
 
 
-def server_level(url: str, bodies: list[dict], concurrency: int) -> dict:
-    results, wall = asyncio.run(run_level(url, bodies, concurrency=concurrency))
+def server_level(url: str, bodies: list[dict], concurrency: int, processes: int) -> dict:
+    results, wall = run_spread(url, bodies, concurrency=concurrency, processes=processes)
     s = summarize(results, wall)
     if s["failed"]:
         raise RuntimeError(f"{s['failed']} requests failed: {s['errors']}")
@@ -154,8 +156,8 @@ def measure_server(args, options: dict, bodies: list[dict], levels: list[int]) -
         out["idle_cores"] = (cpu_seconds(pid) - before) / (time.perf_counter() - t0)
         for level in levels:
             work = bodies[:FIRST_REQUESTS] if level == 1 else bodies
-            server_level(url, work, level)  # the untimed pass
-            out["levels"][level] = server_level(url, work, level)
+            server_level(url, work, level, args.client_processes)  # the untimed pass
+            out["levels"][level] = server_level(url, work, level, args.client_processes)
             print(f"  server, concurrency {level}: {out['levels'][level]}", flush=True)
     return out
 
@@ -190,6 +192,12 @@ def main() -> None:
     p.add_argument("--num-requests", type=int, default=192)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--config", type=Path, default=None, help="YAML file of LLM options")
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=4,
+        help="client processes sharing a level (at most one per request in flight)",
+    )
     args = p.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     options = yaml.safe_load(args.config.read_text()) if args.config else {}

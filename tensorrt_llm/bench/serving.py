@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import queue
 import random
 import statistics
 import time
@@ -103,11 +105,13 @@ def _chunk_tokens(event: dict) -> tuple[str, dict | None]:
     return text, choice
 
 
-async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
+async def one_request(
+    client: httpx.AsyncClient, url: str, body: dict, headers: dict | None = None
+) -> RequestResult:
     start = time.perf_counter()
     result, chunk_times, last, usage = RequestResult(ok=False), [], start, None
     try:
-        async with client.stream("POST", url, json=body) as reply:
+        async with client.stream("POST", url, json=body, headers=headers) as reply:
             if reply.status_code != 200:
                 await reply.aread()
                 return RequestResult(False, f"HTTP {reply.status_code}: {reply.text[:200]}")
@@ -147,9 +151,11 @@ async def run_level(
     request_rate: float | None = None,
     seed: int = 0,
     on_done: Callable[[], None] | None = None,
+    headers: dict | None = None,
 ) -> tuple[list[RequestResult], float]:
     """All ``bodies`` at ``concurrency`` in flight, or arriving at ``request_rate`` per second
-    (exponential gaps from ``seed``). Returns the results and the wall time."""
+    (exponential gaps from ``seed``), from this process's event loop. Returns the results and
+    the wall time."""
     gate = asyncio.Semaphore(concurrency or len(bodies))
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=(concurrency or len(bodies)) + 4)
@@ -158,7 +164,7 @@ async def run_level(
         async def send(body: dict, delay: float) -> RequestResult:
             await asyncio.sleep(delay)
             async with gate:
-                result = await one_request(client, url, body)
+                result = await one_request(client, url, body, headers)
             if on_done is not None:
                 on_done()
             return result
@@ -170,6 +176,69 @@ async def run_level(
         start = time.perf_counter()
         results = await asyncio.gather(*(send(b, d) for b, d in zip(bodies, delays)))
     return list(results), time.perf_counter() - start
+
+
+def _client(url, bodies, concurrency, request_rate, seed, headers, start, done) -> None:
+    """One client process of ``run_spread``: waits for the others, runs its share and sends its
+    results back on ``done``; every finished request is reported as it ends."""
+    start.wait()
+    begin = time.monotonic()
+    results, _ = asyncio.run(
+        run_level(url, bodies, concurrency, request_rate, seed, lambda: done.put(None), headers)
+    )
+    done.put((begin, time.monotonic(), results))
+
+
+def run_spread(
+    url: str,
+    bodies: list[dict],
+    concurrency: int | None = None,
+    request_rate: float | None = None,
+    seed: int = 0,
+    on_done: Callable[[], None] | None = None,
+    headers: dict | None = None,
+    processes: int = 1,
+) -> tuple[list[RequestResult], float]:
+    """``run_level`` from ``processes`` client processes, so that the client's own parsing does
+    not limit what a fast server is measured at. Each takes every ``processes``-th request, an
+    equal share of the concurrency (or of the request rate: Poisson arrivals add up), and they
+    start together; the wall time runs from the first start to the last end."""
+    processes = max(1, min(processes, len(bodies), concurrency or len(bodies)))
+    if processes == 1:
+        return asyncio.run(run_level(url, bodies, concurrency, request_rate, seed, on_done, headers))
+    context = multiprocessing.get_context("spawn")
+    start, done = context.Barrier(processes), context.Queue()
+    workers = []
+    for i in range(processes):
+        share = None if concurrency is None else concurrency // processes + (i < concurrency % processes)
+        rate = None if request_rate is None else request_rate / processes
+        args = (url, bodies[i::processes], share, rate, seed + i, headers, start, done)
+        workers.append(context.Process(target=_client, args=args, daemon=True))
+    for worker in workers:
+        worker.start()
+    spans, results = [], []
+    try:
+        while len(spans) < processes:
+            try:
+                message = done.get(timeout=1.0)
+            except queue.Empty:
+                dead = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a client process exited with code {dead[0]}") from None
+                continue
+            if message is None:
+                if on_done is not None:
+                    on_done()
+                continue
+            begin, end, part = message
+            spans.append((begin, end))
+            results += part
+    finally:
+        for worker in workers:
+            worker.join(timeout=10)
+            if worker.is_alive():
+                worker.terminate()
+    return results, max(e for _, e in spans) - min(b for b, _ in spans)
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:

@@ -9,14 +9,13 @@ acceptance length. A table goes to stdout; ``--out`` writes every figure as JSON
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
-from tensorrt_llm.bench.serving import DATASETS, Workload, run_level, summarize
+from tensorrt_llm.bench.serving import DATASETS, Workload, run_spread, summarize
 
 
 def _numbers(kind):
@@ -47,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=4, help="requests sent before the sweep")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None)
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="client processes sharing each level (a single one can be the limit at high load)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     return p
 
@@ -91,9 +96,10 @@ def _model(args, headers) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.num_requests < 1:
-        print("trtllm-bench: --num-requests must be at least 1", file=sys.stderr)
-        return 2
+    for flag in ("num_requests", "client_processes"):
+        if getattr(args, flag) < 1:
+            print(f"trtllm-bench: --{flag.replace('_', '-')} must be at least 1", file=sys.stderr)
+            return 2
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         model = _model(args, headers)
@@ -106,20 +112,20 @@ def main(argv: list[str] | None = None) -> int:
     levels += [("request_rate", r) for r in args.request_rate or []]
     levels = levels or [("concurrency", 1)]
     if args.warmup:
-        asyncio.run(run_level(url, bodies[: args.warmup], concurrency=args.warmup))
+        run_spread(url, bodies[: args.warmup], concurrency=args.warmup, headers=headers)
     report = {"url": args.url, "model": model, "workload": vars(args) | {"out": None}, "levels": []}
     print(HEADER)
     for kind, value in levels:
         with tqdm(total=len(bodies), desc=f"{kind}={value}", file=sys.stderr, leave=False) as bar:
-            results, wall = asyncio.run(
-                run_level(
-                    url,
-                    bodies,
-                    concurrency=value if kind == "concurrency" else None,
-                    request_rate=value if kind == "request_rate" else None,
-                    seed=args.seed,
-                    on_done=bar.update,
-                )
+            results, wall = run_spread(
+                url,
+                bodies,
+                concurrency=value if kind == "concurrency" else None,
+                request_rate=value if kind == "request_rate" else None,
+                seed=args.seed,
+                on_done=bar.update,
+                headers=headers,
+                processes=args.client_processes,
             )
         summary = summarize(results, wall)
         report["levels"].append({kind: value, **summary})
