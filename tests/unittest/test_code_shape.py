@@ -231,3 +231,22 @@ def test_the_engine_parts_are_not_set_after_construction():
                     f"{name}:{target.lineno} sets .{target.attr} ({held[target.attr]}'s)"
                 )
     assert outside == []
+
+
+# How a step runs is decided in one place: the plan (step_plan.py) asks the graph runner for the
+# bucket, and runs the ranks' collective on the MoE exchanges (``exchange.agree``).
+PLANNER = "tensorrt_llm._torch.pyexecutor.step_plan"
+
+
+def test_a_step_is_planned_in_one_place():
+    callers: dict[str, set[str]] = {"bucket_size": set(), "exchange.agree": set()}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            receiver = node.func.value
+            if node.func.attr == "bucket_size":
+                callers["bucket_size"].add(name)
+            elif node.func.attr == "agree" and getattr(receiver, "id", "") == "exchange":
+                callers["exchange.agree"].add(name)
+    assert callers == {"bucket_size": {PLANNER}, "exchange.agree": {PLANNER}}

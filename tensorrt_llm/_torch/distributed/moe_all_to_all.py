@@ -119,41 +119,25 @@ def all_to_all_fixed(
 class ExchangeSync:
     """A rank's side of the MoE layers' exchanges under attention DP with EP: before each step's
     forward the ranks agree, in one all-reduce over the control group, on how the layers exchange
-    in it: through the fixed buffers of ``capacity`` rows when no rank has more tokens
-    (``graphs``: then the CUDA graphs, all captured at start-up, may replay; their buffers
-    cannot be sized per step), else sized by the counts (every rank runs eagerly).
+    in it: through the fixed buffers of ``capacity`` rows when no rank has more tokens (then the
+    CUDA graphs, all captured at start-up with those buffers, may replay; their buffers cannot be
+    sized per step), else sized by the counts (every rank runs eagerly). The agreement is the
+    step's (``step_plan.StepPlan.moe_capacity``); this object keeps none of it.
 
     ``moe_blocks``: the exchanging MoE layers, in forward order."""
 
     def __init__(self, moe_blocks: list, capacity: int) -> None:
         self.blocks = moe_blocks
         self.capacity = capacity
-        self.graphs = True
 
-    def agree(self, batch, runner) -> None:
-        """``batch``: this step's ``ScheduledRequests``; ``runner``: the ``CUDAGraphRunner``, if
-        any."""
-        bucket = None
-        if batch.batch_size and runner is not None:
-            bucket = runner.bucket_size(batch)
-        if bucket is not None:
-            tokens = bucket * runner.tokens_per_seq  # the padded rows are exchanged too
-        else:
-            tokens = sum(r.context_chunk_size for r in batch.context_requests)
-            tokens += sum(1 + len(r.py_draft_tokens) for r in batch.generation_requests)
+    def agree(self, tokens: int) -> int | None:
+        """``tokens``: this rank's tokens in the step (0 with nothing to run). Returns the step's
+        exchange: ``capacity`` when no rank has more tokens, else None (sized by the counts)."""
         (most,) = max_over_ranks([tokens])
-        self.graphs = most <= self.capacity
+        return self.capacity if most <= self.capacity else None
 
-    @property
-    def step_capacity(self) -> int | None:
-        """The exchange of this step's forward (its metadata's ``moe_capacity``): the fixed
-        buffers' rows, or None (sized by the counts)."""
-        return self.capacity if self.graphs else None
-
-    def idle_step(self) -> None:
-        """A step without a forward here: one pass without tokens, as the others exchange."""
-        self.idle_pass()
-
-    def idle_pass(self) -> None:
+    def idle_step(self, capacity: int | None) -> None:
+        """A step without a forward here: one pass of every layer without tokens, as the others
+        exchange (``capacity``: the step's agreed exchange)."""
         for block in self.blocks:
-            block.idle(self.step_capacity)
+            block.idle(capacity)

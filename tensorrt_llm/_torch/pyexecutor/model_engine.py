@@ -58,9 +58,12 @@ class PyTorchModelEngine:
         for module in self._moe:
             module.routed.zero_()
 
-    def build_inputs(self, batch: ScheduledRequests) -> tuple[torch.Tensor, AttentionMetadata]:
+    def build_inputs(
+        self, batch: ScheduledRequests, moe_capacity: int | None = None
+    ) -> tuple[torch.Tensor, AttentionMetadata]:
         """An eager step's token ids on the device and its metadata: each prompt's chunk, then
-        each generation request's last token and drafts."""
+        each generation request's last token and drafts. ``moe_capacity``: the step's agreed
+        MoE exchange (``StepPlan``)."""
         tokens: list[int] = []
         seq_lens, cached = [], []
         for req in batch.context_requests:
@@ -88,7 +91,7 @@ class PyTorchModelEngine:
             num_contexts=len(batch.context_requests),
             device=self.device,
             buffers=self.buffers,
-            moe_capacity=self.exchange.step_capacity if self.exchange is not None else None,
+            moe_capacity=moe_capacity,
         )
         input_ids = self.buffers.put(
             "input_ids", torch.tensor(tokens, dtype=torch.long), torch.long

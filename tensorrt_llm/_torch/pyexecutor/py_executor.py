@@ -31,6 +31,7 @@ from tensorrt_llm.logger import logger
 if TYPE_CHECKING:
     from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
     from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
+    from tensorrt_llm._torch.pyexecutor.step_plan import StepPlan
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
 
@@ -210,17 +211,17 @@ class PyExecutor:
             batch.feed = self._unread[-1].feed()
             batch.hold_back_at_length(self.max_seq_len)
         self.isolation.restrict(batch)
-        if self.model_engine.exchange is not None:  # the ranks agree on the MoE exchanges
-            self.model_engine.exchange.agree(batch, self.cuda_graph_runner)
-        if batch.feed is not None and batch.batch_size and not self.dispatch.can_feed(batch):
+        plan = self.dispatch.plan(batch)  # (the ranks agree on the MoE exchanges here)
+        if batch.feed is not None and not plan.idle and not self.dispatch.can_feed(plan):
             finished += self._read(self._unread[-1])
             batch.feed = None
             batch.pause([r for r in batch.all_requests if r.is_finished])
-        launched = bool(batch.batch_size)
+            plan = self.dispatch.plan(batch, agreed=plan)
+        launched = not plan.idle
         if launched:
-            self._launch(batch)
+            self._launch(plan)
         else:
-            self.take_part()
+            self.take_part(plan)
         while self._unread and (
             not launched  # nothing runs behind it: nothing to overlap
             or len(self._unread) > 1
@@ -257,15 +258,16 @@ class PyExecutor:
         counts = self.model_engine.expert_tokens()  # (TP attention: every rank routes every token)
         return None if counts is None else counts.tolist()
 
-    def take_part(self) -> None:
+    def take_part(self, plan: StepPlan) -> None:
         """Nothing to run here: where the MoE layers exchange tokens, take part all the same."""
         if self.model_engine.exchange is not None:
-            self.model_engine.exchange.idle_step()
+            self.model_engine.exchange.idle_step(plan.moe_capacity)
             self.stats.num_idle_steps += 1
 
-    def _launch(self, batch: ScheduledRequests) -> None:
+    def _launch(self, plan: StepPlan) -> None:
         """Prepare the batch's KV and queue its step. On failure (after what is already launched
         is read) its requests run again one at a time, or end (``fault_isolation.py``)."""
+        batch = plan.batch
         forwarded = False
         try:
             self.resource_manager.prepare_resources(batch)
@@ -273,7 +275,7 @@ class PyExecutor:
                 if req.request_id in batch.reused_tokens:
                     req.skip_reused_prefix(batch.reused_tokens[req.request_id])
             forwarded = True
-            self._unread.append(self.dispatch.launch(batch))
+            self._unread.append(self.dispatch.launch(plan))
         except Exception as exc:  # its requests end (never leaking a slot) or run again alone
             one_rank = self.rank_sync is None and not self.lockstep  # (an ADP rank runs alone
             one_rank &= self.model_engine.exchange is None  # unless its MoE meets the others)
@@ -282,7 +284,7 @@ class PyExecutor:
                 self._release(req)
             self._drain()
             if not forwarded:
-                self.take_part()
+                self.take_part(plan)
             if ended:
                 raise
             return

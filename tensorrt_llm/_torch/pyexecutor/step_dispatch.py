@@ -1,6 +1,6 @@
-"""StepDispatch: how a scheduled batch runs. A CUDA graph replay when the runner has a bucket for
-it (and the ranks' MoE exchanges allow the graphs), else ``run_step`` eagerly on the ``StepInputs``
-the batch is built into: the same program either way (``step_program.py``)."""
+"""StepDispatch: how a scheduled batch runs, as its ``StepPlan`` says (``step_plan.py``). A CUDA
+graph replay when the plan has a bucket, else ``run_step`` eagerly on the ``StepInputs`` the batch
+is built into: the same program either way (``step_program.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens, LaunchedS
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequestState
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.step_inputs import StepInputsBuilder
+from tensorrt_llm._torch.pyexecutor.step_plan import StepPlan, plan_step
 from tensorrt_llm._torch.pyexecutor.step_program import run_step
 
 if TYPE_CHECKING:
@@ -44,36 +45,33 @@ class StepDispatch:
             spec_worker.draft_probs if spec_worker is not None else None,
         )
 
-    def bucket(self, batch: ScheduledRequests) -> int | None:
-        """The graph bucket that runs ``batch``, or None when it runs eagerly."""
-        if self.runner is None:
-            return None
-        exchange = self.engine.exchange  # as the ranks agreed on their MoE exchanges
-        if exchange is not None and not exchange.graphs:
-            return None
-        return self.runner.bucket_size(batch)
+    def plan(self, batch: ScheduledRequests, agreed: StepPlan | None = None) -> StepPlan:
+        """``batch``'s plan (``plan_step``; under attention DP with EP, the step's collective)."""
+        return plan_step(batch, self.runner, self.engine.exchange, agreed)
 
-    def can_feed(self, batch: ScheduledRequests) -> bool:
-        """Whether ``batch`` can launch with the launched step's tokens still on the device."""
+    def can_feed(self, plan: StepPlan) -> bool:
+        """Whether the plan's batch can launch with the launched step's tokens still on the
+        device."""
+        batch = plan.batch
         fed = [r for r in batch.generation_requests if batch.pending_tokens(r)]
         if not fed or self.spec_worker is None:
             return True
-        return self.bucket(batch) is not None  # Eagle3 moves the positions on the device: graphs
+        return plan.bucket is not None  # Eagle3 moves the positions on the device: graphs
 
     @torch.inference_mode()
-    def launch(self, batch: ScheduledRequests) -> LaunchedStep:
-        """``batch``'s step, queued on the device."""
+    def launch(self, plan: StepPlan) -> LaunchedStep:
+        """The plan's step, queued on the device."""
+        batch = plan.batch
         decoding = [r.state is LlmRequestState.GENERATION_IN_PROGRESS for r in batch.all_requests]
-        bucket = self.bucket(batch)
-        if bucket is not None:
-            logits, tokens = self.runner.run(batch, bucket)
+        if plan.bucket is not None:
+            logits, tokens = self.runner.run(batch, plan.bucket)
             # generation logits are copied from the bucket's at the read: read before a replay
             keeps_logits = any(
                 r.sampling_params.return_generation_logits for r in batch.all_requests
             )
             overlappable = self.overlap and not keeps_logits
             return LaunchedStep(batch, decoding, logits, tokens, overlappable=overlappable)
-        input_ids, md = self.engine.build_inputs(batch)
+        input_ids, md = self.engine.build_inputs(batch, plan.moe_capacity)
         inputs = self._inputs.build(batch, input_ids, md.seq_lens)
         out = run_step(
             self.engine,

@@ -264,12 +264,15 @@ def test_the_fixed_exchange_gives_the_sized_ones_sums(tmp_path):
 
 
 def test_the_ranks_agree_on_each_steps_exchange(monkeypatch):
-    """``ExchangeSync`` with the ranks' all-reduce stubbed: fixed buffers (and the CUDA graphs,
-    all captured at start-up) when no rank has more tokens than they hold, else every rank runs
-    eagerly, sized by the counts; a rank with nothing to run makes one pass without tokens."""
+    """``plan_step`` with ``ExchangeSync`` and the ranks' all-reduce stubbed: fixed buffers (and
+    the CUDA graphs, all captured at start-up) when no rank has more tokens than they hold, else
+    every rank runs eagerly, sized by the counts; one collective per step, also on a rank with
+    nothing to run, which makes one pass without tokens; a plan made again after requests were
+    paused keeps the agreement without a second collective."""
     from types import SimpleNamespace
 
     from tensorrt_llm._torch.distributed import moe_all_to_all
+    from tensorrt_llm._torch.pyexecutor.step_plan import plan_step
 
     passes, sent = [], []
     block = SimpleNamespace(idle=passes.append)  # records the capacity of each idle pass
@@ -284,13 +287,16 @@ def test_the_ranks_agree_on_each_steps_exchange(monkeypatch):
         return [max(values[0], others["tokens"])]
 
     monkeypatch.setattr(moe_all_to_all, "max_over_ranks", max_over_ranks)
-    sync.agree(decode, runner)
+    plan = plan_step(decode, runner, sync)
     assert sent[-1] == [8]  # bucket 2 x 4 rows
-    assert (sync.step_capacity, sync.graphs) == (8, True)
+    assert (plan.bucket, plan.moe_capacity) == (2, 8)
     others["tokens"] = 9  # a rank's prefill overflows the fixed rows
-    sync.agree(decode, runner)
-    assert (sync.step_capacity, sync.graphs) == (None, False)
+    plan = plan_step(decode, runner, sync)
+    assert (plan.bucket, plan.moe_capacity) == (None, None)  # eager, sized by the counts
+    again = plan_step(decode, runner, sync, agreed=plan)
+    assert len(sent) == 2 and (again.bucket, again.moe_capacity) == (None, None)
     others["tokens"] = 0
-    sync.agree(nothing, runner)  # nothing to run here
-    sync.idle_step()
+    idle = plan_step(nothing, runner, sync)  # nothing to run here
+    assert idle.idle and idle.bucket is None
+    sync.idle_step(idle.moe_capacity)
     assert sent[-1] == [0] and passes == [8]

@@ -90,7 +90,7 @@ def test_a_step_that_raises_ends_only_its_batch_and_frees_every_slot(executor, m
     engine = executor.model_engine
     original = engine.build_inputs
 
-    def broken(batch):
+    def broken(batch, moe_capacity=None):
         raise RuntimeError("device lost")
 
     monkeypatch.setattr(engine, "build_inputs", broken)

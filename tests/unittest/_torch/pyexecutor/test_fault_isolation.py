@@ -55,12 +55,12 @@ def poison(executor, monkeypatch, request_id: int, after_steps: int = 0) -> None
     engine = executor.model_engine
     original, seen = engine.build_inputs, {"steps": 0}
 
-    def forward(batch):
+    def forward(batch, moe_capacity=None):
         if any(r.request_id == request_id for r in batch.all_requests):
             seen["steps"] += 1
             if seen["steps"] > after_steps:
                 raise RuntimeError("kernel cannot take this shape\nsecond line")
-        return original(batch)
+        return original(batch, moe_capacity)
 
     monkeypatch.setattr(engine, "build_inputs", forward)
 
@@ -127,10 +127,10 @@ def test_a_batch_that_fails_for_its_size_is_held_to_half_of_it(model, monkeypatc
     engine = executor.model_engine
     original = engine.build_inputs
 
-    def forward(step):  # a step of more than two requests runs out of memory
+    def forward(step, moe_capacity=None):  # a step of more than two requests runs out of memory
         if step.batch_size > 2:
             raise RuntimeError("out of memory")
-        return original(step)
+        return original(step, moe_capacity)
 
     monkeypatch.setattr(engine, "build_inputs", forward)
     assert run(executor, got) == 0  # every request ran alone once, then two at a time

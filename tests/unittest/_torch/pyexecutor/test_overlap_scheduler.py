@@ -146,7 +146,7 @@ def test_a_step_that_always_raises_ends_every_request_and_frees_every_slot(model
     executor.enqueue_request(second)
     engine = executor.model_engine
 
-    def broken(batch):
+    def broken(batch, moe_capacity=None):
         raise RuntimeError("device lost")
 
     monkeypatch.setattr(engine, "build_inputs", broken)

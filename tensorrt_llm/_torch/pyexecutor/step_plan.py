@@ -1,0 +1,67 @@
+"""StepPlan: how one scheduled batch runs, decided once, before anything is launched.
+
+``plan_step`` is the only caller of the CUDA graph runner's bucket choice. Under attention DP with
+EP it also runs the step's one collective (``ExchangeSync.agree``): every rank learns whether the
+MoE layers exchange through their fixed buffers (then graphs may replay) or buffers sized by the
+counts (every rank runs eagerly). The plan then travels with the batch: to the feed check, the
+launch, the step's metadata (``moe_capacity``) and, on a rank with nothing to run, the idle
+exchange. Nothing about the step is decided again later, and nothing is written into the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tensorrt_llm._torch.distributed.moe_all_to_all import ExchangeSync
+    from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
+    from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """``batch``: the final batch (its ``feed``: the launched step whose tokens it takes on the
+    device); ``bucket``: the graph bucket that replays it, None when it runs eagerly;
+    ``moe_capacity``: the rows of the MoE layers' fixed exchange buffers in this step, None when
+    they are sized by the counts or nothing is exchanged."""
+
+    batch: ScheduledRequests
+    bucket: int | None = None
+    moe_capacity: int | None = None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing runs on this rank (it may still take part in the others' exchanges)."""
+        return not self.batch.batch_size
+
+
+def step_tokens(batch: ScheduledRequests, bucket: int | None, tokens_per_seq: int) -> int:
+    """The tokens the step's forward carries: a graph bucket's padded rows, else each prompt's
+    chunk and each generation request's ``1 + drafts``."""
+    if bucket is not None:
+        return bucket * tokens_per_seq
+    tokens = sum(r.context_chunk_size for r in batch.context_requests)
+    return tokens + sum(1 + len(r.py_draft_tokens) for r in batch.generation_requests)
+
+
+def plan_step(
+    batch: ScheduledRequests,
+    runner: CUDAGraphRunner | None,
+    exchange: ExchangeSync | None,
+    agreed: StepPlan | None = None,
+) -> StepPlan:
+    """The plan of ``batch``. With ``exchange`` the ranks agree in one collective, which every
+    rank runs once per step, with or without a batch. ``agreed``: this step's plan before
+    requests were paused from the batch: its agreement still holds (the step carries no more
+    tokens than agreed), so no collective runs again and only the bucket is chosen anew."""
+    bucket = runner.bucket_size(batch) if runner is not None and batch.batch_size else None
+    if exchange is None:
+        return StepPlan(batch, bucket)
+    if agreed is not None:
+        capacity = agreed.moe_capacity
+    else:
+        tokens_per_seq = runner.tokens_per_seq if runner is not None else 1
+        capacity = exchange.agree(step_tokens(batch, bucket, tokens_per_seq))
+    # graphs are captured with the fixed buffers: they replay only when every rank uses them
+    return StepPlan(batch, bucket if capacity is not None else None, capacity)
