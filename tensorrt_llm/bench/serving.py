@@ -205,12 +205,18 @@ def run_spread(
     start together; the wall time runs from the first start to the last end."""
     processes = max(1, min(processes, len(bodies), concurrency or len(bodies)))
     if processes == 1:
-        return asyncio.run(run_level(url, bodies, concurrency, request_rate, seed, on_done, headers))
+        return asyncio.run(
+            run_level(url, bodies, concurrency, request_rate, seed, on_done, headers)
+        )
     context = multiprocessing.get_context("spawn")
     start, done = context.Barrier(processes), context.Queue()
     workers = []
     for i in range(processes):
-        share = None if concurrency is None else concurrency // processes + (i < concurrency % processes)
+        share = (
+            None
+            if concurrency is None
+            else concurrency // processes + (i < concurrency % processes)
+        )
         rate = None if request_rate is None else request_rate / processes
         args = (url, bodies[i::processes], share, rate, seed + i, headers, start, done)
         workers.append(context.Process(target=_client, args=args, daemon=True))

@@ -88,10 +88,10 @@ def core_main(args_json: str, commands_path: str, outputs_path: str) -> None:
         return
     outputs = _Outputs(outputs_socket, core.disaggregated.reply)
     info = {
-        "kv_slots_per_rank": core.kv_cache_manager.get_max_resource_count(),
+        "kv_slots_per_rank": core.limits.kv_usable_slots,
         "dtype": str(core.dtype).removeprefix("torch."),
-        "kv_slots": core.kv_cache_manager.blocks_in_primary_pool,
-        "tokens_per_block": core.kv_cache_manager.tokens_per_block,
+        "kv_slots": core.limits.kv_slots,
+        "tokens_per_block": core.limits.tokens_per_block,
     }
     outputs.send({"op": "ready", "info": info})
     # every send from here on is on the loop's thread

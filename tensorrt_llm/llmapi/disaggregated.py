@@ -110,7 +110,7 @@ class DisaggregatedServing:
     @property
     def total_slots(self) -> int:
         """The KV slots of this server (per rank)."""
-        return self._executor.kv_cache_manager.get_max_resource_count()
+        return self._executor.limits.kv_usable_slots
 
     def held_slots(self) -> int:
         """KV slots held for pulls that have not come (counted between steps)."""

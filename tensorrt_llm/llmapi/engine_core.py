@@ -24,6 +24,7 @@ from tensorrt_llm._torch.pyexecutor.engine_loop import EngineLoop, Submit
 from tensorrt_llm._torch.pyexecutor.executor import Executor
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
+from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
 from tensorrt_llm.llmapi.disaggregated import DisaggregatedServing
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 from tensorrt_llm.llmapi.workers import Followers, build_rank, join_ranks, rank_device
@@ -66,15 +67,16 @@ class EngineCore:
         self.executor: Executor = engine.executor
         if self.mapping.enable_attention_dp and self.mapping.world_size > 1:
             self.executor = AttentionDpExecutor(engine.executor, self.mapping, self.lost_rank)
-        self.kv_cache_manager = self.executor.kv_cache_manager
+        self.kv_cache_manager = self.executor.kv_cache_manager  # (white-box tests read it)
+        self.limits = self.executor.limits
         self.disaggregated = DisaggregatedServing(
             engine.transceiver, self.executor, self.rank_executor, self.mapping, self.between_steps
         )
         # between steps, free the KV generation servers pulled
         housekeeping = self.disaggregated.release_pulled if self.disaggregated.enabled else None
         self.loop = EngineLoop(self.executor, housekeeping, flush)
-        self.kv_slots = self.kv_cache_manager.blocks_in_primary_pool
-        self.tokens_per_block = self.kv_cache_manager.tokens_per_block
+        self.kv_slots = self.limits.kv_slots
+        self.tokens_per_block = self.limits.tokens_per_block
         self.closed = False
 
     # ---- requests --------------------------------------------------------------------------------
@@ -116,18 +118,14 @@ class EngineCore:
         return self.between_steps(self._kv_cache_report)
 
     def _kv_cache_report(self) -> dict:
-        out = {}
-        for kind, manager in self.executor.resource_manager.kv_cache_managers.items():
-            manager.check_integrity()
-            stats = manager.get_kv_cache_stats()
-            out[kind.value] = {
-                "free": stats.num_free_slots,
-                "used": stats.num_used_slots,
-                "cached": stats.num_cached_slots,
-                "live_requests": stats.num_live_sequences,
-            }
-        out["held_for_transfer"] = len(self.executor.disagg.held)
-        out["active_requests"] = len(self.executor.active)
+        snap = self.executor.snapshot()
+        out: dict = {
+            kind: {"free": kv.free, "used": kv.used, "cached": kv.cached,
+                   "live_requests": kv.live_requests}
+            for kind, kv in snap.kv.items()
+        }  # fmt: skip
+        out["held_for_transfer"] = snap.held_for_transfer
+        out["active_requests"] = snap.active_requests
         return out
 
     def stats(self) -> dict:
@@ -136,25 +134,24 @@ class EngineCore:
         return self.between_steps(self._stats)
 
     def _stats(self) -> dict:
-        executor = self.executor
-        kv = self.kv_cache_manager.get_kv_cache_stats()
-        worker = executor.spec_worker
+        snap, limits = self.executor.snapshot(), self.limits
+        kv = snap.kv[ResourceManagerType.KV_CACHE_MANAGER.value]
         encoder = self.rank_executor.model_engine.encoder  # (this rank's images)
         return {
-            **dataclasses.asdict(executor.stats),
-            "avg_decoded_tokens_per_iter": executor.stats.avg_decoded_tokens_per_iter,
-            "active_requests": len(executor.active),
-            "held_for_transfer": len(executor.disagg.held),
-            "kv_free_slots": kv.num_free_slots,
-            "kv_used_slots": kv.num_used_slots,
-            "kv_cached_slots": kv.num_cached_slots,
-            "kv_reused_blocks": kv.num_reused_blocks,
-            "kv_total_slots": self.kv_cache_manager.blocks_in_primary_pool,
-            "speculative": worker is not None,
-            "draft_kv_mode": worker.draft_kv_mode if worker is not None else None,
+            **dataclasses.asdict(snap.stats),
+            "avg_decoded_tokens_per_iter": snap.stats.avg_decoded_tokens_per_iter,
+            "active_requests": snap.active_requests,
+            "held_for_transfer": snap.held_for_transfer,
+            "kv_free_slots": kv.free,
+            "kv_used_slots": kv.used,
+            "kv_cached_slots": kv.cached,
+            "kv_reused_blocks": kv.reused_blocks,
+            "kv_total_slots": limits.kv_slots,
+            "speculative": limits.draft_kv_mode is not None,
+            "draft_kv_mode": limits.draft_kv_mode,
             # per expert, the (token, choice) slots routed to it (every rank's tokens), and
             # the expert groups that split them (``moe_expert_parallel_size``)
-            "expert_tokens": executor.expert_tokens(),
+            "expert_tokens": snap.expert_tokens,
             "moe_ep_size": self.mapping.moe_ep_size,
             "images_encoded": encoder.cache.num_encoded if encoder is not None else 0,
             "image_cache_hits": encoder.cache.num_hits if encoder is not None else 0,

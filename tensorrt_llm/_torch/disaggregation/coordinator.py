@@ -20,13 +20,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tensorrt_llm._torch.disaggregation import DEFAULT_TRANSFER_TIMEOUT_S
 from tensorrt_llm._torch.disaggregation.pulls import ReplayedHandleError
 from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm.logger import logger
+
+if TYPE_CHECKING:
+    from tensorrt_llm._torch.pyexecutor.seq_slot_manager import SeqSlotManager
 
 
 class LoadKv(Protocol):
@@ -119,15 +122,18 @@ class DisaggCoordinator:
     def wait(self, request: LlmRequest, load_kv: LoadKv) -> None:
         self.waiting.append((request, load_kv))
 
-    def admit(self, owed: int, begin: Callable[[LlmRequest], None]) -> None:
+    def admit(
+        self, owed: int, seq_slots: SeqSlotManager, begin: Callable[[LlmRequest], None]
+    ) -> None:
         """Start loading the waiting requests that fit, in arrival order (none overtakes
-        another), with ``owed`` slots already promised to the admitted requests; ``begin``
-        hands each to the executor, which admits it (its KV is reserved from here on)."""
+        another), with ``owed`` KV slots already promised to the admitted requests and while a
+        request slot is free (``seq_slots``); ``begin`` hands each to the executor, which admits
+        it (its KV is reserved and its request slot held from here on)."""
         kv = self._kv()
         while self.waiting:
             request, load_kv = self.waiting[0]
             need = kv.get_needed_resource_to_completion(request)
-            if owed + need > kv.get_num_free_blocks():
+            if owed + need > kv.get_num_free_blocks() or not seq_slots.num_free:
                 return
             self.waiting.pop(0)
             begin(request)

@@ -33,7 +33,7 @@ from tensorrt_llm._torch.executors.ranks import (
     send_step_commands,
     submit_command,
 )
-from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats
+from tensorrt_llm._torch.pyexecutor.executor import ExecutorLimits, ExecutorSnapshot, ExecutorStats
 from tensorrt_llm._torch.pyexecutor.fault_isolation import describe
 from tensorrt_llm._torch.pyexecutor.llm_request import (
     ErrorKind,
@@ -105,6 +105,19 @@ class AttentionDpExecutor:
             for f in dataclasses.fields(ExecutorStats):
                 setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
         return total
+
+    @property
+    def limits(self) -> ExecutorLimits:
+        """Rank 0's (every rank is built the same)."""
+        return self.local.limits
+
+    def snapshot(self) -> ExecutorSnapshot:
+        """Rank 0's KV; every rank's counts, requests and routing (the others' as last reported)."""
+        local = self.local.snapshot()
+        return dataclasses.replace(
+            local, stats=self.stats, active_requests=len(self.active),
+            expert_tokens=self.expert_tokens(),
+        )  # fmt: skip
 
     def expert_tokens(self) -> list[int] | None:
         """Every rank's routing counts summed (the other ranks' as of their last report)."""

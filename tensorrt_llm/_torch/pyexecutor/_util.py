@@ -36,6 +36,7 @@ from tensorrt_llm._torch.pyexecutor.resource_manager import (
     get_pp_layers,
 )
 from tensorrt_llm._torch.pyexecutor.scheduler import GuaranteedNoEvictScheduler
+from tensorrt_llm._torch.pyexecutor.seq_slot_manager import SeqSlotManager
 from tensorrt_llm._torch.pyexecutor.warm_up import start_up
 from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
 from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
@@ -154,15 +155,18 @@ def create_py_executor(
         geometry = (attention.num_kv_heads, attention.head_dim)
     managers = create_kv_cache_managers(config, executor_config, geometry)
     resources = ResourceManager(managers)
+    # admitted requests beyond a batch: prompts held back (batch waiting, chunks), KV loads
+    seq_slots = SeqSlotManager(2 * executor_config.max_batch_size)
+    resources.resource_managers[ResourceManagerType.SEQ_SLOT_MANAGER] = seq_slots
     resources.resource_managers[ResourceManagerType.LOGITS_STATE] = LogitsState(
-        2 * executor_config.max_batch_size, config.vocab_size, device
+        seq_slots, config.vocab_size, device
     )
     kv_cache_manager = managers[ResourceManagerType.KV_CACHE_MANAGER]
     capture_layers, exchange, worker = (), None, None
     if draft_model is not None:
         capture_layers = _layers_to_capture(spec, draft_model, config.num_hidden_layers)
         resources.resource_managers[ResourceManagerType.SPEC_RESOURCE_MANAGER] = DraftProbStore(
-            2 * executor_config.max_batch_size,  # finished requests' slots free at their last read
+            seq_slots,
             spec.max_draft_len,
             draft_model.d2t.numel(),
             device,

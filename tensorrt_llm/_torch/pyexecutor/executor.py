@@ -10,6 +10,7 @@ from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv
+    from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
     from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager
 
 
@@ -32,6 +33,44 @@ class ExecutorStats:
         if not self.num_decode_iterations:
             return None
         return 1.0 + self.num_accepted_draft_tokens / self.num_decode_iterations
+
+
+@dataclass(frozen=True)
+class KvSlots:
+    """One KV cache manager's slots (its integrity checked as they were counted)."""
+
+    free: int
+    used: int
+    cached: int  # free, but holding a reusable prefix
+    live_requests: int
+    reused_blocks: int
+
+
+@dataclass(frozen=True)
+class ExecutorSnapshot:
+    """What an executor holds between two steps (``Executor.snapshot``): its counts, its requests
+    and its KV, for ``LLM.get_stats``, the server's ``/metrics`` and the KV report."""
+
+    stats: ExecutorStats
+    active_requests: int
+    held_for_transfer: int  # context-only requests whose KV waits for a generation server
+    kv: dict[str, KvSlots]  # by manager (``ResourceManagerType`` value)
+    expert_tokens: list[int] | None  # per expert, every rank's routed (token, choice) slots
+
+
+@dataclass(frozen=True)
+class ExecutorLimits:
+    """What an executor was built with (``Executor.limits``): the sizes a caller checks requests
+    against and reports."""
+
+    max_batch_size: int
+    max_num_tokens: int
+    max_seq_len: int
+    kv_slots: int  # in the primary pool, per rank
+    kv_usable_slots: int  # of those, what requests may hold (without the padding blocks)
+    tokens_per_block: int
+    request_slots: int  # admitted requests at once (``SeqSlotManager``)
+    draft_kv_mode: str | None  # None without a drafter
 
 
 class RankSync(Protocol):
@@ -72,6 +111,12 @@ class Executor(Protocol):
     @property
     def spec_worker(self): ...
 
+    @property
+    def limits(self) -> ExecutorLimits: ...
+
+    def snapshot(self) -> ExecutorSnapshot:
+        """Counts, requests and KV slots now (between steps)."""
+
     def enqueue_request(self, request: LlmRequest) -> None:
         """Start ``request`` at its prompt; ``ValueError`` if it can never run here."""
 
@@ -95,3 +140,31 @@ class Executor(Protocol):
     def expert_tokens(self) -> list[int] | None:
         """Per expert, the (token, choice) slots every rank's tokens routed to it, summed over the
         MoE layers (None: no MoE layer)."""
+
+
+def kv_slots(resource_manager: ResourceManager) -> dict[str, KvSlots]:
+    """Every KV cache manager's slots, each checked (``check_integrity``) as it is counted."""
+    out = {}
+    for kind, manager in resource_manager.kv_cache_managers.items():
+        manager.check_integrity()
+        s = manager.get_kv_cache_stats()
+        out[kind.value] = KvSlots(
+            s.num_free_slots, s.num_used_slots, s.num_cached_slots, s.num_live_sequences,
+            s.num_reused_blocks,
+        )  # fmt: skip
+    return out
+
+
+def executor_limits(executor: PyExecutor) -> ExecutorLimits:
+    """The limits of one rank's executor."""
+    kv, worker = executor.kv_cache_manager, executor.spec_worker
+    return ExecutorLimits(
+        max_batch_size=executor.scheduler.max_batch_size,
+        max_num_tokens=executor.scheduler.max_num_tokens,
+        max_seq_len=executor.max_seq_len,
+        kv_slots=kv.blocks_in_primary_pool,
+        kv_usable_slots=kv.get_max_resource_count(),
+        tokens_per_block=kv.tokens_per_block,
+        request_slots=executor.seq_slots.capacity,
+        draft_kv_mode=worker.draft_kv_mode if worker is not None else None,
+    )

@@ -34,6 +34,7 @@ PENALTY_BLOCK = 2048  # vocabulary entries per program of ``_penalty_kernel``
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+    from tensorrt_llm._torch.pyexecutor.seq_slot_manager import SeqSlotManager
 
 
 @dataclass
@@ -50,62 +51,57 @@ class PenaltyRows:
 
 
 class LogitsState(BaseResourceManager):
-    """The penalties' counts and the bias of each request that has them, a row per slot
-    (``capacity`` slots and a scratch one, allocated at the first such request; the executor's
-    ``LOGITS_STATE``): 8 bytes per vocabulary entry and slot."""
+    """The penalties' counts and the bias of each request that has them, a row per request slot
+    (``SeqSlotManager``; allocated at the first such request, or for the CUDA graphs that read
+    them at start-up) and the scratch row that the others point at: the executor's
+    ``LOGITS_STATE``, 8 bytes per vocabulary entry and row."""
 
-    def __init__(self, capacity: int, vocab_size: int, device: torch.device) -> None:
-        self.capacity = capacity
+    def __init__(self, seq_slots: SeqSlotManager, vocab_size: int, device: torch.device) -> None:
+        self.seq_slots = seq_slots
         self.vocab_size = vocab_size
         self.device = device
-        self.counts: torch.Tensor | None = None  # [capacity + 1, V] int32
-        self.bias: torch.Tensor | None = None  # [capacity + 1, V] fp32
-        self._slots: dict[int, int] = {}
-        self._free = list(range(capacity - 1, -1, -1))
+        self.counts: torch.Tensor | None = None  # [slots + 1, V] int32
+        self.bias: torch.Tensor | None = None  # [slots + 1, V] fp32
+        self._filled: set[int] = set()  # requests whose row holds their counts and bias
 
     @property
     def scratch(self) -> int:
-        return self.capacity
+        return self.seq_slots.scratch
 
     @property
     def allocated(self) -> bool:
         return self.counts is not None
 
     def get_max_resource_count(self) -> int:
-        return self.capacity
+        return self.seq_slots.capacity
 
     def get_needed_resource_to_completion(self, request: LlmRequest) -> int:
-        return 0
+        return 0  # (its row is its request slot's)
 
     def slots(self, requests: Sequence[LlmRequest]) -> list[int]:
-        """Each request's slot (given now, from its output so far and its bias, if it had none);
-        the scratch slot for a request without penalties or bias."""
+        """Each request's slot, its row filled at its first step (from its output so far and its
+        bias); the scratch slot for a request without penalties or bias."""
         out = []
         for req in requests:
             if not req.sampling_params.processes_logits:
                 out.append(self.scratch)
                 continue
-            slot = self._slots.get(req.request_id)
-            if slot is None:
-                slot = self._claim(req)
+            slot = self.seq_slots.slot(req)
+            if req.request_id not in self._filled:
+                self._fill(req, slot)
             out.append(slot)
         return out
 
     def allocate(self) -> None:
         """The counts and bias, now (CUDA graphs that read them are captured at start-up)."""
         if self.counts is None:
-            shape = (self.capacity + 1, self.vocab_size)
+            shape = (self.seq_slots.capacity + 1, self.vocab_size)
             self.counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
             self.bias = torch.zeros(shape, dtype=torch.float32, device=self.device)
 
-    def _claim(self, req: LlmRequest) -> int:
-        if not self._free:
-            raise RuntimeError(
-                f"LogitsState: all {self.capacity} slots are held; a request with penalties or "
-                "logit_bias cannot start"
-            )
+    def _fill(self, req: LlmRequest, slot: int) -> None:
         self.allocate()
-        slot = self._slots[req.request_id] = self._free.pop()
+        self._filled.add(req.request_id)
         output = torch.tensor(req.output_token_ids, dtype=torch.long)
         self.counts[slot] = torch.bincount(output, minlength=self.vocab_size)[: self.vocab_size].to(
             self.device, torch.int32
@@ -115,12 +111,9 @@ class LogitsState(BaseResourceManager):
             if token < self.vocab_size:
                 bias[token] = value
         self.bias[slot] = bias.to(self.device)
-        return slot
 
     def free_resources(self, request: LlmRequest) -> None:
-        slot = self._slots.pop(request.request_id, None)
-        if slot is not None:
-            self._free.append(slot)
+        self._filled.discard(request.request_id)
 
     @torch.inference_mode()  # the logits are inference tensors
     def adjust(self, logits: torch.Tensor, rows: PenaltyRows, kernel: bool | None = None) -> None:

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv
-from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats, RankSync
+from tensorrt_llm._torch.pyexecutor.executor import (
+    ExecutorLimits,
+    ExecutorSnapshot,
+    ExecutorStats,
+    RankSync,
+    executor_limits,
+    kv_slots,
+)
 from tensorrt_llm._torch.pyexecutor.fault_isolation import FaultIsolation, describe
 from tensorrt_llm._torch.pyexecutor.launched_step import LaunchedStep, apply_tokens, check_stop
 from tensorrt_llm._torch.pyexecutor.llm_request import (
@@ -31,6 +39,7 @@ from tensorrt_llm.logger import logger
 if TYPE_CHECKING:
     from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
     from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
+    from tensorrt_llm._torch.pyexecutor.seq_slot_manager import SeqSlotManager
     from tensorrt_llm._torch.pyexecutor.step_plan import StepPlan
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
@@ -70,7 +79,9 @@ class PyExecutor:
         self.active: list[LlmRequest] = []
         self.disagg = disagg or DisaggCoordinator(resource_manager)
         self.transceiver = transceiver
-        self._admitted: set[int] = set()
+        self.seq_slots: SeqSlotManager = resource_manager.get_resource_manager(
+            ResourceManagerType.SEQ_SLOT_MANAGER
+        )  # one slot per admitted request
         self.stats = ExecutorStats()
         self.isolation = FaultIsolation()  # a failed step's requests retried one at a time
         self.rank_sync = rank_sync
@@ -169,14 +180,14 @@ class PyExecutor:
     def _admit_generation_only(self) -> None:
         """Start the loads that fit, and advance those in flight (never waiting on one)."""
         if self.disagg.waiting:
-            owed = owed_to_admitted(self.kv_cache_manager, self.active, self._admitted)
-            self.disagg.admit(owed, self._begin_load)
+            owed = owed_to_admitted(self.kv_cache_manager, self.active, self.seq_slots)
+            self.disagg.admit(owed, self.seq_slots, self._begin_load)
         if self.disagg.loading or self.disagg.draining:
             self.disagg.progress(self._start_generation, self._release)
 
     def _begin_load(self, request: LlmRequest) -> None:  # its KV is reserved while it loads
         request.state = LlmRequestState.DISAGG_GENERATION_TRANS_IN_PROGRESS
-        admit(request, self._admitted)
+        admit(request, self.seq_slots)
         self.active.append(request)
 
     def _start_generation(self, request: LlmRequest, num_loaded_tokens: int) -> None:
@@ -205,7 +216,7 @@ class PyExecutor:
                 self.end_all(RequestError(ErrorKind.RANK_LOST, f"a rank is gone ({describe(exc)})"))
                 raise
         self._admit_generation_only()
-        batch = self.scheduler.schedule(self.active, self._admitted, not self._alone)
+        batch = self.scheduler.schedule(self.active, self.seq_slots, not self._alone)
         finished: list[LlmRequest] = []
         if self._unread and batch.batch_size:
             batch.feed = self._unread[-1].feed()
@@ -253,6 +264,15 @@ class PyExecutor:
     def reset_stats(self) -> None:
         """The statistics start again from zero (after the start-up warm-up)."""
         self.stats = ExecutorStats()
+
+    @property
+    def limits(self) -> ExecutorLimits:
+        return executor_limits(self)
+
+    def snapshot(self) -> ExecutorSnapshot:
+        stats = dataclasses.replace(self.stats)
+        held, kv = len(self.disagg.held), kv_slots(self.resource_manager)
+        return ExecutorSnapshot(stats, len(self.active), held, kv, self.expert_tokens())
 
     def expert_tokens(self) -> list[int] | None:
         counts = self.model_engine.expert_tokens()  # (TP attention: every rank routes every token)
@@ -370,7 +390,7 @@ class PyExecutor:
             holder.deferred.append(req)
         else:
             self._free(req)
-        self._admitted.discard(req.request_id)
+        self.seq_slots.release(req)
         self.isolation.forget(req)
         if req in self.active:
             self.active.remove(req)

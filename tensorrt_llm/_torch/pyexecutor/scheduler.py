@@ -27,6 +27,16 @@ class KvCapacity(Protocol):
     def get_num_free_blocks(self) -> int: ...
 
 
+class Admitted(Protocol):
+    """The admitted requests, one request slot each (``seq_slot_manager.SeqSlotManager``)."""
+
+    num_free: int
+
+    def __contains__(self, request_id: int) -> bool: ...
+
+    def admit(self, request: LlmRequest) -> int: ...
+
+
 @dataclass
 class ScheduledRequests:
     context_requests: list[LlmRequest] = field(default_factory=list)
@@ -77,7 +87,7 @@ class ScheduledRequests:
         self.paused_requests.extend(requests)
 
 
-def owed_to_admitted(kv_cache_manager, active: list[LlmRequest], admitted: set[int]) -> int:
+def owed_to_admitted(kv_cache_manager, active: list[LlmRequest], admitted: Admitted) -> int:
     """KV blocks the admitted requests of ``active`` still need to complete: what admission keeps
     in reserve before it grants a new request its KV."""
     return sum(
@@ -87,9 +97,9 @@ def owed_to_admitted(kv_cache_manager, active: list[LlmRequest], admitted: set[i
     )
 
 
-def admit(request: LlmRequest, admitted: set[int]) -> None:
-    """Grant ``request`` its KV (it leaves the queue now)."""
-    admitted.add(request.request_id)
+def admit(request: LlmRequest, admitted: Admitted) -> None:
+    """Grant ``request`` its KV and its slot (it leaves the queue now)."""
+    admitted.admit(request)
     request.admitted_at = time.monotonic()
 
 
@@ -110,10 +120,11 @@ class GuaranteedNoEvictScheduler:
         self._waited = 0  # steps the prompts waiting now have waited
 
     def schedule(
-        self, active: list[LlmRequest], admitted: set[int], may_wait: bool = True
+        self, active: list[LlmRequest], admitted: Admitted, may_wait: bool = True
     ) -> ScheduledRequests:
-        """``active`` in arrival order; ``admitted`` holds ids already granted KV (updated here).
-        ``may_wait``: batch waiting applies (``BatchWait``)."""
+        """``active`` in arrival order; ``admitted``: the slots of the requests already granted
+        KV (new ones admitted here, while a slot and their KV are free). ``may_wait``: batch
+        waiting applies (``BatchWait``)."""
         batch = self._schedule(active, admitted)
         if may_wait and batch.context_requests and batch.generation_requests and self._wait(batch):
             batch.context_requests = []  # (admitted: their KV stays reserved while they wait)
@@ -131,7 +142,7 @@ class GuaranteedNoEvictScheduler:
         self._waited += 1
         return True
 
-    def _schedule(self, active: list[LlmRequest], admitted: set[int]) -> ScheduledRequests:
+    def _schedule(self, active: list[LlmRequest], admitted: Admitted) -> ScheduledRequests:
         batch = ScheduledRequests()
         budget = self.max_num_tokens
         for req in active:
@@ -153,7 +164,7 @@ class GuaranteedNoEvictScheduler:
                 continue
             if req.request_id not in admitted:
                 need = self.kv_cache_manager.get_needed_resource_to_completion(req)
-                if owed + need > available:
+                if owed + need > available or not admitted.num_free:
                     break
                 owed += need
                 admit(req, admitted)

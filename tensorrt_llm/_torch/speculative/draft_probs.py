@@ -1,15 +1,14 @@
 """DraftProbStore: the drafter's probabilities behind each sampled request's pending drafts, kept on
 the device for the next step's rejection sampling (``acceptance.verify``).
 
-A sampled request holds a slot of ``table [capacity + 1, max_draft_len, draft_vocab]`` while it
-decodes. The step that drafts writes the slot (``write``), the next step's acceptance reads it
-(``read``), both by index tensors, so the same code runs eagerly and inside a CUDA graph. Greedy
-rows, padding rows and a request that found no free slot point at the last row, the scratch slot,
-whose ``has_q`` stays false: their drafts are accepted greedily or, when sampled, by matching an
-independent draw from the target (still exact, with fewer drafts accepted).
+A sampled request's row of ``table [slots + 1, max_draft_len, draft_vocab]`` is its request slot
+(``SeqSlotManager``): every admitted request has one, so none goes without. The step that drafts
+writes the row (``write``), the next step's acceptance reads it (``read``), both by index tensors,
+so the same code runs eagerly and inside a CUDA graph. Greedy rows and padding rows point at the
+last row, the scratch slot, whose ``has_q`` stays false: their drafts are accepted greedily.
 
-It is the executor's ``SPEC_RESOURCE_MANAGER``: a finished request's slot is freed with its KV.
-The table is allocated when the first sampled request arrives and never moves after.
+It is the executor's ``SPEC_RESOURCE_MANAGER``. The table is allocated when the first sampled
+request arrives (or for the CUDA graphs that read it, at start-up) and never moves after.
 """
 
 from __future__ import annotations
@@ -23,46 +22,46 @@ from tensorrt_llm._torch.pyexecutor.resource_manager import BaseResourceManager
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+    from tensorrt_llm._torch.pyexecutor.seq_slot_manager import SeqSlotManager
 
 
 class DraftProbStore(BaseResourceManager):
     def __init__(
-        self, capacity: int, max_draft_len: int, draft_vocab: int, device: torch.device
+        self, seq_slots: SeqSlotManager, max_draft_len: int, draft_vocab: int, device: torch.device
     ) -> None:
-        self.capacity = capacity
-        self.shape = (capacity + 1, max_draft_len, draft_vocab)
+        self.seq_slots = seq_slots
+        self.shape = (seq_slots.capacity + 1, max_draft_len, draft_vocab)
         self.device = device
-        self.table: torch.Tensor | None = None  # [capacity + 1, K, Vd] float32
-        self.has_q: torch.Tensor | None = None  # [capacity + 1] bool: the slot's q is current
-        self._slots: dict[int, int] = {}
-        self._free = list(range(capacity - 1, -1, -1))
+        self.table: torch.Tensor | None = None  # [slots + 1, K, Vd] float32
+        self.has_q: torch.Tensor | None = None  # [slots + 1] bool: the slot's q is current
+        self._started: set[int] = set()  # sampled requests whose row's has_q was cleared
 
     @property
     def scratch(self) -> int:
-        return self.capacity
+        return self.seq_slots.scratch
 
     def get_max_resource_count(self) -> int:
-        return self.capacity
+        return self.seq_slots.capacity
 
     def get_needed_resource_to_completion(self, request: LlmRequest) -> int:
-        return 0 if request.request_id in self._slots else 1
+        return 0  # (its row is its request slot's)
 
     def slots(self, requests: Sequence[LlmRequest]) -> list[int]:
-        """Each request's slot: its own for a sampled request (given now if it had none, its
-        ``has_q`` cleared), the scratch slot otherwise."""
+        """Each request's slot: its own for a sampled request (``has_q`` cleared at its first
+        step: the row may hold the q of the request that had the slot before), the scratch slot
+        otherwise."""
         out, new = [], []
         for req in requests:
             if req.sampling_params.greedy:
                 out.append(self.scratch)
                 continue
-            slot = self._slots.get(req.request_id)
-            if slot is None and self._free:
-                slot = self._slots[req.request_id] = self._free.pop()
+            slot = self.seq_slots.slot(req)
+            if req.request_id not in self._started:
+                self._started.add(req.request_id)
                 new.append(slot)
-            out.append(self.scratch if slot is None else slot)
-        if self.table is None and len(self._slots):
+            out.append(slot)
+        if new:
             self.allocate()
-        elif new:
             self.has_q[torch.tensor(new).to(self.device, non_blocking=True)] = False
         return out
 
@@ -87,6 +86,4 @@ class DraftProbStore(BaseResourceManager):
         self.has_q.index_copy_(0, slots, sampled & (slots != self.scratch))
 
     def free_resources(self, request: LlmRequest) -> None:
-        slot = self._slots.pop(request.request_id, None)
-        if slot is not None:
-            self._free.append(slot)
+        self._started.discard(request.request_id)

@@ -133,7 +133,8 @@ def test_sampled_eagle3_in_the_graph_gives_the_eager_tokens_and_al():
     assert got_al == want_al
     assert max(got_al) > 1.5  # sampled drafts were accepted against their q
     store = llm.executor.spec_worker.draft_probs
-    assert store.allocated and not store._slots  # every sampled request's slot is back
+    assert store.allocated and not store._started  # every sampled request's row is let go
+    assert not len(store.seq_slots)  # and its request slot is back
     llm.shutdown()
 
 
@@ -175,9 +176,8 @@ def test_penalties_and_bias_in_the_graph_give_the_eager_tokens(draft_kv_cache):
     else:
         assert got[:2] == want[:2]
     assert 67 not in got[1]
-    assert not llm.executor.resource_manager.get_resource_manager(
-        ResourceManagerType.LOGITS_STATE
-    )._slots  # every slot is back
+    state = llm.executor.resource_manager.get_resource_manager(ResourceManagerType.LOGITS_STATE)
+    assert not state._filled and not len(state.seq_slots)  # every row and slot is back
     llm.shutdown()
 
 

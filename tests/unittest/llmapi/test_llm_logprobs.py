@@ -110,6 +110,7 @@ def test_bad_penalties_are_refused(params, message):
 def test_each_verify_row_counts_the_drafts_before_it():
     from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
     from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
+    from tensorrt_llm._torch.pyexecutor.seq_slot_manager import SeqSlotManager
     from tensorrt_llm._torch.pyexecutor.step_inputs import (
         RowLayout,
         StepInputs,
@@ -126,7 +127,9 @@ def test_each_verify_row_counts_the_drafts_before_it():
         [3, 3],
     )
     logits = torch.zeros(3, 5)
-    state, layout = LogitsState(2, 5, torch.device("cpu")), RowLayout(penalties=True)
+    seq_slots = SeqSlotManager(2)
+    seq_slots.admit(req)
+    state, layout = LogitsState(seq_slots, 5, torch.device("cpu")), RowLayout(penalties=True)
     ints, floats = row_values([req], 0, layout, state, None)
     _, _, penalties = row_views(torch.tensor(ints), torch.tensor(floats), 1, layout)
     drafts = torch.tensor([req.py_draft_tokens])

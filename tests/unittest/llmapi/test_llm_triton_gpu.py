@@ -119,7 +119,8 @@ def test_sampled_eagle3_runs_in_the_graphs_reproduces_and_accepts():
     assert tokens(again) == tokens(first)
     mean_al = sum(o.outputs[0].avg_decoded_tokens_per_iter for o in first) / len(first)
     assert mean_al > 2.0
-    assert not llm.executor.spec_worker.draft_probs._slots
+    assert not llm.executor.spec_worker.draft_probs._started
+    assert not len(llm.executor.spec_worker.draft_probs.seq_slots)
     llm.shutdown()
 
 
@@ -146,3 +147,47 @@ def test_penalties_and_bias_run_in_the_graphs_and_give_the_eager_tokens():
         return out
 
     assert run(cuda_graphs=True) == run(cuda_graphs=False)
+
+
+def test_a_failed_graph_replay_is_an_engine_fault_that_the_server_answers_with_a_500(monkeypatch):
+    """A CUDA graph replay that raises whenever one request is in it: that request alone ends,
+    with a typed engine fault that the server maps to ``500 server_error``; the others are run
+    again and keep their tokens; no request slot or KV slot is left held. A prompt longer than
+    the model's is the client's fault: ``400 invalid_request_error``."""
+    from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, FinishReason, RequestError
+    from tensorrt_llm.serve.errors import request_failed
+
+    spec = Eagle3DecodingConfig(max_draft_len=3, speculative_model=str(BUNDLED_DRAFT))
+    llm = LLM(
+        device="cuda", speculative_config=spec, kv_cache_config=KvCacheConfig(max_tokens=128 * 64)
+    )
+    texts = prompts(llm)[:4]
+    want = tokens(llm.generate(texts, GREEDY))
+    executor = llm.rank_executor
+    runner, poison = executor.cuda_graph_runner, llm.tokenizer.encode(texts[1])
+    original = runner.run
+
+    def run(batch, bucket):
+        if any(r.prompt_token_ids == poison for r in batch.generation_requests):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return original(batch, bucket)
+
+    monkeypatch.setattr(runner, "run", run)
+    replays = runner.num_replays
+    got = llm.generate(texts, GREEDY)
+    assert runner.num_replays > replays  # the others decoded in graphs
+    bad = got[1].outputs[0]
+    assert bad.finish_reason is FinishReason.ERROR and isinstance(bad.stop_reason, RequestError)
+    assert bad.stop_reason.kind is ErrorKind.ENGINE_FAULT
+    assert "illegal memory access" in bad.stop_reason.message
+    error = request_failed(bad.stop_reason)
+    assert (error.status, error.kind) == (500, "server_error")
+    assert [t for i, t in enumerate(tokens(got)) if i != 1] == want[:1] + want[2:]
+    assert executor.isolation.num_failed_alone == 1 and not len(executor.seq_slots)
+    report = llm.kv_cache_report()
+    assert report["active_requests"] == 0 and report["KV_CACHE_MANAGER"]["live_requests"] == 0
+    with pytest.raises(ValueError, match="max_seq_len|longer|too long"):
+        llm.generate([list(range(1, llm.max_seq_len + 2))], GREEDY)
+    refused = request_failed(RequestError(ErrorKind.INVALID_REQUEST, "prompt too long"))
+    assert (refused.status, refused.kind) == (400, "invalid_request_error")
+    llm.shutdown()

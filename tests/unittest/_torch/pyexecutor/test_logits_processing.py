@@ -6,6 +6,7 @@ import torch
 
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
 from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
+from tensorrt_llm._torch.pyexecutor.seq_slot_manager import SeqSlotManager
 from tensorrt_llm._torch.pyexecutor.step_inputs import (
     RowLayout,
     StepInputs,
@@ -39,6 +40,14 @@ def reference(req: LlmRequest, rows: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def admitted(requests: list[LlmRequest], capacity: int) -> LogitsState:
+    """A ``LogitsState`` over ``capacity`` request slots, ``requests`` admitted."""
+    seq_slots = SeqSlotManager(capacity)
+    for req in requests:
+        seq_slots.admit(req)
+    return LogitsState(seq_slots, VOCAB, torch.device("cpu"))
+
+
 def step_inputs(requests: list[LlmRequest], state: LogitsState, width: int) -> StepInputs:
     """A step's rows for ``requests`` (each of ``width`` positions), their penalties' values
     through the builder's columns, as an eager step has them."""
@@ -62,7 +71,7 @@ def test_each_row_moves_as_a_loop_over_the_requests_computes():
         request(2, [5], [8, 1, 3]),  # neither: the scratch slot
         request(3, [], [6, 6, 6], presence_penalty=2.0, logit_bias={6: 1.0}),
     ]
-    state = LogitsState(4, VOCAB, torch.device("cpu"))
+    state = admitted(requests, 4)
     logits = torch.randn(16, VOCAB)
     want = torch.cat([reference(r, logits[4 * i : 4 * i + 4]) for i, r in enumerate(requests)])
     inputs = step_inputs(requests, state, 4)
@@ -78,7 +87,7 @@ def test_one_position_rows_and_the_counts_follow_the_steps():
         request(0, [4], [], presence_penalty=1.0, frequency_penalty=0.5),
         request(1, [1, 1], [], frequency_penalty=1.0, logit_bias={0: 3.0}),
     ]
-    state = LogitsState(2, VOCAB, torch.device("cpu"))
+    state = admitted(requests, 2)
     inputs = step_inputs(requests, state, 1)  # without speculation: no drafts, one position
     logits = torch.randn(2, VOCAB)
     got = logits.clone()
@@ -100,12 +109,13 @@ def test_one_position_rows_and_the_counts_follow_the_steps():
 
 
 def test_a_freed_slot_starts_from_the_next_requests_own_output():
-    state = LogitsState(1, VOCAB, torch.device("cpu"))
     first = request(0, [3, 3], [], frequency_penalty=1.0)
+    state = admitted([first], 1)
     (slot,) = state.slots([first])
     state.record(torch.tensor([slot]), torch.tensor([[5]]), torch.tensor([1]))
-    state.free_resources(first)
+    state.seq_slots.release(first)  # it ended; its row is written over at the next one's start
     second = request(1, [7], [], presence_penalty=1.0)
+    state.seq_slots.admit(second)
     assert state.slots([second]) == [slot]
     assert state.counts[slot].nonzero().flatten().tolist() == [7]
     assert state.bias[slot].abs().sum() == 0
@@ -121,7 +131,7 @@ def test_the_kernel_moves_the_rows_as_the_torch_form_does(monkeypatch):
         request(1, [5], [8, 1, 3]),  # the scratch slot
         request(2, [], [6, 6, 6], presence_penalty=2.0, logit_bias={6: 1.0, 11: -3.5}),
     ]
-    state = LogitsState(4, VOCAB, torch.device("cpu"))
+    state = admitted(requests, 4)
     inputs = step_inputs(requests, state, 4)
     for dtype in (torch.float32, torch.bfloat16):
         logits = torch.randn(12, VOCAB).to(dtype)
