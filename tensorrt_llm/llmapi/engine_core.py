@@ -147,8 +147,8 @@ class EngineCore:
             "kv_cached_slots": kv.cached,
             "kv_reused_blocks": kv.reused_blocks,
             "kv_total_slots": limits.kv_slots,
-            "speculative": limits.draft_kv_mode is not None,
-            "draft_kv_mode": limits.draft_kv_mode,
+            "speculative": limits.max_draft_len > 0,
+            "draft_kv_mode": snap.draft_kv_mode,
             # per expert, the (token, choice) slots routed to it (every rank's tokens), and
             # the expert groups that split them (``moe_expert_parallel_size``)
             "expert_tokens": snap.expert_tokens,

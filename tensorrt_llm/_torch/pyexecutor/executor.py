@@ -56,6 +56,7 @@ class ExecutorSnapshot:
     held_for_transfer: int  # context-only requests whose KV waits for a generation server
     kv: dict[str, KvSlots]  # by manager (``ResourceManagerType`` value)
     expert_tokens: list[int] | None  # per expert, every rank's routed (token, choice) slots
+    draft_kv_mode: str | None  # where the drafter's KV was found at the last step (None: not yet)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class ExecutorLimits:
     kv_usable_slots: int  # of those, what requests may hold (without the padding blocks)
     tokens_per_block: int
     request_slots: int  # admitted requests at once (``SeqSlotManager``)
-    draft_kv_mode: str | None  # None without a drafter
+    max_draft_len: int  # 0 without a drafter
 
 
 class RankSync(Protocol):
@@ -166,5 +167,5 @@ def executor_limits(executor: PyExecutor) -> ExecutorLimits:
         kv_usable_slots=kv.get_max_resource_count(),
         tokens_per_block=kv.tokens_per_block,
         request_slots=executor.seq_slots.capacity,
-        draft_kv_mode=worker.draft_kv_mode if worker is not None else None,
+        max_draft_len=worker.max_draft_len if worker is not None else 0,
     )

@@ -272,7 +272,8 @@ class PyExecutor:
     def snapshot(self) -> ExecutorSnapshot:
         stats = dataclasses.replace(self.stats)
         held, kv = len(self.disagg.held), kv_slots(self.resource_manager)
-        return ExecutorSnapshot(stats, len(self.active), held, kv, self.expert_tokens())
+        mode = self.spec_worker.draft_kv_mode if self.spec_worker is not None else None
+        return ExecutorSnapshot(stats, len(self.active), held, kv, self.expert_tokens(), mode)
 
     def expert_tokens(self) -> list[int] | None:
         counts = self.model_engine.expert_tokens()  # (TP attention: every rank routes every token)
