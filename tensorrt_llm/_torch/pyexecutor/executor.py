@@ -3,6 +3,7 @@ rank 0's ``AttentionDpExecutor`` (``executors/data_parallel.py``) alike."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -10,7 +11,6 @@ from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv
-    from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
     from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager
 
 
@@ -156,8 +156,21 @@ def kv_slots(resource_manager: ResourceManager) -> dict[str, KvSlots]:
     return out
 
 
-def executor_limits(executor: PyExecutor) -> ExecutorLimits:
-    """The limits of one rank's executor."""
+def snapshot_of(executor) -> ExecutorSnapshot:
+    """One rank's ``PyExecutor``'s snapshot."""
+    worker = executor.spec_worker
+    return ExecutorSnapshot(
+        stats=dataclasses.replace(executor.stats),
+        active_requests=len(executor.active),
+        held_for_transfer=len(executor.disagg.held),
+        kv=kv_slots(executor.resource_manager),
+        expert_tokens=executor.expert_tokens(),
+        draft_kv_mode=worker.draft_kv_mode if worker is not None else None,
+    )
+
+
+def limits_of(executor) -> ExecutorLimits:
+    """One rank's ``PyExecutor``'s limits."""
     kv, worker = executor.kv_cache_manager, executor.spec_worker
     return ExecutorLimits(
         max_batch_size=executor.scheduler.max_batch_size,

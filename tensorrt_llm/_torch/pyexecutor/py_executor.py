@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv
-from tensorrt_llm._torch.pyexecutor.executor import (
-    ExecutorLimits,
-    ExecutorSnapshot,
-    ExecutorStats,
-    RankSync,
-    executor_limits,
-    kv_slots,
-)
+from tensorrt_llm._torch.pyexecutor import executor as protocol
+from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats, RankSync
 from tensorrt_llm._torch.pyexecutor.fault_isolation import FaultIsolation, describe
 from tensorrt_llm._torch.pyexecutor.launched_step import LaunchedStep, apply_tokens, check_stop
 from tensorrt_llm._torch.pyexecutor.llm_request import (
@@ -266,14 +259,11 @@ class PyExecutor:
         self.stats = ExecutorStats()
 
     @property
-    def limits(self) -> ExecutorLimits:
-        return executor_limits(self)
+    def limits(self) -> protocol.ExecutorLimits:
+        return protocol.limits_of(self)
 
-    def snapshot(self) -> ExecutorSnapshot:
-        stats = dataclasses.replace(self.stats)
-        held, kv = len(self.disagg.held), kv_slots(self.resource_manager)
-        mode = self.spec_worker.draft_kv_mode if self.spec_worker is not None else None
-        return ExecutorSnapshot(stats, len(self.active), held, kv, self.expert_tokens(), mode)
+    def snapshot(self) -> protocol.ExecutorSnapshot:
+        return protocol.snapshot_of(self)
 
     def expert_tokens(self) -> list[int] | None:
         counts = self.model_engine.expert_tokens()  # (TP attention: every rank routes every token)
