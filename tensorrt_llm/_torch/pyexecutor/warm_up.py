@@ -1,10 +1,13 @@
 """Start-up on a CUDA device: everything the first requests would otherwise pay for, done before
 ``LLM(...)`` returns (and so before a server's ``/health`` answers).
 
-1. Requests of the warm-up's own run through the executor, one per step: prefills of lengths
-   in every power-of-two class up to 1025 (Triton compiles a kernel per tile size, which follows
-   the step's longest prompt, and per integer class: 1, multiples of 16, the rest), each beside the
-   earlier ones decoding; greedy and sampled rows, top-k, logprobs and penalties. Their KV is keyed by a salt no request can send, so no request reuses it.
+1. Requests of the warm-up's own run through the executor. Triton compiles a kernel per tile size
+   (which follows the step's longest prompt, or for the MoE the step's tokens per expert) and per
+   integer class (1, multiples of 16, the rest), so the prompts take both integer classes in every
+   power-of-two class, and both sides of every MoE tile limit (``fused_moe.ops.tile_limits``).
+   They run twice: joining one per step beside the earlier ones decoding, then each alone (the
+   first request to an idle server). Greedy and sampled rows, top-k, logprobs and penalties. Their
+   KV is keyed by a salt no request can send, so no request reuses it.
 2. Every CUDA graph bucket captured (``CUDAGraphRunner.capture_all``).
 
 Then the executor's counters start from zero. Every rank of a multi-rank engine does the same, in
@@ -16,6 +19,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from tensorrt_llm._torch.modules.fused_moe.ops import tile_limits
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -25,8 +29,9 @@ if TYPE_CHECKING:
 
 WARM_UP_SALT = "trtllm-warm-up"  # (no request of a user's has a salt)
 FIRST_ID = 1 << 62  # the warm-up's request ids, far from any ``LLM``'s
-PROMPT_LENGTHS = (1, 2, 3, 5, 9, 16, 17, 33, 64, 65, 129, 257, 513, 1025)
-MAX_STEPS = 256
+SHORT_LENGTHS = (1, 2, 3, 5, 9)  # (the integer class 1, and the smallest tiles)
+LONGEST = 1024  # the power-of-two classes run up to this (or the room a step has)
+MAX_STEPS = 1024
 
 _GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 _SAMPLED = SamplingParams(
@@ -62,15 +67,25 @@ def start_up(executor: PyExecutor, vocab_size: int) -> None:
     )
 
 
-def _requests(vocab_size: int, max_seq_len: int, max_num_tokens: int) -> list[LlmRequest]:
-    """One request per prompt length class, each alone in the step that prefills it (the
-    kernels' tile sizes follow the step's longest prompt), the earlier ones decoding beside it."""
-    room = min(max_seq_len - 8, max_num_tokens)
-    lengths = sorted({max(1, min(n, room)) for n in PROMPT_LENGTHS})
+def prompt_lengths(room: int, moe_limits: list[int]) -> list[int]:
+    """Prompt lengths up to ``room``: both integer classes (a multiple of 16, and one past it) in
+    every power-of-two class and on each side of every MoE tile limit (in tokens)."""
+    lengths = set(SHORT_LENGTHS)
+    k = 16
+    while k <= LONGEST:
+        lengths |= {k, k + 1}
+        k *= 2
+    for limit in moe_limits:
+        below = limit // 16 * 16  # the largest multiple of 16 in the class, then the next's
+        lengths |= {limit, limit + 1, below, below + 1, below + 16, below + 17}
+    return sorted({max(1, min(n, room)) for n in lengths})
+
+
+def _requests(lengths: list[int], vocab_size: int, first_id: int) -> list[LlmRequest]:
     params = (_GREEDY, _SAMPLED, _TOP_K)
     return [
         LlmRequest(
-            request_id=FIRST_ID + i,
+            request_id=first_id + i,
             prompt_token_ids=[(7 * i + j) % vocab_size for j in range(length)],
             max_new_tokens=4,
             sampling_params=params[i % len(params)],
@@ -80,9 +95,25 @@ def _requests(vocab_size: int, max_seq_len: int, max_num_tokens: int) -> list[Ll
     ]
 
 
+def _moe_limits(model) -> list[int]:
+    """Every MoE layer's tile limits (``tile_limits``), in tokens per step."""
+    limits = set()
+    for module in model.modules():
+        experts = getattr(module, "experts", None)
+        if hasattr(module, "top_k") and hasattr(experts, "num_experts"):
+            limits.update(tile_limits(experts.num_experts, module.top_k))
+    return sorted(limits)
+
+
 def _run_warm_up_requests(executor: PyExecutor, vocab_size: int) -> int:
-    requests = _requests(vocab_size, executor.max_seq_len, executor.scheduler.max_num_tokens)
-    steps = executor.run_alone(requests, MAX_STEPS)
+    room = min(executor.max_seq_len - 8, executor.scheduler.max_num_tokens)
+    lengths = prompt_lengths(room, _moe_limits(executor.model_engine.model))
+    joined = _requests(lengths, vocab_size, FIRST_ID)
+    alone = _requests(lengths, vocab_size, FIRST_ID + len(lengths))
+    steps = executor.run_alone(joined, MAX_STEPS)  # one joins each step, beside the decodes
+    for request in alone:  # each alone: its prefill is the whole step
+        steps += executor.run_alone([request], MAX_STEPS)
+    requests = joined + alone
     if executor.has_work or not all(r.is_finished for r in requests):
         raise RuntimeError(f"the start-up warm-up did not finish in {MAX_STEPS} steps")
     failed = [r.stop_reason for r in requests if r.finish_reason is FinishReason.ERROR]

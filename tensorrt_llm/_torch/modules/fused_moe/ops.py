@@ -33,12 +33,21 @@ class MoeTiles:
     num_stages: int = 3
 
 
+PER_EXPERT = (16, 48)  # slots per expert up to which 16-row, then 32-row blocks serve; 64 past
+
+
+def tile_limits(num_experts: int, top_k: int) -> list[int]:
+    """The step sizes (tokens) at which ``moe_tiles`` changes its row blocks: the largest of each
+    class but the last (a start-up warm-up compiles the kernels on both sides)."""
+    return [limit * num_experts // top_k for limit in PER_EXPERT]
+
+
 def moe_tiles(num_slots: int, num_experts: int, itemsize: int, fp8: bool) -> MoeTiles:
     """Row blocks sized to the expected slots per expert: decode batches leave most experts with a
     slot or two, so 16-row blocks (tl.dot's minimum) waste the least. FP8 steps through the
     128-channel groups of its scales."""
     per_expert = num_slots / num_experts
-    block_m = 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64
+    block_m = 16 if per_expert <= PER_EXPERT[0] else 32 if per_expert <= PER_EXPERT[1] else 64
     block_k = 128 if fp8 else 64 if itemsize <= 2 else 32
     block_n = 128 if fp8 and per_expert >= 0.5 else 64  # FP8 past decode: fewer scale loads
     return MoeTiles(block_m, block_n, block_k, num_stages=3 if itemsize <= 2 or fp8 else 2)
