@@ -85,6 +85,8 @@ def test_seeded_sampling_with_logprobs_runs_in_the_graphs_and_reproduces():
         for i in range(8)
     ]
     runner = llm.executor.cuda_graph_runner
+    captured = runner.num_captures  # every bucket: each size, way of sampling, extras or not
+    assert captured == 3 * 2 * len(runner.options.batch_sizes)
     first = llm.generate(prompts(llm), params)
     replays = runner.num_replays
     assert replays >= 31  # every decode step of the batch of 8
@@ -101,7 +103,8 @@ def test_seeded_sampling_with_logprobs_runs_in_the_graphs_and_reproduces():
 
 def test_sampled_eagle3_runs_in_the_graphs_reproduces_and_accepts():
     """Rejection sampling against the drafter's q, captured: seeded requests reproduce, their
-    drafts are accepted, and every q slot is back at the end."""
+    drafts are accepted, and every q slot is back at the end. Every graph was captured before
+    ``LLM(...)`` returned, none after."""
     spec = Eagle3DecodingConfig(max_draft_len=3, speculative_model=str(BUNDLED_DRAFT))
     llm = LLM(
         device="cuda", speculative_config=spec, kv_cache_config=KvCacheConfig(max_tokens=128 * 64)
@@ -111,6 +114,8 @@ def test_sampled_eagle3_runs_in_the_graphs_reproduces_and_accepts():
         for i in range(8)
     ]
     runner = llm.executor.cuda_graph_runner
+    captured = runner.num_captures  # every bucket: each size, way of sampling, extras or not
+    assert captured == 3 * 2 * len(runner.options.batch_sizes)
     first = llm.generate(prompts(llm), params)
     replays = runner.num_replays
     assert replays > 0
@@ -121,6 +126,7 @@ def test_sampled_eagle3_runs_in_the_graphs_reproduces_and_accepts():
     assert mean_al > 2.0
     assert not llm.executor.spec_worker.draft_probs._started
     assert not len(llm.executor.spec_worker.draft_probs.seq_slots)
+    assert runner.num_captures == captured  # none after LLM(...) returned
     llm.shutdown()
 
 
