@@ -186,20 +186,23 @@ def test_batches_the_runner_does_not_take_run_eagerly():
     pytest.importorskip("triton.language")
     llm = make_llm(None)  # target only: the three requests stay together to the end
     runner = attach_runner(llm, batch_sizes=(1, 2), enable_padding=False)
-    llm.generate(PROMPTS, GREEDY)  # three at a time, no bucket of 3 without padding
+    short = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    llm.generate(PROMPTS, short)  # three at a time, no bucket of 3 without padding
     assert runner.num_replays == 0
-    llm.generate(PROMPTS[:2], GREEDY)
+    llm.generate(PROMPTS[:2], short)
     assert runner.num_replays > 0
     llm.shutdown()
 
 
 @CPU_ONLY
-@pytest.mark.parametrize("top_k", [None, 7], ids=["nucleus", "sorted"])
-def test_sampled_steps_with_logprobs_give_the_eager_tokens_and_logprobs(top_k):
+def test_sampled_steps_with_logprobs_give_the_eager_tokens_and_logprobs():
+    """Top-p rows with logprobs in the graph (the sorted top-k bucket runs in
+    ``test_sampled_eagle3_in_the_graph_gives_the_eager_tokens_and_al``; logprobs are the same
+    program either way)."""
     pytest.importorskip("triton.language")
     params = [
         SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=5, logprobs=2),
-        SamplingParams(max_tokens=8, temperature=1.0, top_k=top_k, seed=9, logprobs=1),
+        SamplingParams(max_tokens=8, temperature=1.0, seed=9, logprobs=1),
         SamplingParams(max_tokens=8, temperature=0, logprobs=0),  # greedy rows in the bucket
     ]
 
