@@ -282,6 +282,8 @@ class PyExecutor:
         forwarded = False
         try:
             self.resource_manager.prepare_resources(batch)
+            if batch.paused_requests:  # (some found no KV: the bucket follows the batch left)
+                plan = self.dispatch.plan(batch, agreed=plan)
             for req in batch.context_requests:
                 if req.request_id in batch.reused_tokens:
                     req.skip_reused_prefix(batch.reused_tokens[req.request_id])
