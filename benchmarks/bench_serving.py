@@ -16,7 +16,9 @@ processes (each one event loop, an equal share of the requests in flight), so th
 streams does not cap what the server is measured at.
 
 Printed per level: output tokens/s of each and the ratios server / generate and server / submit,
-TTFT p50 and TPOT p50 of the streamed two. Then the server's start-up time (launch to ``/health`` 200), the latency of the first
+TTFT p50 and TPOT p50 of the streamed two, and the cores the server's front process and its engine
+core's processes kept busy (a front near one core is bound by its GIL; the per-level line gives
+its busiest threads). Then the server's start-up time (launch to ``/health`` 200), the latency of the first
 request after ``/health`` answers against the same request's steady-state latency, and the CPU an
 idle server uses (its processes, over 5 s).
 """
@@ -105,6 +107,19 @@ def engine_level(llm: LLM, prompts: list[list[int]], params: SamplingParams, con
     }
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU of each thread of ``pid`` (not of its children), by thread id."""
+    out: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = task.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def generate_level(llm: LLM, prompts: list[list[int]], params: SamplingParams, batch: int):
     """``prompts`` through ``LLM.generate`` in batches of ``batch``: output tokens/s."""
     begin, tokens = time.perf_counter(), 0
@@ -114,15 +129,23 @@ def generate_level(llm: LLM, prompts: list[list[int]], params: SamplingParams, b
     return {"output_tokens_per_s": tokens / (time.perf_counter() - begin)}
 
 
-def server_level(url: str, bodies: list[dict], concurrency: int, processes: int) -> dict:
+def server_level(url: str, bodies: list[dict], concurrency: int, processes: int, pid: int) -> dict:
+    """One level against the server; with the cores its front process (HTTP, tokenizing,
+    detokenizing, streams) and its engine core's process tree kept busy meanwhile."""
+    tree, threads = cpu_seconds(pid), thread_cpu_seconds(pid)
     results, wall = run_spread(url, bodies, concurrency=concurrency, processes=processes)
+    tree, after = cpu_seconds(pid) - tree, thread_cpu_seconds(pid)
     s = summarize(results, wall)
     if s["failed"]:
         raise RuntimeError(f"{s['failed']} requests failed: {s['errors']}")
+    front = {tid: (t - threads.get(tid, 0.0)) / wall for tid, t in after.items()}
     return {
         "output_tokens_per_s": s["output_tokens_per_s"],
         "ttft_p50": s["ttft_s"]["p50"],
         "tpot_p50": s["tpot_s"]["p50"],
+        "front_cores": sum(front.values()),
+        "front_busiest_threads": sorted((round(c, 2) for c in front.values()), reverse=True)[:3],
+        "core_cores": tree / wall - sum(front.values()),
     }
 
 
@@ -156,8 +179,8 @@ def measure_server(args, options: dict, bodies: list[dict], levels: list[int]) -
         out["idle_cores"] = (cpu_seconds(pid) - before) / (time.perf_counter() - t0)
         for level in levels:
             work = bodies[:FIRST_REQUESTS] if level == 1 else bodies
-            server_level(url, work, level, args.client_processes)  # the untimed pass
-            out["levels"][level] = server_level(url, work, level, args.client_processes)
+            server_level(url, work, level, args.client_processes, pid)  # the untimed pass
+            out["levels"][level] = server_level(url, work, level, args.client_processes, pid)
             print(f"  server, concurrency {level}: {out['levels'][level]}", flush=True)
     return out
 
@@ -214,7 +237,7 @@ def main() -> None:
     print(
         "\n| concurrency | generate tok/s | submit tok/s | server tok/s | server / generate "
         "| server / submit | submit TTFT p50 ms | server TTFT p50 ms | submit TPOT p50 ms "
-        "| server TPOT p50 ms |\n|" + " --- |" * 10
+        "| server TPOT p50 ms | server front cores | server core cores |\n|" + " --- |" * 12
     )
     for level in levels:
         e, s = engine[level], server["levels"][level]
@@ -223,7 +246,7 @@ def main() -> None:
         print(
             f"| {level} | {g:.0f} | {e['output_tokens_per_s']:.0f} | {tok:.0f} "
             f"| {tok / g:.2f} | {tok / e['output_tokens_per_s']:.2f} | {_ms(e['ttft_p50'])} | {_ms(s['ttft_p50'])} | {_ms(e['tpot_p50'])} "
-            f"| {_ms(s['tpot_p50'])} |"
+            f"| {_ms(s['tpot_p50'])} | {s['front_cores']:.2f} | {s['core_cores']:.2f} |"
         )
     print(
         f"\nserver start-up (launch to /health): {server['startup_s']:.1f} s; first request after "

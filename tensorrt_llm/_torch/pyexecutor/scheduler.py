@@ -65,6 +65,13 @@ class ScheduledRequests:
     def batch_size(self) -> int:
         return len(self.context_requests) + len(self.generation_requests)
 
+    @property
+    def num_tokens(self) -> int:
+        """The tokens an eager step of this batch carries: each prompt's chunk and each
+        generation request's ``1 + drafts``."""
+        tokens = sum(r.context_chunk_size for r in self.context_requests)
+        return tokens + sum(1 + len(r.py_draft_tokens) for r in self.generation_requests)
+
     def hold_back_at_length(self, max_seq_len: int) -> None:
         """Leave out the requests the launched step (``feed``) may end by length: they wait for
         it to be read (nothing is computed past a length that is known)."""
@@ -133,8 +140,7 @@ class GuaranteedNoEvictScheduler:
     def _wait(self, batch: ScheduledRequests) -> bool:
         """Whether the batch's prompts wait for this step (``BatchWait``)."""
         wait = self.batch_wait
-        tokens = sum(r.context_chunk_size for r in batch.context_requests)
-        tokens += sum(1 + len(r.py_draft_tokens) for r in batch.generation_requests)
+        tokens = batch.num_tokens
         full = wait.max_tokens_ratio > 0 and tokens >= wait.max_tokens_ratio * self.max_num_tokens
         if self._waited >= wait.timeout_iters or full:
             self._waited = 0

@@ -37,12 +37,8 @@ class StepPlan:
 
 
 def step_tokens(batch: ScheduledRequests, bucket: int | None, tokens_per_seq: int) -> int:
-    """The tokens the step's forward carries: a graph bucket's padded rows, else each prompt's
-    chunk and each generation request's ``1 + drafts``."""
-    if bucket is not None:
-        return bucket * tokens_per_seq
-    tokens = sum(r.context_chunk_size for r in batch.context_requests)
-    return tokens + sum(1 + len(r.py_draft_tokens) for r in batch.generation_requests)
+    """The tokens the step's forward carries: a graph bucket's padded rows, else the batch's."""
+    return bucket * tokens_per_seq if bucket is not None else batch.num_tokens
 
 
 def plan_step(
