@@ -129,3 +129,26 @@ def test_disaggregated_serving_between_two_engine_processes():
         assert ctx.disaggregated.release_pulled() == len(PROMPTS)
         for llm in (ctx, gen):
             assert llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == 0
+
+
+def test_the_core_leaves_a_cpu_core_to_the_front_unless_omp_num_threads_says(monkeypatch):
+    import torch
+
+    from tensorrt_llm.bundled import BUNDLED_TARGET
+    from tensorrt_llm.llmapi.core_worker import _leave_a_core_to_the_front
+    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+
+    args = TorchLlmArgs(model=str(BUNDLED_TARGET), device="cpu")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        _leave_a_core_to_the_front(args)
+        assert torch.get_num_threads() == 2  # the user's setting holds
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        _leave_a_core_to_the_front(args)
+        assert torch.get_num_threads() == 1
+        _leave_a_core_to_the_front(args)
+        assert torch.get_num_threads() == 1  # never below one
+    finally:
+        torch.set_num_threads(before)
