@@ -18,15 +18,19 @@ streams does not cap what the server is measured at.
 Printed per level: output tokens/s of each and the ratios server / generate and server / submit,
 TTFT p50 and TPOT p50 of the streamed two, and the cores the server's front process and its engine
 core's processes kept busy (a front near one core is bound by its GIL; the per-level line gives
-its busiest threads). Then the server's start-up time (launch to ``/health`` 200), the latency of the first
-request after ``/health`` answers against the same request's steady-state latency, and the CPU an
-idle server uses (its processes, over 5 s).
+its busiest threads). Then the server's start-up time (launch to ``/health`` 200), the latency of
+the first request after ``/health`` answers (the client warmed first by a request the server
+refuses) against the same request's steady-state latency, and the CPU an idle server uses (its
+processes, over 5 s); and the same request's first and steady latency through ``LLM.generate``,
+with the Triton kernels compiled after ``LLM(...)`` returned (none: start-up compiled what a step
+needs).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import statistics
 import sys
@@ -157,6 +161,16 @@ async def _latency(url: str, body: dict) -> float:
     return result.latency
 
 
+async def _warm_client(url: str) -> None:
+    """This process's first streamed request costs its client 25 to 30 ms of one-time setup
+    (found on the CPU: a fresh client's first request to a warm server is that much slower, and
+    not after this). A request the server refuses before the engine pays it here."""
+    async with httpx.AsyncClient(timeout=600) as client:
+        result = await one_request(client, url, {"messages": [], "stream": True})
+    if result.ok or "HTTP 400" not in result.error:
+        raise RuntimeError(f"the client's warm-up was not refused as expected: {result}")
+
+
 def measure_server(args, options: dict, bodies: list[dict], levels: list[int]) -> dict:
     out: dict = {"levels": {}}
     with running() as deployment:
@@ -170,6 +184,7 @@ def measure_server(args, options: dict, bodies: list[dict], levels: list[int]) -
             raise
         out["startup_s"] = time.perf_counter() - launched
         url = deployment.urls["server"] + "/v1/chat/completions"
+        asyncio.run(_warm_client(url))  # (the client's own first-request costs)
         out["first_s"] = asyncio.run(_latency(url, bodies[0]))
         out["steady_s"] = statistics.median(asyncio.run(_latency(url, bodies[0])) for _ in range(5))
         pid = deployment.procs["server"].pid
@@ -185,6 +200,27 @@ def measure_server(args, options: dict, bodies: list[dict], levels: list[int]) -
     return out
 
 
+def triton_kernels_compiled() -> int:
+    """Triton kernels compiled in this process so far (the binaries in every ``@triton.jit``
+    function's cache); 0 without Triton."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return 0
+    return sum(
+        len(cache[0])
+        for fn in gc.get_objects()
+        if isinstance(fn, JITFunction)
+        for cache in fn.device_caches.values()
+    )
+
+
+def _timed(fn) -> float:
+    begin = time.perf_counter()
+    fn()
+    return time.perf_counter() - begin
+
+
 def measure_engine(options: dict, bodies: list[dict], levels: list[int], output_len: int) -> dict:
     out: dict = {}
     llm = LLM(**options)
@@ -192,6 +228,12 @@ def measure_engine(options: dict, bodies: list[dict], levels: list[int], output_
         template = llm.tokenizer.apply_chat_template
         prompts = [llm.tokenizer.encode(template(b["messages"])) for b in bodies]
         params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+        compiled = triton_kernels_compiled()
+        out["first_s"] = _timed(lambda: llm.generate([prompts[0]], params))
+        out["steady_s"] = statistics.median(
+            _timed(lambda: llm.generate([prompts[0]], params)) for _ in range(5)
+        )
+        out["compiled_after_start"] = triton_kernels_compiled() - compiled
         for level in levels:
             work = prompts[:FIRST_REQUESTS] if level == 1 else prompts
             generate_level(llm, work, params, level)  # the untimed passes
@@ -253,6 +295,11 @@ def main() -> None:
         f"/health {server['first_s']:.3f} s, steady state {server['steady_s']:.3f} s "
         f"(ratio {server['first_s'] / server['steady_s']:.2f}); idle server "
         f"{100 * server['idle_cores']:.1f}% of a core"
+    )
+    print(
+        f"LLM.generate, the same request first after LLM(...) returned: {engine['first_s']:.3f} s, "
+        f"steady state {engine['steady_s']:.3f} s (ratio {engine['first_s'] / engine['steady_s']:.2f}); "
+        f"Triton kernels compiled after start-up: {engine['compiled_after_start']}"
     )
 
 
