@@ -292,7 +292,7 @@ class CoreProcess:
         if self.closed:
             return
         with self._lock:
-            if self._lost is None:
+            if self._process.is_alive():  # (also after a rank under it was lost)
                 self._send({"op": "shutdown"})
         self._process.join(timeout=60)
         self.closed = True

@@ -109,16 +109,28 @@ def core_main(args_json: str, commands_path: str, outputs_path: str) -> None:
                     told = True
                     core.loop.call(lambda lost=lost: outputs.send({"op": "lost", "reason": lost}))
                 continue
-            message = decode(commands.recv())
-            if message["op"] == "shutdown":
+            if not _apply_waiting(core, outputs, commands):
                 break
-            _apply_command(core, outputs, message)
     finally:
         core.shutdown()
         outputs.send({"op": "closed"})
         outputs_socket.close(linger=1000)
         commands.close(linger=0)
         context.term()
+
+
+def _apply_waiting(core, outputs: _Outputs, commands: zmq.Socket) -> bool:
+    """Every command waiting, in order, in one go: while the loop's thread runs a step this
+    thread waits for the interpreter's lock each time it wakes, so it takes all that came rather
+    than one per wake. False at ``shutdown``."""
+    while True:
+        try:
+            message = decode(commands.recv(zmq.NOBLOCK))
+        except zmq.Again:
+            return True
+        if message["op"] == "shutdown":
+            return False
+        _apply_command(core, outputs, message)
 
 
 def _leave_a_core_to_the_front(args: TorchLlmArgs) -> None:

@@ -278,8 +278,8 @@ def test_the_ranks_agree_on_each_steps_exchange(monkeypatch):
     block = SimpleNamespace(idle=passes.append)  # records the capacity of each idle pass
     sync = moe_all_to_all.ExchangeSync([block], capacity=8)
     runner = SimpleNamespace(bucket_size=lambda batch: 2, tokens_per_seq=4)
-    decode = SimpleNamespace(batch_size=2, context_requests=[], generation_requests=[])
-    nothing = SimpleNamespace(batch_size=0, context_requests=[], generation_requests=[])
+    decode = SimpleNamespace(batch_size=2, num_tokens=8)  # (two rows of 1 + 3 drafts)
+    nothing = SimpleNamespace(batch_size=0, num_tokens=0)
     others = {"tokens": 0}
 
     def max_over_ranks(values):

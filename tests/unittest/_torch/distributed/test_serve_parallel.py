@@ -86,6 +86,9 @@ def test_a_server_that_loses_a_rank_says_so_instead_of_hanging(tmp_path):
         assert health.status_code == 503 and "rank 1 exited" in health.json()["reason"]
         reply = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=30)
         assert reply.status_code == 503 and "lost a rank" in reply.json()["error"]["message"]
+        # and it stops when told to: its engine core's process (alive) is told to shut down too
+        servers.procs["tp2"].terminate()
+        assert servers.procs["tp2"].wait(timeout=20) is not None
 
 
 def test_tp_size_and_the_option_file_cannot_both_set_it(tmp_path):
