@@ -3,13 +3,10 @@ through a ``trtllm-serve`` process driven by ``trtllm-bench``'s client, in one r
 
     python benchmarks/bench_serving.py [--device cpu|cuda] [--concurrency 1,16,64]
         [--num-requests 192] [--output-len 64] [--config options.yaml] [--client-processes 4]
-        [--model-scale bundled|full|tiny]
 
 The workload is ``trtllm-bench``'s (fixed-seed GSM8K-style chat questions, greedy, ``ignore_eos``,
 ``max_tokens`` = ``--output-len``); the model is the README's (the bundled M3-tiny with its Eagle3
-drafter, unified KV) unless ``--config`` names other ``LLM`` options, or ``--model-scale`` picks
-``bench_common``'s benchmark model (``full``: the published widths, dense MLPs, dummy weights, with
-a drafter of its widths; the bundled tokenizer). Both sides get
+drafter, unified KV) unless ``--config`` names other ``LLM`` options. Both sides get
 ``max_batch_size`` = the largest level and one untimed pass of each level's workload before the
 timed one. At each level ``concurrency`` requests are in flight at once: HTTP streams on the server,
 ``LLM.submit`` calls (a new one as each ends, an output after every step) on the engine; and the
@@ -34,22 +31,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import yaml
-from bench_common import bench_eagle3_config, bench_target_config, machine_name
+from bench_common import machine_name
 
 from tensorrt_llm.bench.serving import Workload, one_request, run_spread, summarize
-from tensorrt_llm.bundled import BUNDLED_TARGET, bundled_eagle3
+from tensorrt_llm.bundled import bundled_eagle3
 from tensorrt_llm.evaluate.deployment import running
 from tensorrt_llm.llmapi import LLM, GenerationRequest
 from tensorrt_llm.sampling_params import SamplingParams
@@ -252,21 +246,6 @@ def measure_engine(options: dict, bodies: list[dict], levels: list[int], output_
     return out
 
 
-def benchmark_model_options(root: Path, scale: str) -> dict:
-    """``LLM`` options of ``bench_common``'s benchmark model at ``scale`` ("full": the published
-    widths), every MLP dense: its configs only under ``root`` (``load_format: dummy``, the weights
-    made on the device), the bundled tokenizer and chat template beside them, and an Eagle3
-    drafter of its widths (random too: its drafts are mostly rejected)."""
-    target = bench_target_config(scale, 2048, "dense")
-    for config, name in ((target, "target"), (bench_eagle3_config(target), "eagle3")):
-        (root / name).mkdir(parents=True)
-        (root / name / "config.json").write_text(json.dumps(config.to_dict()))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(BUNDLED_TARGET / name, root / "target" / name)
-    drafter = {**bundled_eagle3(), "speculative_model": str(root / "eagle3")}
-    return {"model": str(root / "target"), "load_format": "dummy", "speculative_config": drafter}
-
-
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{1000 * seconds:.1f}"
 
@@ -279,13 +258,6 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--config", type=Path, default=None, help="YAML file of LLM options")
     p.add_argument(
-        "--model-scale",
-        choices=["bundled", "full", "tiny"],
-        default="bundled",
-        help="the README's model, or bench_common's benchmark model at that scale (full: the "
-        "published widths; dense MLPs, dummy weights)",
-    )
-    p.add_argument(
         "--client-processes",
         type=int,
         default=4,
@@ -294,9 +266,6 @@ def main() -> None:
     args = p.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     options = yaml.safe_load(args.config.read_text()) if args.config else {}
-    scratch = tempfile.TemporaryDirectory(prefix="bench-serving-")
-    if args.model_scale != "bundled":
-        options.update(benchmark_model_options(Path(scratch.name), args.model_scale))
     if "model" not in options:
         options.setdefault("speculative_config", bundled_eagle3())
     options = {**options, "max_batch_size": max(levels), "device": args.device}
