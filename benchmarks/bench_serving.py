@@ -54,13 +54,11 @@ FIRST_REQUESTS = 16  # requests at concurrency 1 (a latency level)
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of ``pid`` and its children's threads, from /proc (every process in the
     tree rooted at ``pid``)."""
-    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
-    pids = [pid]
+    total, pids = 0.0, [pid]
     while pids:
         p = pids.pop()
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+            total += _stat_cpu(Path(f"/proc/{p}/stat"))
             for task in Path(f"/proc/{p}/task").iterdir():
                 children = task / "children"
                 if children.exists():
@@ -114,14 +112,18 @@ def engine_level(llm: LLM, prompts: list[list[int]], params: SamplingParams, con
 def thread_cpu_seconds(pid: int) -> dict[int, float]:
     """User + system CPU of each thread of ``pid`` (not of its children), by thread id."""
     out: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = task.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = _stat_cpu(task / "stat")
         except (FileNotFoundError, ProcessLookupError):
             continue
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
     return out
+
+
+def _stat_cpu(stat: Path) -> float:
+    """User + system CPU seconds in a ``/proc`` ``stat`` file (a process's or one thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def generate_level(llm: LLM, prompts: list[list[int]], params: SamplingParams, batch: int):
@@ -142,14 +144,14 @@ def server_level(url: str, bodies: list[dict], concurrency: int, processes: int,
     s = summarize(results, wall)
     if s["failed"]:
         raise RuntimeError(f"{s['failed']} requests failed: {s['errors']}")
-    front = {tid: (t - threads.get(tid, 0.0)) / wall for tid, t in after.items()}
+    front = sorted(((t - threads.get(tid, 0.0)) / wall for tid, t in after.items()), reverse=True)
     return {
         "output_tokens_per_s": s["output_tokens_per_s"],
         "ttft_p50": s["ttft_s"]["p50"],
         "tpot_p50": s["tpot_s"]["p50"],
-        "front_cores": sum(front.values()),
-        "front_busiest_threads": sorted((round(c, 2) for c in front.values()), reverse=True)[:3],
-        "core_cores": tree / wall - sum(front.values()),
+        "front_cores": sum(front),
+        "front_busiest_threads": [round(c, 2) for c in front[:3]],
+        "core_cores": tree / wall - sum(front),
     }
 
 
