@@ -100,15 +100,19 @@ class Eagle3DecodingConfig(StrictBaseModel):
 
 
 class CudaGraphConfig(StrictBaseModel):
-    """CUDA graphs for generation-only steps (the target forward, sampling, penalties and
-    logprobs, and with Eagle3 the accept and the draft chain), per batch size, all captured at
-    start-up; prefill and mixed batches run eagerly. They need a CUDA device and
+    """CUDA graphs for generation steps (the target forward, sampling, penalties and logprobs,
+    and with Eagle3 the accept and the draft chain), per batch size, all captured at start-up;
+    a step with one short prompt beside them (or alone) replays a graph of its own too; other
+    prefill and mixed batches run eagerly. They need a CUDA device and
     ``attn_backend="TRITON"``; ``cuda_graph_config=None`` turns them off."""
 
     # The captured batch sizes; None: 1, 2, 4, then multiples of 8, up to max_batch_size.
     batch_sizes: list[int] | None = None
     max_batch_size: int = Field(default=0, ge=0)  # 0: the LLM's max_batch_size
     enable_padding: bool = True  # run a batch in the smallest captured size that holds it
+    # A step with one prompt of at most this many tokens still to compute beside the decodes
+    # (or alone) replays a graph too, padded to this many; 0: such steps run eagerly.
+    mixed_prompt_tokens: int = Field(default=256, ge=0)
 
     def to_runtime(self, llm_max_batch_size: int) -> CudaGraphOptions:
         limit = self.max_batch_size or llm_max_batch_size
@@ -122,7 +126,9 @@ class CudaGraphConfig(StrictBaseModel):
         else:
             limit = min(limit, llm_max_batch_size)
             sizes = sorted({b for b in (1, 2, 4, *range(8, limit + 1, 8)) if b <= limit} | {limit})
-        return CudaGraphOptions(tuple(sizes), self.enable_padding)
+        return CudaGraphOptions(
+            tuple(sizes), self.enable_padding, mixed_prompt_tokens=self.mixed_prompt_tokens
+        )
 
 
 class CacheTransceiverConfig(StrictBaseModel):

@@ -239,14 +239,14 @@ PLANNER = "tensorrt_llm._torch.pyexecutor.step_plan"
 
 
 def test_a_step_is_planned_in_one_place():
-    callers: dict[str, set[str]] = {"bucket_size": set(), "exchange.agree": set()}
+    callers: dict[str, set[str]] = {"shape_of": set(), "exchange.agree": set()}
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
             receiver = node.func.value
-            if node.func.attr == "bucket_size":
-                callers["bucket_size"].add(name)
+            if node.func.attr == "shape_of":
+                callers["shape_of"].add(name)
             elif node.func.attr == "agree" and getattr(receiver, "id", "") == "exchange":
                 callers["exchange.agree"].add(name)
-    assert callers == {"bucket_size": {PLANNER}, "exchange.agree": {PLANNER}}
+    assert callers == {"shape_of": {PLANNER}, "exchange.agree": {PLANNER}}

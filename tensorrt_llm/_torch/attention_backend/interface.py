@@ -222,20 +222,37 @@ class AttentionMetadata:
         for device in (self.kv_lens, self.num_cached_tokens, self.position_ids):
             device += 1
 
-    def place(self, first_positions: torch.Tensor) -> None:
+    def place(
+        self,
+        first_positions: torch.Tensor,
+        cu_seqlens_q: torch.Tensor | None = None,
+        token_seq_idx: torch.Tensor | None = None,
+    ) -> None:
         """Put sequence ``i``'s query tokens at ``first_positions[i]`` onwards (a device tensor), on
-        the device tensors only: no host sync, so a CUDA graph can capture it. Every sequence must
-        be a generation step of the same width. The host copies (``kv_lens_cpu``,
+        the device tensors only: no host sync, so a CUDA graph can capture it. Without
+        ``cu_seqlens_q`` every sequence is a generation step of the same width; with it (and
+        ``token_seq_idx``, device tensors of this metadata's sizes) the sequences' query lengths
+        are these, whatever the host lists say (a mixed graph bucket: a prompt of any length up to
+        the one the host lists give, beside the decodes). The host copies (``kv_lens_cpu``,
         ``position_ids_cpu``) go stale, so ``kv_len_bound`` must size the launches and the backend
         must read only device metadata (``supports_cuda_graphs``)."""
+        if self.kv_len_bound is None:
+            raise ValueError("place() needs kv_len_bound: the host kv_lens no longer hold")
+        if cu_seqlens_q is not None:
+            self.cu_seqlens_q.copy_(cu_seqlens_q)
+            self.token_seq_idx.copy_(token_seq_idx)
+            starts = cu_seqlens_q[:-1][token_seq_idx]
+            offsets = torch.arange(self.num_tokens, device=first_positions.device) - starts
+            self.position_ids.copy_(first_positions[token_seq_idx] + offsets)
+            self.num_cached_tokens.copy_(first_positions)
+            self.kv_lens.copy_(first_positions + cu_seqlens_q[1:] - cu_seqlens_q[:-1])
+            return
         width = self.seq_lens[0] if self.seq_lens else 1
         if self.num_contexts or any(n != width for n in self.seq_lens):
             raise ValueError(
                 "place() needs generation steps of one width; this batch has "
                 f"num_contexts={self.num_contexts}, seq_lens={self.seq_lens}"
             )
-        if self.kv_len_bound is None:
-            raise ValueError("place() needs kv_len_bound: the host kv_lens no longer hold")
         offsets = torch.arange(width, device=first_positions.device)
         self.position_ids.copy_((first_positions[:, None] + offsets).flatten())
         self.num_cached_tokens.copy_(first_positions)
@@ -245,8 +262,8 @@ class AttentionMetadata:
         self, request_ids: Sequence[int], copied_from: AttentionMetadata | None = None
     ) -> None:
         """The same batch shape for other sequences: their block table rows are copied into the
-        same buffer (or taken from ``copied_from``, a metadata of the same sequences in the same
-        order, with every table it holds). Positions are left to ``place``."""
+        same buffer (or taken from ``copied_from``, a metadata whose first sequences are these,
+        in this order, with every table it holds). Positions are left to ``place``."""
         if len(request_ids) != self.num_seqs:
             raise ValueError(
                 f"rebind() to {len(request_ids)} sequences; this metadata has {self.num_seqs}"

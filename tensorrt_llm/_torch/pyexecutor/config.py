@@ -148,13 +148,16 @@ class KVCacheManagerV2Config:
 
 @dataclass(frozen=True)
 class CudaGraphOptions:
-    """CUDA graphs for generation-only steps (``cuda_graph_runner.py``)."""
+    """CUDA graphs for generation steps, and for one prompt beside them (``cuda_graph_runner.py``)."""
 
     batch_sizes: tuple[int, ...]  # the captured batch sizes, ascending
     enable_padding: bool = True  # run a batch in the smallest captured size that holds it
     # False: run the captured step's ops eagerly on the same static buffers (no graph): the CPU
     # form of the path, for tests.
     capture: bool = True
+    # A step with one prompt of at most this many tokens to compute (its last chunk) beside the
+    # decodes replays a mixed graph too (``mixed_bucket.py``); 0: such steps run eagerly.
+    mixed_prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         sizes = self.batch_sizes
@@ -162,6 +165,8 @@ class CudaGraphOptions:
             raise ValueError(
                 f"cuda graph batch_sizes={list(sizes)} must be positive, ascending and distinct"
             )
+        if self.mixed_prompt_tokens < 0:
+            raise ValueError(f"mixed_prompt_tokens={self.mixed_prompt_tokens} must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -42,16 +42,24 @@ from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
 from tensorrt_llm._torch.pyexecutor.graph_bucket import Bucket, addresses
 from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens
 from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
+from tensorrt_llm._torch.pyexecutor.mixed_bucket import (
+    mixed_bucket_inputs,
+    mixed_seq_lens,
+    prompt_chunk,
+    write_mixed_bucket,
+)
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import uses_top_k
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.step_inputs import (
     RowLayout,
     bucket_inputs,
     logprobs_top,
     write_bucket,
 )
+from tensorrt_llm._torch.pyexecutor.step_plan import GraphShape
 from tensorrt_llm._torch.pyexecutor.step_program import StepOutputs, run_step
 from tensorrt_llm._torch.pyexecutor.token_feed import on_device
 from tensorrt_llm.logger import logger
@@ -99,8 +107,9 @@ class CUDAGraphRunner:
                 ResourceManagerType.DRAFT_KV_CACHE_MANAGER,
             ):
                 manager = resource_manager.get_resource_manager(kind)
-                if manager is not None:  # positions of the step and of the draft chain
-                    manager.add_padding_sequence(PADDING_REQUEST_ID, 2 * self.tokens_per_seq)
+                if manager is not None:  # the step's and the draft chain's, or a prompt's share
+                    positions = max(2 * self.tokens_per_seq, options.mixed_prompt_tokens)
+                    manager.add_padding_sequence(PADDING_REQUEST_ID, positions)
 
     @property
     def _store(self) -> DraftProbStore | None:
@@ -115,7 +124,9 @@ class CUDAGraphRunner:
 
     @property
     def captured_batch_sizes(self) -> list[int]:
-        return sorted({b for (b, *_), bucket in self._buckets.items() if bucket.graph is not None})
+        return sorted(
+            {k[0].batch_size for k, b in self._buckets.items() if b.graph and not k[0].prompt_tokens}
+        )
 
     @property
     def inputs_pinned(self) -> bool:
@@ -128,61 +139,79 @@ class CUDAGraphRunner:
         ]
         return bool(bufs) and all(x.is_pinned() for x in bufs)
 
-    def bucket_size(self, batch: ScheduledRequests) -> int | None:
-        """The bucket that runs ``batch``, or None when it must run eagerly."""
-        requests = batch.generation_requests
-        if batch.context_requests or not requests:
-            return None
+    def shape_of(self, batch: ScheduledRequests) -> GraphShape | None:
+        """The bucket that runs ``batch``, or None when it must run eagerly: decoding requests
+        with all their drafts, and at most one prompt whose last chunk fits a mixed bucket."""
+        requests, contexts = batch.generation_requests, batch.context_requests
         for req in requests:
             if len(req.py_draft_tokens) != self.max_draft_len:
                 return None
-        n = len(requests)
+        prompt_tokens = 0
         sizes = self.options.batch_sizes
+        if contexts:
+            prompt_tokens = self.options.mixed_prompt_tokens
+            if len(contexts) > 1 or not self._fits(contexts[0]):
+                return None
+            sizes = (0, *sizes)  # (a prompt alone)
+        elif not requests:
+            return None
+        n = len(requests)
         if not self.options.enable_padding:
             size = n if n in sizes else None
         else:
             size = next((b for b in sizes if b >= n), None)
-        if size is not None and self.options.capture:  # (only a bucket captured at start-up)
-            bucket = self._buckets.get(self._key(batch, size))
-            size = size if bucket is not None and bucket.graph is not None else None
-        return size
+        if size is None:
+            return None
+        shape = GraphShape(size, prompt_tokens)
+        if self.options.capture:  # (only a bucket captured at start-up)
+            bucket = self._buckets.get(self._key(batch, shape))
+            if bucket is None or bucket.graph is None:
+                return None
+        return shape
+
+    def _fits(self, prompt: LlmRequest) -> bool:
+        """Whether ``prompt``'s step can run in a mixed bucket: its last chunk, within the
+        bucket's tokens, without images (their rows are the encoder's, host-sized)."""
+        length = len(prompt_chunk(prompt))
+        return (
+            prompt.is_last_context_chunk
+            and prompt.multimodal is None
+            and 0 < length <= self.options.mixed_prompt_tokens
+        )
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledRequests, batch_size: int) -> tuple[torch.Tensor, DeviceTokens]:
-        """Run ``batch`` in bucket ``batch_size`` (``bucket_size``): write its inputs, then replay
+    def run(
+        self, batch: ScheduledRequests, shape: GraphShape
+    ) -> tuple[torch.Tensor, DeviceTokens]:
+        """Run ``batch`` in the bucket of ``shape`` (``shape_of``): write its inputs, then replay
         its graph (or, without ``capture``, run the step program on the bucket's tensors).
         Returns the batch's logits rows and tokens (views: the next replay rewrites them)."""
-        requests = batch.generation_requests
-        pad = batch_size - len(requests)
-        request_ids = [r.request_id for r in requests] + [PADDING_REQUEST_ID] * pad
-        key = self._key(batch, batch_size)
-        bucket = self._buckets.get(key) or self._new_bucket(request_ids, key)
-        self._write_inputs(bucket, batch, request_ids)
+        key = self._key(batch, shape)
+        bucket = self._buckets.get(key) or self._new_bucket(key)
+        self._write_inputs(bucket, batch, shape)
         if not self.options.capture:
             bucket.outputs = self._run_step(bucket)
         else:
             if addresses(bucket, self._store, self._logits_state) != bucket.addresses:
-                raise RuntimeError(
-                    f"the CUDA graph of batch size {batch_size} reads tensors that moved"
-                )
+                raise RuntimeError(f"the CUDA graph of {shape} reads tensors that moved")
             bucket.graph.replay()
         self.num_replays += 1
-        out = bucket.outputs.first(len(requests))
-        rows = list(range(len(requests)))
+        n = len(batch.all_requests)  # (the prompt's row first, then the decoding requests')
+        out = bucket.outputs.first(n)
         return out.logits, DeviceTokens(
-            rows, out.tokens, out.num_accepted, out.drafts, out.logprobs
+            list(range(n)), out.tokens, out.num_accepted, out.drafts, out.logprobs
         )
 
     @staticmethod
-    def _key(batch: ScheduledRequests, batch_size: int) -> tuple[int, int, bool]:
-        requests = batch.generation_requests
+    def _key(batch: ScheduledRequests, shape: GraphShape) -> tuple[GraphShape, int, bool]:
+        requests = batch.all_requests
         mode = GREEDY
         if not all(r.sampling_params.greedy for r in requests):
             mode = TOP_K if uses_top_k(requests) else NUCLEUS
         extras = logprobs_top(requests) is not None or any(
             r.sampling_params.processes_logits for r in requests
         )
-        return batch_size, mode, extras
+        return shape, mode, extras
 
     @torch.inference_mode()  # (as ``run``: the buffers it makes are the replays')
     def capture_all(self) -> None:
@@ -194,81 +223,126 @@ class CUDAGraphRunner:
             self._store.allocate()
         self._logits_state.allocate()
         keys = [
-            (size, mode, extras)
+            (GraphShape(size), mode, extras)
             for size in self.options.batch_sizes
             for mode in (GREEDY, NUCLEUS, TOP_K)
             for extras in (False, True)
         ]
+        if self.options.mixed_prompt_tokens:  # (a prompt with logprobs or penalties: eager)
+            tokens = self.options.mixed_prompt_tokens
+            keys += [
+                (GraphShape(size, tokens), mode, False)
+                for size in (0, *self.options.batch_sizes)
+                for mode in (GREEDY, NUCLEUS, TOP_K)
+            ]
         start = time.perf_counter()
         for key in tqdm(keys, desc="capturing CUDA graphs", unit="graph", leave=False):
             if key not in self._buckets:
-                request_ids = [PADDING_REQUEST_ID] * key[0]
-                bucket = self._new_bucket(request_ids, key)
-                write_bucket(bucket.inputs, [], self._logits_state, self._store)  # padding rows
-                self._rebind(bucket, request_ids)
+                bucket = self._new_bucket(key)
+                self._write_rows(bucket, key[0], None, [])  # padding rows
                 self._capture(bucket)
         logger.info(
             "captured %d CUDA graphs (batch sizes %s; greedy, top-p and top-k sampling; with and "
-            "without penalties and logprobs) in %.1f s",
+            "without penalties and logprobs; %s) in %.1f s",
             len(keys),
             list(self.options.batch_sizes),
+            f"a prompt of up to {self.options.mixed_prompt_tokens} tokens beside them"
+            if self.options.mixed_prompt_tokens
+            else "no prompt beside them",
             time.perf_counter() - start,
         )
 
-    def _new_bucket(self, request_ids: list[int], key: tuple) -> Bucket:
-        """A bucket for ``len(request_ids)`` sequences, its metadata first bound to these."""
-        device, width, batch_size = self.engine.device, self.tokens_per_seq, len(request_ids)
-        _, mode, extras = key
+    def _new_bucket(self, key: tuple[GraphShape, int, bool]) -> Bucket:
+        """A bucket of ``key``'s shape, its metadata first bound to the padding sequence."""
+        device, width = self.engine.device, self.tokens_per_seq
+        shape, mode, extras = key
         sampled = mode != GREEDY
         layout = RowLayout(sampled, sampled and self.spec_worker is not None, extras)
         if extras:
             self._logits_state.allocate()  # (padding and plain rows read its zero scratch row)
-        inputs = bucket_inputs(
-            batch_size, self.max_draft_len, layout, mode == TOP_K, extras, device
-        )
+        if shape.prompt_tokens:
+            inputs = mixed_bucket_inputs(
+                shape, self.max_draft_len, layout, mode == TOP_K, extras, device
+            )
+            seq_lens = mixed_seq_lens(shape, width)
+        else:
+            inputs = bucket_inputs(
+                shape.batch_size, self.max_draft_len, layout, mode == TOP_K, extras, device
+            )
+            seq_lens = [width] * shape.batch_size
         exchange = self.engine.exchange
 
-        def metadata(seq_len: int) -> AttentionMetadata:
+        def metadata(seq_lens: list[int], num_contexts: int) -> AttentionMetadata:
             return AttentionMetadata(
                 kv_cache_manager=self.engine.kv_cache_manager,
-                request_ids=request_ids,
-                seq_lens=[seq_len] * batch_size,
-                num_cached_tokens_per_seq=[0] * batch_size,  # placed on the device per step
-                num_contexts=0,
+                request_ids=[PADDING_REQUEST_ID] * len(seq_lens),
+                seq_lens=seq_lens,  # (bounds: the lengths are placed on the device per step)
+                num_cached_tokens_per_seq=[0] * len(seq_lens),
+                num_contexts=num_contexts,
                 device=device,
                 buffers=MetadataBuffers(device),
                 kv_len_bound=self.kv_len_bound,
                 moe_capacity=exchange.capacity if exchange is not None else None,  # (fixed)
             )
 
-        chain_md = metadata(1) if self.spec_worker is not None else None
-        bucket = self._buckets[key] = Bucket(inputs, metadata(width), chain_md)
+        chain_md = None
+        if self.spec_worker is not None:  # one token for each row's sequence
+            chain_md = metadata([1] * shape.num_rows, 0)
+        step_md = metadata(seq_lens, int(shape.prompt_tokens > 0))
+        bucket = self._buckets[key] = Bucket(inputs, step_md, chain_md)
         return bucket
 
-    def _write_inputs(
-        self, bucket: Bucket, batch: ScheduledRequests, request_ids: list[int]
-    ) -> None:
-        """The batch's tokens, first positions and rows (``step_inputs.write_bucket``); the
-        tokens of requests fed from the launched step not yet read; the block tables (and the
-        draft manager's, where the drafter reads it) into the bucket's metadata."""
+    def _write_inputs(self, bucket: Bucket, batch: ScheduledRequests, shape: GraphShape) -> None:
+        """The batch's rows (``_write_rows``); the tokens of requests fed from the launched step
+        not yet read, and their positions moved."""
         requests = batch.generation_requests
-        write_bucket(bucket.inputs, requests, self._logits_state, self._store)
+        prompt = batch.context_requests[0] if shape.prompt_tokens else None
+        offset = self._write_rows(bucket, shape, prompt, requests)
         fed = [i for i, r in enumerate(requests) if batch.pending_tokens(r)]
         if fed:  # from the launched step not yet read: the tokens, and the positions moved
-            step = bucket.inputs.step
+            step, first_row = bucket.inputs.step, shape.num_rows - shape.batch_size
             ids, advance = batch.feed.take([requests[i].request_id for i in fed])
             slots = on_device(fed, step.input_ids.device)
-            step.input_ids.view(bucket.batch_size, -1)[slots] = ids
-            step.first_positions[slots] += advance
-        self._rebind(bucket, request_ids)
+            width = self.tokens_per_seq
+            rows = step.input_ids[offset : offset + shape.batch_size * width]
+            rows.view(shape.batch_size, width)[slots] = ids
+            if shape.prompt_tokens and self.max_draft_len:  # (else the drafts are token views)
+                step.drafts[first_row + slots] = ids[:, 1:]
+            step.first_positions[first_row + slots] += advance
 
-    def _rebind(self, bucket: Bucket, request_ids: list[int]) -> None:
-        """The rows' block tables into the bucket's metadata (and the draft chain's)."""
-        bucket.md.rebind(request_ids)
+    def _write_rows(
+        self,
+        bucket: Bucket,
+        shape: GraphShape,
+        prompt: LlmRequest | None,
+        requests: list[LlmRequest],
+    ) -> int:
+        """The rows' tokens, positions and values (``step_inputs.write_bucket``, or
+        ``mixed_bucket.write_mixed_bucket`` with the prompt's chunk) and their block tables (and
+        the draft manager's, where the drafter reads it) into the bucket's metadata. Returns
+        where the decoding rows' tokens start."""
+        pad = [PADDING_REQUEST_ID] * (shape.batch_size - len(requests))
+        row_ids = [r.request_id for r in requests] + pad
+        if not shape.prompt_tokens:
+            write_bucket(bucket.inputs, requests, self._logits_state, self._store)
+            self._rebind(bucket, row_ids, row_ids)
+            return 0
+        offset = write_mixed_bucket(
+            bucket.inputs, shape, prompt, requests, self._logits_state, self._store
+        )
+        self.engine.num_context_tokens_computed += offset
+        prompt_id = prompt.request_id if prompt is not None else PADDING_REQUEST_ID
+        self._rebind(bucket, [prompt_id, *row_ids, PADDING_REQUEST_ID], [prompt_id, *row_ids])
+        return offset
+
+    def _rebind(self, bucket: Bucket, seq_ids: list[int], row_ids: list[int]) -> None:
+        """The sequences' block tables into the bucket's metadata, and the rows' (the first
+        sequences) into the draft chain's."""
+        bucket.md.rebind(seq_ids)
         if self.spec_worker is not None:
             draft_manager = self.spec_worker.resolve_draft_kv()
             self.spec_worker.prefetch_draft_table(bucket.md, draft_manager)
-            bucket.chain_md.rebind(request_ids, copied_from=bucket.md)
+            bucket.chain_md.rebind(row_ids, copied_from=bucket.md)
 
     def _run_step(self, bucket: Bucket) -> StepOutputs:
         """The captured work: ``run_step`` on the bucket's tensors."""

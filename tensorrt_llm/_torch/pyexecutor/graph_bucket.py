@@ -31,10 +31,6 @@ class Bucket:
     outputs: StepOutputs | None = None  # what the graph wrote at its last replay
     addresses: dict[str, int] = field(default_factory=dict)  # what the graph reads, at capture
 
-    @property
-    def batch_size(self) -> int:
-        return self.inputs.step.num_rows
-
 
 def addresses(
     bucket: Bucket, store: DraftProbStore | None, logits_state: LogitsState | None

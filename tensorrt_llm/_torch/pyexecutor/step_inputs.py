@@ -77,8 +77,12 @@ class StepInputs:
     # [n, T] the step token whose hidden state gives each position's logits (None: the step's
     # ``n * T`` tokens in order, a graph bucket's)
     token_index: torch.Tensor | None = None
-    # [n] a graph bucket's first position of each sequence (its metadata is placed from them)
+    # [S] a graph bucket's first position of each sequence (its metadata is placed from them)
     first_positions: torch.Tensor | None = None
+    # [S + 1], [N] a mixed graph bucket's query offsets and each token's sequence (a prompt's
+    # length changes from step to step); None: every sequence is one row of ``T`` tokens
+    cu_seqlens_q: torch.Tensor | None = None
+    token_seq_idx: torch.Tensor | None = None
     # [N] (eager Eagle3) the prompt's next token after each step token, where a prompt says it
     following: torch.Tensor | None = None
     num_prompts: int = 0  # the first rows that are prompts

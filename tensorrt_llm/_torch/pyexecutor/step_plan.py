@@ -20,6 +20,23 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class GraphShape:
+    """A CUDA graph bucket's shape: ``batch_size`` decoding rows and, in a mixed bucket, one
+    prompt of up to ``prompt_tokens`` tokens (0: a decode-only bucket)."""
+
+    batch_size: int
+    prompt_tokens: int = 0
+
+    @property
+    def num_rows(self) -> int:
+        return self.batch_size + (self.prompt_tokens > 0)
+
+    def num_tokens(self, tokens_per_seq: int) -> int:
+        """The tokens the bucket's forward carries (padded)."""
+        return self.prompt_tokens + self.batch_size * tokens_per_seq
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """``batch``: the final batch (its ``feed``: the launched step whose tokens it takes on the
     device); ``bucket``: the graph bucket that replays it, None when it runs eagerly;
@@ -27,7 +44,7 @@ class StepPlan:
     they are sized by the counts or nothing is exchanged."""
 
     batch: ScheduledRequests
-    bucket: int | None = None
+    bucket: GraphShape | None = None
     moe_capacity: int | None = None
 
     @property
@@ -36,9 +53,9 @@ class StepPlan:
         return not self.batch.batch_size
 
 
-def step_tokens(batch: ScheduledRequests, bucket: int | None, tokens_per_seq: int) -> int:
-    """The tokens the step's forward carries: a graph bucket's padded rows, else the batch's."""
-    return bucket * tokens_per_seq if bucket is not None else batch.num_tokens
+def step_tokens(batch: ScheduledRequests, bucket: GraphShape | None, tokens_per_seq: int) -> int:
+    """The tokens the step's forward carries: a graph bucket's padded ones, else the batch's."""
+    return bucket.num_tokens(tokens_per_seq) if bucket is not None else batch.num_tokens
 
 
 def plan_step(
@@ -51,7 +68,7 @@ def plan_step(
     rank runs once per step, with or without a batch. ``agreed``: this step's plan before
     requests were paused from the batch: its agreement still holds (the step carries no more
     tokens than agreed), so no collective runs again and only the bucket is chosen anew."""
-    bucket = runner.bucket_size(batch) if runner is not None and batch.batch_size else None
+    bucket = runner.shape_of(batch) if runner is not None and batch.batch_size else None
     if exchange is None:
         return StepPlan(batch, bucket)
     if agreed is not None:

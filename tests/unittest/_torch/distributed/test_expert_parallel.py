@@ -272,12 +272,12 @@ def test_the_ranks_agree_on_each_steps_exchange(monkeypatch):
     from types import SimpleNamespace
 
     from tensorrt_llm._torch.distributed import moe_all_to_all
-    from tensorrt_llm._torch.pyexecutor.step_plan import plan_step
+    from tensorrt_llm._torch.pyexecutor.step_plan import GraphShape, plan_step
 
     passes, sent = [], []
     block = SimpleNamespace(idle=passes.append)  # records the capacity of each idle pass
     sync = moe_all_to_all.ExchangeSync([block], capacity=8)
-    runner = SimpleNamespace(bucket_size=lambda batch: 2, tokens_per_seq=4)
+    runner = SimpleNamespace(shape_of=lambda batch: GraphShape(2), tokens_per_seq=4)
     decode = SimpleNamespace(batch_size=2, num_tokens=8)  # (two rows of 1 + 3 drafts)
     nothing = SimpleNamespace(batch_size=0, num_tokens=0)
     others = {"tokens": 0}
@@ -289,7 +289,7 @@ def test_the_ranks_agree_on_each_steps_exchange(monkeypatch):
     monkeypatch.setattr(moe_all_to_all, "max_over_ranks", max_over_ranks)
     plan = plan_step(decode, runner, sync)
     assert sent[-1] == [8]  # bucket 2 x 4 rows
-    assert (plan.bucket, plan.moe_capacity) == (2, 8)
+    assert (plan.bucket, plan.moe_capacity) == (GraphShape(2), 8)
     others["tokens"] = 9  # a rank's prefill overflows the fixed rows
     plan = plan_step(decode, runner, sync)
     assert (plan.bucket, plan.moe_capacity) == (None, None)  # eager, sized by the counts
