@@ -39,8 +39,9 @@ from tqdm import tqdm
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
-from tensorrt_llm._torch.pyexecutor.graph_bucket import Bucket, addresses
+from tensorrt_llm._torch.pyexecutor.graph_bucket import Bucket, GraphShape, addresses
 from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
 from tensorrt_llm._torch.pyexecutor.mixed_bucket import (
     mixed_bucket_inputs,
@@ -52,14 +53,12 @@ from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import uses_top_k
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.step_inputs import (
     RowLayout,
     bucket_inputs,
     logprobs_top,
     write_bucket,
 )
-from tensorrt_llm._torch.pyexecutor.step_plan import GraphShape
 from tensorrt_llm._torch.pyexecutor.step_program import StepOutputs, run_step
 from tensorrt_llm._torch.pyexecutor.token_feed import on_device
 from tensorrt_llm.logger import logger
@@ -97,19 +96,21 @@ class CUDAGraphRunner:
         self.tokens_per_seq = 1 + self.max_draft_len
         target = engine.kv_cache_manager
         self.kv_len_bound = target.max_blocks_per_seq * target.tokens_per_block
-        self._buckets: dict[int, Bucket] = {}
+        self._buckets: dict[tuple[GraphShape, int, bool], Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if options.capture else None
         self.num_replays = 0
+        self.num_mixed_replays = 0  # of them, steps with a prompt
         self.num_captures = 0
-        if options.enable_padding or options.capture:  # (capture_all runs on padding rows)
-            for kind in (
-                ResourceManagerType.KV_CACHE_MANAGER,
-                ResourceManagerType.DRAFT_KV_CACHE_MANAGER,
-            ):
-                manager = resource_manager.get_resource_manager(kind)
-                if manager is not None:  # the step's and the draft chain's, or a prompt's share
-                    positions = max(2 * self.tokens_per_seq, options.mixed_prompt_tokens)
-                    manager.add_padding_sequence(PADDING_REQUEST_ID, positions)
+        # a bucket's rows start on the padding sequence (at capture: all of them); a mixed
+        # bucket's tokens past its prompt's, and a padded batch's rows, stay on it
+        for kind in (
+            ResourceManagerType.KV_CACHE_MANAGER,
+            ResourceManagerType.DRAFT_KV_CACHE_MANAGER,
+        ):
+            manager = resource_manager.get_resource_manager(kind)
+            if manager is not None:  # the step's and the draft chain's, or a prompt's share
+                positions = max(2 * self.tokens_per_seq, options.mixed_prompt_tokens)
+                manager.add_padding_sequence(PADDING_REQUEST_ID, positions)
 
     @property
     def _store(self) -> DraftProbStore | None:
@@ -125,7 +126,11 @@ class CUDAGraphRunner:
     @property
     def captured_batch_sizes(self) -> list[int]:
         return sorted(
-            {k[0].batch_size for k, b in self._buckets.items() if b.graph and not k[0].prompt_tokens}
+            {
+                k[0].batch_size
+                for k, b in self._buckets.items()
+                if b.graph and not k[0].prompt_tokens
+            }
         )
 
     @property
@@ -180,9 +185,7 @@ class CUDAGraphRunner:
         )
 
     @torch.inference_mode()
-    def run(
-        self, batch: ScheduledRequests, shape: GraphShape
-    ) -> tuple[torch.Tensor, DeviceTokens]:
+    def run(self, batch: ScheduledRequests, shape: GraphShape) -> tuple[torch.Tensor, DeviceTokens]:
         """Run ``batch`` in the bucket of ``shape`` (``shape_of``): write its inputs, then replay
         its graph (or, without ``capture``, run the step program on the bucket's tensors).
         Returns the batch's logits rows and tokens (views: the next replay rewrites them)."""
@@ -196,6 +199,7 @@ class CUDAGraphRunner:
                 raise RuntimeError(f"the CUDA graph of {shape} reads tensors that moved")
             bucket.graph.replay()
         self.num_replays += 1
+        self.num_mixed_replays += shape.prompt_tokens > 0
         n = len(batch.all_requests)  # (the prompt's row first, then the decoding requests')
         out = bucket.outputs.first(n)
         return out.logits, DeviceTokens(

@@ -17,6 +17,23 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
 
 
+@dataclass(frozen=True)
+class GraphShape:
+    """A CUDA graph bucket's shape: ``batch_size`` decoding rows and, in a mixed bucket, one
+    prompt of up to ``prompt_tokens`` tokens (0: a decode-only bucket)."""
+
+    batch_size: int
+    prompt_tokens: int = 0
+
+    @property
+    def num_rows(self) -> int:
+        return self.batch_size + (self.prompt_tokens > 0)
+
+    def num_tokens(self, tokens_per_seq: int) -> int:
+        """The tokens the bucket's forward carries (padded)."""
+        return self.prompt_tokens + self.batch_size * tokens_per_seq
+
+
 @dataclass
 class Bucket:
     """A batch size's static inputs (``step_inputs.bucket_inputs``: the step's ``StepInputs``

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tensorrt_llm._torch.pyexecutor.graph_bucket import GraphShape
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.step_inputs import (
     BucketInputs,
@@ -32,7 +33,6 @@ from tensorrt_llm._torch.pyexecutor.step_inputs import (
     row_values,
     row_views,
 )
-from tensorrt_llm._torch.pyexecutor.step_plan import GraphShape
 from tensorrt_llm.runtime.staging import PinnedStaging
 from tensorrt_llm.sampling_params import MAX_LOGPROBS
 
@@ -135,7 +135,9 @@ def write_mixed_bucket(
         after = prompt.prompt_token_ids[start + 1 : start + 1 + length] if prompt else []
         following = after + [0] * (len(tokens) - len(after))
     rows = ([prompt] if prompt is not None else []) + list(requests)
-    ints, floats = row_values(rows, pad + (prompt is None), bucket.layout, logits_state, draft_probs)
+    ints, floats = row_values(
+        rows, pad + (prompt is None), bucket.layout, logits_state, draft_probs
+    )
     host = first + cu + seq_idx + index + drafts + counts + following + ints
     bucket.staging[0].upload(bucket.ints, torch.tensor(tokens + host, dtype=torch.long))
     if bucket.floats is not None:

@@ -16,24 +16,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tensorrt_llm._torch.distributed.moe_all_to_all import ExchangeSync
     from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
+    from tensorrt_llm._torch.pyexecutor.graph_bucket import GraphShape
     from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-
-
-@dataclass(frozen=True)
-class GraphShape:
-    """A CUDA graph bucket's shape: ``batch_size`` decoding rows and, in a mixed bucket, one
-    prompt of up to ``prompt_tokens`` tokens (0: a decode-only bucket)."""
-
-    batch_size: int
-    prompt_tokens: int = 0
-
-    @property
-    def num_rows(self) -> int:
-        return self.batch_size + (self.prompt_tokens > 0)
-
-    def num_tokens(self, tokens_per_seq: int) -> int:
-        """The tokens the bucket's forward carries (padded)."""
-        return self.prompt_tokens + self.batch_size * tokens_per_seq
 
 
 @dataclass(frozen=True)

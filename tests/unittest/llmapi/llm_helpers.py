@@ -2,6 +2,7 @@
 written to a directory."""
 
 import sys
+import threading
 from pathlib import Path
 
 from tensorrt_llm._torch.models.checkpoint import random_model, save_pretrained
@@ -100,3 +101,29 @@ def write_tiny_vl_checkpoint(model_dir: Path, seed: int = 0) -> Path:
     )
     (model_dir / "preprocessor_config.json").write_text(json.dumps(VL_PREPROCESSOR))
     return model_dir
+
+
+def staggered_outputs(llm, texts: list[str], params) -> list:
+    """The outputs of ``texts``, each submitted once the one before has its first token (from
+    the engine loop's thread, between steps): every prompt but the first joins requests that
+    are decoding, a mixed step. ``params``: one ``SamplingParams`` for all, or one per text."""
+    from tensorrt_llm.llmapi.llm import GenerationRequest
+
+    params = params if isinstance(params, list) else [params] * len(texts)
+    outs, started, done = {}, {0}, threading.Event()
+
+    def start(i: int) -> None:
+        def update(output) -> None:
+            if output.outputs[0].token_ids and i + 1 < len(texts) and i + 1 not in started:
+                started.add(i + 1)
+                start(i + 1)
+            if output.finished:
+                outs[i] = output.outputs[0]
+                if len(outs) == len(texts):
+                    done.set()
+
+        llm.submit(GenerationRequest(texts[i], params[i]), update)
+
+    start(0)
+    assert done.wait(600), f"{len(texts) - len(outs)} of {len(texts)} requests did not finish"
+    return [outs[i] for i in range(len(texts))]

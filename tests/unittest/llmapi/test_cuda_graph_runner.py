@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from llm_helpers import staggered_outputs  # noqa: E402  (the tests' folder)
 
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
@@ -46,13 +47,15 @@ def make_llm(draft_kv_cache: str | None) -> LLM:
     )
 
 
-def attach_runner(llm: LLM, batch_sizes=(1, 2, 4), enable_padding=True) -> CUDAGraphRunner:
+def attach_runner(
+    llm: LLM, batch_sizes=(1, 2, 4), enable_padding=True, mixed_prompt_tokens=128
+) -> CUDAGraphRunner:
     executor = llm.executor
+    options = CudaGraphOptions(
+        batch_sizes, enable_padding, capture=False, mixed_prompt_tokens=mixed_prompt_tokens
+    )
     runner = CUDAGraphRunner(
-        executor.model_engine,
-        executor.resource_manager,
-        CudaGraphOptions(batch_sizes, enable_padding, capture=False),
-        executor.spec_worker,
+        executor.model_engine, executor.resource_manager, options, executor.spec_worker
     )
     executor.dispatch.runner = runner
     return runner
@@ -67,6 +70,11 @@ def chat_prompts(llm: LLM) -> list[str]:
 def generate(llm: LLM):
     outs = [o.outputs[0] for o in llm.generate(chat_prompts(llm), GREEDY)]
     return [o.token_ids for o in outs], [o.avg_decoded_tokens_per_iter for o in outs]
+
+
+def staggered(llm: LLM, params) -> list:
+    """The chat prompts' outputs, each submitted once the one before has its first token."""
+    return staggered_outputs(llm, chat_prompts(llm), params)
 
 
 @functools.cache
@@ -88,9 +96,11 @@ def test_graph_step_gives_the_eager_tokens(draft_kv_cache):
 
     llm = make_llm(draft_kv_cache)
     runner = attach_runner(llm)
-    got_tokens, got_al = generate(llm)
-    assert got_tokens == want_tokens
-    assert got_al == want_al
+    outs = staggered(llm, GREEDY)  # (the eager run took the three prompts in one step)
+    assert [o.token_ids for o in outs] == want_tokens
+    assert [o.avg_decoded_tokens_per_iter for o in outs] == want_al
+    # the second and third prompts ran in mixed buckets, beside the requests decoding
+    assert runner.num_mixed_replays >= 2
     # the graph steps overlapped: each launched before the one ahead of it was read (with Eagle3,
     # their positions moved on the device by the accepted counts); the eager ones could not
     assert llm.get_stats()["num_overlapped_steps"] > 0
@@ -98,8 +108,8 @@ def test_graph_step_gives_the_eager_tokens(draft_kv_cache):
         assert eager_overlapped == 0
     # three requests decode in the bucket of 4: one padded row every decode step
     assert runner.num_replays >= GREEDY.max_tokens // 4
-    if draft_kv_cache is not None:
-        assert max(got_al) > 1.5  # the bundled drafter is accepted: accept paths past 0 ran
+    if draft_kv_cache is not None:  # the bundled drafter is accepted: accept paths past 0 ran
+        assert max(o.avg_decoded_tokens_per_iter for o in outs) > 1.5
     target = llm.kv_cache_manager
     target.check_integrity()
     # every request's slots are back; the padding sequence keeps its own
@@ -128,8 +138,9 @@ def test_sampled_eagle3_in_the_graph_gives_the_eager_tokens_and_al():
     eager.shutdown()
     llm = make_llm("unified")
     runner = attach_runner(llm)
-    got_tokens, got_al = run(llm)
-    assert runner.num_replays > 0
+    outs = staggered(llm, params)  # (mixed steps: a sampled prompt's first draft has its q too)
+    got_tokens, got_al = [o.token_ids for o in outs], [o.avg_decoded_tokens_per_iter for o in outs]
+    assert runner.num_replays > 0 and runner.num_mixed_replays >= 2
     assert got_tokens == want_tokens
     assert got_al == want_al
     assert max(got_al) > 1.5  # sampled drafts were accepted against their q

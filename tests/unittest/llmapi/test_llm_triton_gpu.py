@@ -3,8 +3,10 @@ model, with CUDA graphs and without: target only, and Eagle3 with the unified an
 draft KV cache."""
 
 import random
+from types import SimpleNamespace
 
 import pytest
+from llm_helpers import staggered_outputs  # noqa: E402  (the tests' folder)
 
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm.bundled import BUNDLED_DRAFT
@@ -24,6 +26,13 @@ def prompts(llm: LLM) -> list[str]:
     return [llm.tokenizer.apply_chat_template(c) for c in conversations]
 
 
+def num_buckets(runner) -> int:
+    """Every bucket: each size, way of sampling, extras or not; and a prompt (with no extras)
+    beside each size of decoding rows or alone."""
+    sizes = len(runner.options.batch_sizes)
+    return 3 * 2 * sizes + 3 * (sizes + 1)
+
+
 def tokens(outputs) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in outputs]
 
@@ -38,7 +47,7 @@ def test_triton_greedy_equals_vanilla_on_the_bundled_model(draft_kv_cache):
         )
     )
 
-    def run(backend: str, cuda_graphs: bool):
+    def run(backend: str, cuda_graphs: bool, one_by_one: bool = False):
         llm = LLM(
             device="cuda",
             attn_backend=backend,
@@ -46,8 +55,13 @@ def test_triton_greedy_equals_vanilla_on_the_bundled_model(draft_kv_cache):
             kv_cache_config=KvCacheConfig(max_tokens=128 * 64),
             **({} if cuda_graphs else {"cuda_graph_config": None}),
         )
-        outputs = llm.generate(prompts(llm), GREEDY)
         runner = llm.executor.cuda_graph_runner
+        if one_by_one:  # each prompt joins the requests decoding: mixed graphs replay
+            outputs = staggered_outputs(llm, prompts(llm), GREEDY)
+            assert runner.num_mixed_replays >= len(outputs) - 2  # (the long prompt's is eager)
+            outputs = [SimpleNamespace(outputs=[o]) for o in outputs]
+        else:
+            outputs = llm.generate(prompts(llm), GREEDY)
         if cuda_graphs:  # the decode steps replayed graphs, at several batch sizes
             assert runner.num_replays > 0 and len(runner.captured_batch_sizes) > 1
             assert runner.inputs_pinned  # else the host could not run ahead of the device
@@ -60,6 +74,8 @@ def test_triton_greedy_equals_vanilla_on_the_bundled_model(draft_kv_cache):
     triton, graphed = run("TRITON", cuda_graphs=False), run("TRITON", cuda_graphs=True)
     assert tokens(triton) == tokens(vanilla)
     assert tokens(graphed) == tokens(triton)
+    mixed = run("TRITON", cuda_graphs=True, one_by_one=True)
+    assert tokens(mixed) == tokens(triton)
     if spec is not None:
         # The drafter runs through the kernels too. Its bf16 numerics differ from the reference's
         # (fp32 einsum), so a near-tie can change one draft: acceptance stays within 2%.
@@ -71,6 +87,7 @@ def test_triton_greedy_equals_vanilla_on_the_bundled_model(draft_kv_cache):
         # the step's own lengths: the sums round differently, and with the published model a
         # near-tie draft can flip (graphed 3.747 against eager 3.774 on this run's prompts).
         assert mean_al(graphed) == pytest.approx(mean_al(triton), rel=0.02)
+        assert mean_al(mixed) == pytest.approx(mean_al(triton), rel=0.02)
         assert mean_al(triton) > 3.0  # the bundled drafter is accepted through the kernels
 
 
@@ -85,8 +102,8 @@ def test_seeded_sampling_with_logprobs_runs_in_the_graphs_and_reproduces():
         for i in range(8)
     ]
     runner = llm.executor.cuda_graph_runner
-    captured = runner.num_captures  # every bucket: each size, way of sampling, extras or not
-    assert captured == 3 * 2 * len(runner.options.batch_sizes)
+    captured = runner.num_captures
+    assert captured == num_buckets(runner)
     first = llm.generate(prompts(llm), params)
     replays = runner.num_replays
     assert replays >= 31  # every decode step of the batch of 8
@@ -114,8 +131,8 @@ def test_sampled_eagle3_runs_in_the_graphs_reproduces_and_accepts():
         for i in range(8)
     ]
     runner = llm.executor.cuda_graph_runner
-    captured = runner.num_captures  # every bucket: each size, way of sampling, extras or not
-    assert captured == 3 * 2 * len(runner.options.batch_sizes)
+    captured = runner.num_captures
+    assert captured == num_buckets(runner)
     first = llm.generate(prompts(llm), params)
     replays = runner.num_replays
     assert replays > 0
