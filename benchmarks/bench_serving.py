@@ -18,7 +18,8 @@ streams does not cap what the server is measured at.
 Printed per level: output tokens/s of each and the ratios server / generate and server / submit,
 TTFT p50 and TPOT p50 of the streamed two, and the cores the server's front process and its engine
 core's processes kept busy (a front near one core is bound by its GIL; the per-level line gives
-its busiest threads). Then the server's start-up time (launch to ``/health`` 200), the latency of
+its busiest threads; the engine's line, the share of its submit run's steps replayed from CUDA
+graphs, and of those with a prompt). Then the server's start-up time (launch to ``/health`` 200), the latency of
 the first request after ``/health`` answers (the client warmed first by a request the server
 refuses) against the same request's steady-state latency, and the CPU an idle server uses (its
 processes, over 5 s); and the same request's first and steady latency through ``LLM.generate``,
@@ -94,18 +95,25 @@ def engine_level(llm: LLM, prompts: list[list[int]], params: SamplingParams, con
 
         llm.submit(GenerationRequest(prompt, params), on_update)
 
+    counted = ("num_steps", "num_graph_steps", "num_mixed_graph_steps")
+    before = llm.get_stats()
     begin = time.perf_counter()
     for prompt in prompts:
         gate.acquire()
         start(prompt)
     done.wait()
     wall = time.perf_counter() - begin
+    after = llm.get_stats()
+    steps, graphs, mixed = (after[k] - before[k] for k in counted)
     tokens = sum(r[2] for r in results)
     tpots = [(lat - ttft) / (n - 1) for ttft, lat, n in results if n > 1]
     return {
         "output_tokens_per_s": tokens / wall,
         "ttft_p50": statistics.median(r[0] for r in results),
         "tpot_p50": statistics.median(tpots) if tpots else None,
+        "steps": steps,
+        "graph_steps": graphs / max(steps, 1),  # of them, replayed from CUDA graphs
+        "mixed_graph_steps": mixed / max(steps, 1),  # (with a prompt)
     }
 
 

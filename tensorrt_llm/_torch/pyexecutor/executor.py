@@ -24,6 +24,8 @@ class ExecutorStats:
     num_accepted_draft_tokens: int = 0
     num_transferred_tokens: int = 0  # prompt tokens whose KV a generation-only request pulled
     num_overlapped_steps: int = 0  # steps launched before the one ahead of them was read
+    num_graph_steps: int = 0  # steps replayed from a CUDA graph (the rest ran eagerly)
+    num_mixed_graph_steps: int = 0  # of them, steps with a prompt
     # steps with nothing to run here in which the rank took part in the MoE layers' exchanges
     num_idle_steps: int = 0
 

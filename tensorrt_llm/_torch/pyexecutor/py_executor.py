@@ -282,11 +282,13 @@ class PyExecutor:
         forwarded = False
         try:
             self.resource_manager.prepare_resources(batch)
-            if batch.paused_requests:  # (some found no KV: the bucket follows the batch left)
-                plan = self.dispatch.plan(batch, agreed=plan)
+            replan = bool(batch.paused_requests)  # (some found no KV)
             for req in batch.context_requests:
                 if req.request_id in batch.reused_tokens:
                     req.skip_reused_prefix(batch.reused_tokens[req.request_id])
+                    replan = True  # (a prompt's chunk shrank: a mixed graph may take it)
+            if replan:  # the bucket follows the batch left
+                plan = self.dispatch.plan(batch, agreed=plan)
             forwarded = True
             self._unread.append(self.dispatch.launch(plan))
         except Exception as exc:  # its requests end (never leaking a slot) or run again alone
@@ -309,6 +311,9 @@ class PyExecutor:
             if r.request_id in batch.reused_tokens
         )
         self.stats.num_overlapped_steps += len(self._unread) > 1
+        if plan.bucket is not None:
+            self.stats.num_graph_steps += 1
+            self.stats.num_mixed_graph_steps += plan.bucket.prompt_tokens > 0
         self.stats.num_context_tokens_computed = self.model_engine.num_context_tokens_computed
         made = set(self._unread[-1].device_tokens.rows)  # the requests that make a token
         for i, req in enumerate(batch.all_requests):
