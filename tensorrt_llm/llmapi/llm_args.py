@@ -102,7 +102,7 @@ class Eagle3DecodingConfig(StrictBaseModel):
 class CudaGraphConfig(StrictBaseModel):
     """CUDA graphs for generation steps (the target forward, sampling, penalties and logprobs,
     and with Eagle3 the accept and the draft chain), per batch size, all captured at start-up;
-    a step with one short prompt beside them (or alone) replays a graph of its own too; other
+    a step with a few short prompts beside them (or alone) replays a graph of its own too; other
     prefill and mixed batches run eagerly. They need a CUDA device and
     ``attn_backend="TRITON"``; ``cuda_graph_config=None`` turns them off."""
 
@@ -110,9 +110,11 @@ class CudaGraphConfig(StrictBaseModel):
     batch_sizes: list[int] | None = None
     max_batch_size: int = Field(default=0, ge=0)  # 0: the LLM's max_batch_size
     enable_padding: bool = True  # run a batch in the smallest captured size that holds it
-    # A step with one prompt of at most this many tokens still to compute beside the decodes
-    # (or alone) replays a graph too, padded to this many; 0: such steps run eagerly.
+    # A step with up to ``mixed_max_prompts`` prompts beside the decodes (or alone) replays a
+    # graph too when their chunks still to compute fit this many tokens per prompt (the graphs
+    # of 1, 2, 4, ... prompts are padded to as many times this); 0: such steps run eagerly.
     mixed_prompt_tokens: int = Field(default=256, ge=0)
+    mixed_max_prompts: int = Field(default=4, ge=1)
 
     def to_runtime(self, llm_max_batch_size: int) -> CudaGraphOptions:
         limit = self.max_batch_size or llm_max_batch_size
@@ -127,7 +129,10 @@ class CudaGraphConfig(StrictBaseModel):
             limit = min(limit, llm_max_batch_size)
             sizes = sorted({b for b in (1, 2, 4, *range(8, limit + 1, 8)) if b <= limit} | {limit})
         return CudaGraphOptions(
-            tuple(sizes), self.enable_padding, mixed_prompt_tokens=self.mixed_prompt_tokens
+            tuple(sizes),
+            self.enable_padding,
+            mixed_prompt_tokens=self.mixed_prompt_tokens,
+            max_prompts=self.mixed_max_prompts,
         )
 
 

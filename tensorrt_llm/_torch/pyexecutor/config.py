@@ -155,9 +155,11 @@ class CudaGraphOptions:
     # False: run the captured step's ops eagerly on the same static buffers (no graph): the CPU
     # form of the path, for tests.
     capture: bool = True
-    # A step with one prompt of at most this many tokens to compute (its last chunk) beside the
-    # decodes replays a mixed graph too (``mixed_bucket.py``); 0: such steps run eagerly.
+    # A step with up to ``max_prompts`` prompts (their last chunks) beside the decodes, or alone,
+    # replays a mixed graph too (``mixed_bucket.py``) when their chunks fit this many tokens per
+    # prompt row; 0: such steps run eagerly.
     mixed_prompt_tokens: int = 0
+    max_prompts: int = 4
 
     def __post_init__(self) -> None:
         sizes = self.batch_sizes
@@ -165,8 +167,11 @@ class CudaGraphOptions:
             raise ValueError(
                 f"cuda graph batch_sizes={list(sizes)} must be positive, ascending and distinct"
             )
-        if self.mixed_prompt_tokens < 0:
-            raise ValueError(f"mixed_prompt_tokens={self.mixed_prompt_tokens} must be >= 0")
+        if self.mixed_prompt_tokens < 0 or self.max_prompts < 1:
+            raise ValueError(
+                f"mixed_prompt_tokens={self.mixed_prompt_tokens} must be >= 0 and "
+                f"max_prompts={self.max_prompts} >= 1"
+            )
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
 from tensorrt_llm._torch.pyexecutor.mixed_bucket import (
     mixed_bucket_inputs,
     mixed_seq_lens,
-    prompt_chunk,
+    prompt_tokens_used,
     write_mixed_bucket,
 )
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
@@ -108,8 +108,8 @@ class CUDAGraphRunner:
             ResourceManagerType.DRAFT_KV_CACHE_MANAGER,
         ):
             manager = resource_manager.get_resource_manager(kind)
-            if manager is not None:  # the step's and the draft chain's, or a prompt's share
-                positions = max(2 * self.tokens_per_seq, options.mixed_prompt_tokens)
+            if manager is not None:  # the step's and the draft chain's, or the prompts' share
+                positions = max(2 * self.tokens_per_seq, self._prompt_budget(options.max_prompts))
                 manager.add_padding_sequence(PADDING_REQUEST_ID, positions)
 
     @property
@@ -146,18 +146,22 @@ class CUDAGraphRunner:
 
     def shape_of(self, batch: ScheduledRequests) -> GraphShape | None:
         """The bucket that runs ``batch``, or None when it must run eagerly: decoding requests
-        with all their drafts, and at most one prompt whose last chunk fits a mixed bucket."""
-        requests, contexts = batch.generation_requests, batch.context_requests
+        with all their drafts, and up to ``max_prompts`` prompts whose last chunks fit a mixed
+        bucket."""
+        requests, prompts = batch.generation_requests, batch.context_requests
         for req in requests:
             if len(req.py_draft_tokens) != self.max_draft_len:
                 return None
-        prompt_tokens = 0
-        sizes = self.options.batch_sizes
-        if contexts:
-            prompt_tokens = self.options.mixed_prompt_tokens
-            if len(contexts) > 1 or not self._fits(contexts[0]):
+        sizes, slots = self.options.batch_sizes, 0
+        if prompts:
+            slots = next((p for p in self.prompt_slots if p >= len(prompts)), 0)
+            if not self.options.enable_padding and slots != len(prompts):
                 return None
-            sizes = (0, *sizes)  # (a prompt alone)
+            if not slots or not all(map(self._fits, prompts)):
+                return None
+            if prompt_tokens_used(prompts, slots) > self._prompt_budget(slots):
+                return None
+            sizes = (0, *sizes)  # (prompts alone)
         elif not requests:
             return None
         n = len(requests)
@@ -167,22 +171,28 @@ class CUDAGraphRunner:
             size = next((b for b in sizes if b >= n), None)
         if size is None:
             return None
-        shape = GraphShape(size, prompt_tokens)
+        shape = GraphShape(size, self._prompt_budget(slots), slots)
         if self.options.capture:  # (only a bucket captured at start-up)
             bucket = self._buckets.get(self._key(batch, shape))
             if bucket is None or bucket.graph is None:
                 return None
         return shape
 
-    def _fits(self, prompt: LlmRequest) -> bool:
-        """Whether ``prompt``'s step can run in a mixed bucket: its last chunk, within the
-        bucket's tokens, without images (their rows are the encoder's, host-sized)."""
-        length = len(prompt_chunk(prompt))
-        return (
-            prompt.is_last_context_chunk
-            and prompt.multimodal is None
-            and 0 < length <= self.options.mixed_prompt_tokens
-        )
+    @property
+    def prompt_slots(self) -> tuple[int, ...]:
+        """The prompt rows of the mixed buckets: powers of two up to ``max_prompts``, and it."""
+        most = self.options.max_prompts if self.options.mixed_prompt_tokens else 0
+        return tuple(sorted({1 << i for i in range(most.bit_length()) if 1 << i < most} | {most}))
+
+    def _prompt_budget(self, slots: int) -> int:
+        """The prompt tokens of a mixed bucket of ``slots`` prompt rows."""
+        return slots * self.options.mixed_prompt_tokens
+
+    @staticmethod
+    def _fits(prompt: LlmRequest) -> bool:
+        """Whether ``prompt``'s step can run in a mixed bucket: its last chunk, without images
+        (their rows are the encoder's, sized on the host)."""
+        return prompt.is_last_context_chunk and prompt.multimodal is None
 
     @torch.inference_mode()
     def run(self, batch: ScheduledRequests, shape: GraphShape) -> tuple[torch.Tensor, DeviceTokens]:
@@ -199,11 +209,13 @@ class CUDAGraphRunner:
                 raise RuntimeError(f"the CUDA graph of {shape} reads tensors that moved")
             bucket.graph.replay()
         self.num_replays += 1
-        self.num_mixed_replays += shape.prompt_tokens > 0
-        n = len(batch.all_requests)  # (the prompt's row first, then the decoding requests')
-        out = bucket.outputs.first(n)
+        self.num_mixed_replays += shape.num_prompts > 0
+        # the prompts' rows, then the decoding requests' (after the padding prompt rows)
+        p, n = len(batch.context_requests), len(batch.generation_requests)
+        rows = [*range(p), *[None] * (shape.num_prompts - p), *range(p, p + n)]
+        out = bucket.outputs.first(len(rows))
         return out.logits, DeviceTokens(
-            list(range(n)), out.tokens, out.num_accepted, out.drafts, out.logprobs
+            rows, out.tokens, out.num_accepted, out.drafts, out.logprobs
         )
 
     @staticmethod
@@ -232,26 +244,26 @@ class CUDAGraphRunner:
             for mode in (GREEDY, NUCLEUS, TOP_K)
             for extras in (False, True)
         ]
-        if self.options.mixed_prompt_tokens:  # (a prompt with logprobs or penalties: eager)
-            tokens = self.options.mixed_prompt_tokens
-            keys += [
-                (GraphShape(size, tokens), mode, False)
-                for size in (0, *self.options.batch_sizes)
-                for mode in (GREEDY, NUCLEUS, TOP_K)
-            ]
+        keys += [  # (a prompt with logprobs or penalties runs eagerly)
+            (GraphShape(size, self._prompt_budget(slots), slots), mode, False)
+            for slots in self.prompt_slots
+            for size in (0, *self.options.batch_sizes)
+            for mode in (GREEDY, NUCLEUS, TOP_K)
+        ]
         start = time.perf_counter()
         for key in tqdm(keys, desc="capturing CUDA graphs", unit="graph", leave=False):
             if key not in self._buckets:
                 bucket = self._new_bucket(key)
-                self._write_rows(bucket, key[0], None, [])  # padding rows
+                self._write_rows(bucket, key[0], [], [])  # padding rows
                 self._capture(bucket)
         logger.info(
             "captured %d CUDA graphs (batch sizes %s; greedy, top-p and top-k sampling; with and "
             "without penalties and logprobs; %s) in %.1f s",
             len(keys),
             list(self.options.batch_sizes),
-            f"a prompt of up to {self.options.mixed_prompt_tokens} tokens beside them"
-            if self.options.mixed_prompt_tokens
+            f"up to {self.prompt_slots[-1]} prompts of {self.options.mixed_prompt_tokens} tokens "
+            "each beside them"
+            if self.prompt_slots
             else "no prompt beside them",
             time.perf_counter() - start,
         )
@@ -292,7 +304,7 @@ class CUDAGraphRunner:
         chain_md = None
         if self.spec_worker is not None:  # one token for each row's sequence
             chain_md = metadata([1] * shape.num_rows, 0)
-        step_md = metadata(seq_lens, int(shape.prompt_tokens > 0))
+        step_md = metadata(seq_lens, shape.num_prompts)
         bucket = self._buckets[key] = Bucket(inputs, step_md, chain_md)
         return bucket
 
@@ -300,11 +312,10 @@ class CUDAGraphRunner:
         """The batch's rows (``_write_rows``); the tokens of requests fed from the launched step
         not yet read, and their positions moved."""
         requests = batch.generation_requests
-        prompt = batch.context_requests[0] if shape.prompt_tokens else None
-        offset = self._write_rows(bucket, shape, prompt, requests)
+        offset = self._write_rows(bucket, shape, batch.context_requests, requests)
         fed = [i for i, r in enumerate(requests) if batch.pending_tokens(r)]
         if fed:  # from the launched step not yet read: the tokens, and the positions moved
-            step, first_row = bucket.inputs.step, shape.num_rows - shape.batch_size
+            step, first_row = bucket.inputs.step, shape.num_prompts
             ids, advance = batch.feed.take([requests[i].request_id for i in fed])
             slots = on_device(fed, step.input_ids.device)
             width = self.tokens_per_seq
@@ -318,25 +329,27 @@ class CUDAGraphRunner:
         self,
         bucket: Bucket,
         shape: GraphShape,
-        prompt: LlmRequest | None,
+        prompts: list[LlmRequest],
         requests: list[LlmRequest],
     ) -> int:
         """The rows' tokens, positions and values (``step_inputs.write_bucket``, or
-        ``mixed_bucket.write_mixed_bucket`` with the prompt's chunk) and their block tables (and
+        ``mixed_bucket.write_mixed_bucket`` with the prompts' chunks) and their block tables (and
         the draft manager's, where the drafter reads it) into the bucket's metadata. Returns
         where the decoding rows' tokens start."""
         pad = [PADDING_REQUEST_ID] * (shape.batch_size - len(requests))
         row_ids = [r.request_id for r in requests] + pad
-        if not shape.prompt_tokens:
+        if not shape.num_prompts:
             write_bucket(bucket.inputs, requests, self._logits_state, self._store)
             self._rebind(bucket, row_ids, row_ids)
             return 0
         offset = write_mixed_bucket(
-            bucket.inputs, shape, prompt, requests, self._logits_state, self._store
+            bucket.inputs, shape, prompts, requests, self._logits_state, self._store
         )
-        self.engine.num_context_tokens_computed += offset
-        prompt_id = prompt.request_id if prompt is not None else PADDING_REQUEST_ID
-        self._rebind(bucket, [prompt_id, *row_ids, PADDING_REQUEST_ID], [prompt_id, *row_ids])
+        self.engine.num_context_tokens_computed += offset - (shape.num_prompts - len(prompts))
+        prompt_ids = [p.request_id for p in prompts]
+        prompt_ids += [PADDING_REQUEST_ID] * (shape.num_prompts - len(prompts))
+        rows = prompt_ids + row_ids
+        self._rebind(bucket, [*rows, PADDING_REQUEST_ID], rows)
         return offset
 
     def _rebind(self, bucket: Bucket, seq_ids: list[int], row_ids: list[int]) -> None:

@@ -19,15 +19,21 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GraphShape:
-    """A CUDA graph bucket's shape: ``batch_size`` decoding rows and, in a mixed bucket, one
-    prompt of up to ``prompt_tokens`` tokens (0: a decode-only bucket)."""
+    """A CUDA graph bucket's shape: ``batch_size`` decoding rows and, in a mixed bucket,
+    ``num_prompts`` prompt rows whose chunks share ``prompt_tokens`` tokens (0: a decode-only
+    bucket)."""
 
     batch_size: int
     prompt_tokens: int = 0
+    num_prompts: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.prompt_tokens > 0) != (self.num_prompts > 0):
+            raise ValueError(f"{self}: prompt rows need prompt tokens, and the other way round")
 
     @property
     def num_rows(self) -> int:
-        return self.batch_size + (self.prompt_tokens > 0)
+        return self.num_prompts + self.batch_size
 
     def num_tokens(self, tokens_per_seq: int) -> int:
         """The tokens the bucket's forward carries (padded)."""

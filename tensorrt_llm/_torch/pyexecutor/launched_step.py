@@ -26,10 +26,11 @@ from tensorrt_llm._torch.speculative.interface import StepTokens
 @dataclass
 class DeviceTokens:
     """A step's tokens on the device. Row ``i`` is the ``i``-th request of ``rows`` (batch
-    indices): ``tokens[i, : num_accepted[i] + 1]`` are its new tokens (target-only: one, and no
-    ``num_accepted``), ``drafts[i]`` its next drafts (Eagle3)."""
+    indices; None: a graph bucket's padding row, nobody's): ``tokens[i, : num_accepted[i] + 1]``
+    are its new tokens (target-only: one, and no ``num_accepted``), ``drafts[i]`` its next drafts
+    (Eagle3)."""
 
-    rows: list[int]  # batch index per row
+    rows: list[int | None]  # batch index per row
     tokens: torch.Tensor  # [n, T] long
     num_accepted: torch.Tensor | None = None  # [n]
     drafts: torch.Tensor | None = None  # [n, K]
@@ -39,7 +40,7 @@ class DeviceTokens:
 
     def feed(self, batch: ScheduledRequests) -> TokenFeed:
         requests = batch.all_requests
-        ids = {requests[i].request_id: r for r, i in enumerate(self.rows)}
+        ids = {requests[i].request_id: r for r, i in enumerate(self.rows) if i is not None}
         if self.num_accepted is None:
             ones = torch.ones(len(self.rows), dtype=torch.long, device=self.tokens.device)
             return TokenFeed(ids, self.tokens[:, -1:], ones, 1)
@@ -80,6 +81,8 @@ class DeviceTokens:
         chosen, values = floats[: n * width], floats[n * width :]
         out = {}
         for r, i in enumerate(self.rows):
+            if i is None:
+                continue
             out[i] = []
             for j in range(r * width, (r + 1) * width):
                 pairs = zip(
@@ -97,12 +100,15 @@ class DeviceTokens:
         accepted: list[int | None] = [None] * num_requests
         if self.num_accepted is None:
             for i, row in zip(self.rows, tokens, strict=True):
-                new_tokens[i] = row
+                if i is not None:
+                    new_tokens[i] = row
             return StepTokens(new_tokens, next_drafts, accepted)
         counts = values[n * width : n * width + n]
         k = self.drafts.shape[1]
         flat = values[n * width + n :]
         for r, i in enumerate(self.rows):
+            if i is None:
+                continue
             new_tokens[i] = tokens[r][: counts[r] + 1]
             next_drafts[i] = flat[r * k : (r + 1) * k]
             accepted[i] = counts[r]

@@ -1,20 +1,21 @@
-"""A mixed graph bucket's inputs: one prompt that finishes in the step beside up to ``B`` decoding
-requests, replayed from a CUDA graph like a decode-only bucket (``cuda_graph_runner.py``).
+"""A mixed graph bucket's inputs: prompts that finish in the step beside up to ``B`` decoding
+requests (or alone), replayed from a CUDA graph like a decode-only bucket (``cuda_graph_runner``).
 
-The graph's launches are sized by the bucket's shape (``GraphShape``: ``B`` decode rows, a prompt
-of up to ``C`` tokens), never by the step's own lengths, so the prompt's length and its cached
-prefix are inputs written before each replay::
+The graph's launches are sized by the bucket's shape (``GraphShape``: ``P`` prompt rows whose
+chunks share ``C`` tokens, ``B`` decode rows), never by the step's own lengths, so the prompts'
+lengths and cached prefixes are inputs written before each replay::
 
-    sequences (S = B + 2)  | prompt | decode row 0 | ... | decode row B-1 | padding |
-    tokens    (N = C + BT) |   L    |      T       | ... |       T        |  C - L  |
+    sequences (S = P + B + 1) | prompt 0 | ... | prompt P-1 | decode 0 | ... | decode B-1 | padding |
+    tokens    (N = C + B T)   |   L_0    | ... |  L_{P-1}   |    T     | ... |     T      |  C - U  |
 
-``L <= C`` is the prompt's chunk (the tokens it has not cached), the decode rows (padded ones on
-the padding sequence) have ``T = 1 + K`` tokens each, and the padding sequence takes the ``C - L``
-tokens the prompt leaves, so its K and V go where nothing reads them. Because the decode rows'
-tokens start after the prompt's, the query offsets, each token's sequence and each row's logits
-tokens are written per step with the rest (one copy per dtype). Rows ``n = B + 1``: the prompt's,
-then the decode rows', as in every step (``step_inputs``); the draft chain runs on the ``n``
-first sequences, whose block-table rows are the step's own.
+Each prompt's chunk (the tokens it has not cached) is ``L_i`` tokens; a prompt row the step does
+not fill (``p < P`` prompts) and each decode row it does not fill are padding rows of one and of
+``T`` tokens on the padding sequence; ``U`` is what the prompt rows use, and the padding sequence
+takes the rest, so its K and V go where nothing reads them. Because the decode rows' tokens start
+after the prompts', the query offsets, each token's sequence and each row's logits tokens are
+written per step with the rest (one copy per dtype). Rows ``n = P + B``: the prompts', then the
+decode rows', as in every step (``step_inputs``); the draft chain runs on the ``n`` first
+sequences, whose block-table rows are the step's own.
 """
 
 from __future__ import annotations
@@ -41,17 +42,30 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
 
 
+def prompt_chunk(prompt: LlmRequest) -> list[int]:
+    """The prompt tokens a step computes (its chunk: the ones not cached)."""
+    start = prompt.context_current_position
+    return prompt.prompt_token_ids[start : start + prompt.context_chunk_size]
+
+
+def prompt_tokens_used(prompts: Sequence[LlmRequest], num_prompts: int) -> int:
+    """The prompt tokens of a bucket of ``num_prompts`` prompt rows that ``prompts`` fill (one
+    per padding row)."""
+    return sum(len(prompt_chunk(p)) for p in prompts) + num_prompts - len(prompts)
+
+
 def mixed_seq_lens(shape: GraphShape, width: int) -> list[int]:
     """The query lengths the bucket's metadata is built with: the bounds its launches are sized
-    by (the prompt's ``C``, each row's ``T``; the padding sequence's share is the prompt's)."""
-    return [shape.prompt_tokens] + [width] * shape.batch_size + [0]
+    by (a prompt may take all ``C`` tokens, a decode row has ``T``)."""
+    prompts = [shape.prompt_tokens] + [0] * (shape.num_prompts - 1)
+    return prompts + [width] * shape.batch_size + [0]
 
 
 def _sizes(shape: GraphShape, max_draft_len: int, layout: RowLayout) -> list[int]:
     """The int columns of a mixed bucket, in order: token ids, first positions, query offsets,
     token sequences, rows' logits tokens, drafts, draft counts, following tokens, row values."""
     width, n = max_draft_len + 1, shape.num_rows
-    seqs, tokens = shape.batch_size + 2, shape.num_tokens(width)
+    seqs, tokens = n + 1, shape.num_tokens(width)
     following = tokens if max_draft_len else 0
     return [tokens, seqs, seqs + 1, tokens, n * width, n * max_draft_len, n, following,
             n * layout.num_ints]  # fmt: skip
@@ -84,7 +98,7 @@ def mixed_bucket_inputs(
         cu_seqlens_q=cu,
         token_seq_idx=seq_idx,
         following=following if max_draft_len else None,
-        num_prompts=1,
+        num_prompts=shape.num_prompts,
         st=st,
         q_slots=q_slots,
         penalties=penalties,
@@ -93,53 +107,69 @@ def mixed_bucket_inputs(
     return BucketInputs(layout, ints, floats, step, (PinnedStaging(), PinnedStaging()))
 
 
-def prompt_chunk(prompt: LlmRequest) -> list[int]:
-    """The prompt tokens a step computes (its chunk: the ones not cached)."""
-    start = prompt.context_current_position
-    return prompt.prompt_token_ids[start : start + prompt.context_chunk_size]
-
-
 def write_mixed_bucket(
     bucket: BucketInputs,
     shape: GraphShape,
-    prompt: LlmRequest | None,
+    prompts: Sequence[LlmRequest],
     requests: Sequence[LlmRequest],
     logits_state: LogitsState | None,
     draft_probs: DraftProbStore | None,
 ) -> int:
-    """The prompt's chunk and the decoding ``requests``' rows into the bucket (the rest padding:
-    token 0 at position 0, greedy, the scratch slots; ``prompt`` None: a padding prompt of no
-    tokens, at capture, with no ``requests``), one copy per dtype. Returns where the decode
-    rows' tokens start (the chunk's length)."""
-    if prompt is None and requests:
-        raise ValueError("a mixed bucket's rows start with its prompt's")
+    """The prompts' chunks and the decoding ``requests``' rows into the bucket, the rows they do
+    not fill padding (at position 0, greedy, the scratch slots), one copy per dtype. Returns
+    where the decode rows' tokens start."""
     k = bucket.step.drafts.shape[1]
-    width, pad = k + 1, shape.batch_size - len(requests)
-    chunk = prompt_chunk(prompt) if prompt is not None else []
-    length, bound = len(chunk), shape.prompt_tokens
-    start = prompt.context_current_position if prompt is not None else 0
-    seq_lens = [length] + [width] * shape.batch_size + [bound - length]
+    width = k + 1
+    pad_prompts, pad_rows = shape.num_prompts - len(prompts), shape.batch_size - len(requests)
+    chunks = [prompt_chunk(p) for p in prompts] + [[0]] * pad_prompts
+    used = sum(map(len, chunks))
+    seq_lens = [len(c) for c in chunks] + [width] * shape.batch_size + [shape.prompt_tokens - used]
     cu = [0]
     for n in seq_lens:
         cu.append(cu[-1] + n)
-    tokens = chunk + [t for r in requests for t in (r.get_tokens()[-1], *r.py_draft_tokens)]
-    tokens += [0] * (pad * width + bound - length)
-    first = [start] + [r.get_num_tokens() - 1 for r in requests] + [0] * (pad + 1)
+    tokens = [t for c in chunks for t in c]
+    tokens += [t for r in requests for t in (r.get_tokens()[-1], *r.py_draft_tokens)]
+    tokens += [0] * (pad_rows * width + shape.prompt_tokens - used)
+    first = [p.context_current_position for p in prompts] + [0] * pad_prompts
+    first += [r.get_num_tokens() - 1 for r in requests] + [0] * (pad_rows + 1)
     seq_idx = [s for s, n in enumerate(seq_lens) for _ in range(n)]
-    index = [max(length - 1, 0)] * width
-    index += [length + i * width + j for i in range(shape.batch_size) for j in range(width)]
-    drafts = [0] * k + [d for r in requests for d in r.py_draft_tokens] + [0] * (pad * k)
-    counts = [0] + [k] * shape.batch_size
+    index = [cu[i + 1] - 1 for i in range(shape.num_prompts) for _ in range(width)]
+    index += [used + i * width + j for i in range(shape.batch_size) for j in range(width)]
+    drafts = [0] * (shape.num_prompts * k) + [d for r in requests for d in r.py_draft_tokens]
+    drafts += [0] * (pad_rows * k)
+    counts = [0] * shape.num_prompts + [k] * shape.batch_size
     following: list[int] = []
     if k:  # a prompt token is followed by the next prompt token; the others are the step's
-        after = prompt.prompt_token_ids[start + 1 : start + 1 + length] if prompt else []
-        following = after + [0] * (len(tokens) - len(after))
-    rows = ([prompt] if prompt is not None else []) + list(requests)
-    ints, floats = row_values(
-        rows, pad + (prompt is None), bucket.layout, logits_state, draft_probs
+        for p, chunk in zip(prompts, chunks, strict=False):
+            start = p.context_current_position + 1
+            after = p.prompt_token_ids[start : start + len(chunk)]
+            following += after + [0] * (len(chunk) - len(after))
+        following += [0] * (len(tokens) - len(following))
+    ints, floats = _row_columns(
+        [(prompts, pad_prompts), (requests, pad_rows)], bucket.layout, logits_state, draft_probs
     )
     host = first + cu + seq_idx + index + drafts + counts + following + ints
     bucket.staging[0].upload(bucket.ints, torch.tensor(tokens + host, dtype=torch.long))
     if bucket.floats is not None:
         bucket.staging[1].upload(bucket.floats, torch.tensor(floats, dtype=torch.float32))
-    return length
+    return used
+
+
+def _row_columns(
+    groups: list[tuple[Sequence[LlmRequest], int]],
+    layout: RowLayout,
+    logits_state: LogitsState | None,
+    draft_probs: DraftProbStore | None,
+) -> tuple[list[int], list[float]]:
+    """``row_values`` of rows in groups, each group's requests then its padding rows: a column
+    per value, each column the groups' in order."""
+    parts = [
+        (row_values(reqs, pad, layout, logits_state, draft_probs), len(reqs) + pad)
+        for reqs, pad in groups
+    ]
+    out: tuple[list[int], list[float]] = ([], [])
+    for kind, columns in enumerate((layout.num_ints, layout.num_floats)):
+        for c in range(columns):
+            for values, n in parts:
+                out[kind].extend(values[kind][c * n : (c + 1) * n])
+    return out

@@ -101,6 +101,10 @@ def test_graph_step_gives_the_eager_tokens(draft_kv_cache):
     assert [o.avg_decoded_tokens_per_iter for o in outs] == want_al
     # the second and third prompts ran in mixed buckets, beside the requests decoding
     assert runner.num_mixed_replays >= 2
+    if draft_kv_cache is not None:  # the three at once: a mixed bucket of four prompt rows,
+        mixed = runner.num_mixed_replays  # one of them padding (its draft chain's row too)
+        assert generate(llm) == (want_tokens, want_al)
+        assert runner.num_mixed_replays == mixed + 1
     # the graph steps overlapped: each launched before the one ahead of it was read (with Eagle3,
     # their positions moved on the device by the accepted counts); the eager ones could not
     assert llm.get_stats()["num_overlapped_steps"] > 0
@@ -244,7 +248,9 @@ def test_sampled_steps_with_logprobs_give_the_eager_tokens_and_logprobs():
     llm.shutdown()
 
 
-def test_padding_sequence_holds_one_slot_per_manager():
+def test_padding_sequence_holds_the_mixed_buckets_prompt_tokens_per_manager():
+    """The padding sequence takes what the prompts of the largest mixed bucket leave (four
+    prompt rows of 128 tokens: four 128-token slots), in each manager."""
     llm = make_llm("separate")
     before = {
         kind: llm.executor.resource_manager.get_resource_manager(kind).get_max_resource_count()
@@ -253,11 +259,12 @@ def test_padding_sequence_holds_one_slot_per_manager():
             ResourceManagerType.DRAFT_KV_CACHE_MANAGER,
         )
     }
-    attach_runner(llm)
+    runner = attach_runner(llm, mixed_prompt_tokens=128)
+    assert runner.prompt_slots == (1, 2, 4)
     for kind, count in before.items():
         manager = llm.executor.resource_manager.get_resource_manager(kind)
-        assert manager.get_max_resource_count() == count - 1
-        assert manager.get_cache(PADDING_REQUEST_ID).num_blocks == 1
+        assert manager.get_max_resource_count() == count - 4
+        assert manager.get_cache(PADDING_REQUEST_ID).num_blocks == 4
     llm.shutdown()
 
 

@@ -27,10 +27,10 @@ def prompts(llm: LLM) -> list[str]:
 
 
 def num_buckets(runner) -> int:
-    """Every bucket: each size, way of sampling, extras or not; and a prompt (with no extras)
-    beside each size of decoding rows or alone."""
+    """Every bucket: each size, way of sampling, extras or not; and 1, 2, 4 prompts (with no
+    extras) beside each size of decoding rows or alone."""
     sizes = len(runner.options.batch_sizes)
-    return 3 * 2 * sizes + 3 * (sizes + 1)
+    return 3 * 2 * sizes + 3 * (sizes + 1) * len(runner.prompt_slots)
 
 
 def tokens(outputs) -> list[list[int]]:
