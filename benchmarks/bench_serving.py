@@ -111,6 +111,7 @@ def engine_level(llm: LLM, prompts: list[list[int]], params: SamplingParams, con
         "output_tokens_per_s": tokens / wall,
         "ttft_p50": statistics.median(r[0] for r in results),
         "tpot_p50": statistics.median(tpots) if tpots else None,
+        "slots_busy": sum(r[1] for r in results) / (concurrency * wall),
         "steps": steps,
         "graph_steps": graphs / max(steps, 1),  # of them, replayed from CUDA graphs
         "mixed_graph_steps": mixed / max(steps, 1),  # (with a prompt)
@@ -160,6 +161,7 @@ def server_level(url: str, bodies: list[dict], concurrency: int, processes: int,
         "front_cores": sum(front),
         "front_busiest_threads": [round(c, 2) for c in front[:3]],
         "core_cores": tree / wall - sum(front),
+        "slots_busy": sum(r.latency for r in results) / (concurrency * wall),
     }
 
 

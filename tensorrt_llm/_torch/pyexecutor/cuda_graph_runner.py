@@ -1,28 +1,35 @@
-"""CUDAGraphRunner: generation-only steps replayed from CUDA graphs, one per batch-size bucket.
+"""CUDAGraphRunner: steps replayed from CUDA graphs, one per bucket (``GraphShape``).
 
-A step whose batch is all generation requests, each with ``1 + max_draft_len`` input tokens, runs
-as one graph of the step program every step runs (``step_program.run_step``, on the bucket's
-``StepInputs``): the target forward, the logits, the tokens, and with one-model Eagle3 the accept
-and the whole draft chain. A batch may sample (temperature, top-k, top-p, seeds: per-row buffers, its own graph per bucket):
-target-only through ``sampler.sample``, Eagle3 by rejection sampling against the drafter's q,
-which stays on the device (``DraftProbStore``, its slots per row an input of the bucket).
-Penalties and logit bias apply inside the graph too, from counts kept on the device
-(``LogitsState``). Prefill, mixed batches and a batch larger than every bucket run eagerly.
+A step whose batch is generation requests, each with ``1 + max_draft_len`` input tokens, and at
+most ``max_prompts`` prompts finishing (their last chunks, without images) runs as one graph of
+the step program every step runs (``step_program.run_step``, on the bucket's ``StepInputs``):
+the target forward, the logits, the tokens, and with one-model Eagle3 the accept and the whole
+draft chain. A batch may sample (temperature, top-k, top-p, seeds: per-row buffers, its own graph
+per bucket): target-only through ``sampler.sample``, Eagle3 by rejection sampling against the
+drafter's q, which stays on the device (``DraftProbStore``, its slots per row an input of the
+bucket). Penalties and logit bias apply inside the graph too, from counts kept on the device
+(``LogitsState``). Other prefill steps, and a batch larger than every bucket, run eagerly.
 
-Per bucket of ``B`` sequences the runner owns the step's device inputs for the bucket's life: the
-token ids, each sequence's first position and the rows' values (``step_inputs.bucket_inputs``: one
-host-to-device copy per dtype and step), and two metadata
-objects (the step's and the draft chain's) whose buffers never move. Before each replay the host
-copies the batch's block tables into them (``rebind``; the draft manager's only where the
-drafter's backend reads it); inside the graph the positions and lengths are derived on the device
-(``place``) and the launches are sized by ``kv_len_bound`` (the table's width) instead of the
-step's lengths. A batch of ``n < B`` requests is padded with rows of a padding sequence that each
-KV manager holds for its life (``add_padding_sequence``), so padded rows write only there.
+Per bucket of ``B`` decoding rows the runner owns the step's device inputs for the bucket's life:
+the token ids, each sequence's first position and the rows' values (``step_inputs.bucket_inputs``:
+one host-to-device copy per dtype and step), and two metadata objects (the step's and the draft
+chain's) whose buffers never move. Before each replay the host copies the batch's block tables
+into them (``rebind``; the draft manager's only where the drafter's backend reads it); inside the
+graph the positions and lengths are derived on the device (``place``) and the launches are sized
+by ``kv_len_bound`` (the table's width) instead of the step's lengths. A batch of ``n < B``
+requests is padded with rows of a padding sequence that each KV manager holds for its life
+(``add_padding_sequence``), so padded rows write only there.
 
-A bucket is keyed by its batch size, how it samples (greedy; sampled by top-p and temperature;
-sampled with a top-k, whose draws sort) and whether it has the extras: penalties and bias, and
-the logprobs of ``MAX_LOGPROBS`` top tokens (each request then keeps the top count it asked for).
-A batch in which any request asks for penalties, bias or logprobs runs in an extras bucket.
+A mixed bucket (``mixed_bucket.py``) has ``P`` prompt rows (1, 2, 4, ... up to ``max_prompts``)
+before its ``B`` decoding rows, and ``P * mixed_prompt_tokens`` prompt tokens whose split between
+the prompts is an input: so prompts that arrive while others decode, the usual case of a busy
+server, neither run eagerly nor wait for the launched step to be read.
+
+A bucket is keyed by its shape, how it samples (greedy; sampled by top-p and temperature; sampled
+with a top-k, whose draws sort) and whether it has the extras: penalties and bias, and the
+logprobs of ``MAX_LOGPROBS`` top tokens (each request then keeps the top count it asked for). A
+batch in which any request asks for penalties, bias or logprobs runs in an extras bucket; with a
+prompt, eagerly.
 
 Every bucket is captured at start-up (``capture_all``, on rows of the padding sequence): one eager
 run of the step (it compiles the kernels), the capture, then the replay. No graph is captured
@@ -39,13 +46,12 @@ from tqdm import tqdm
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
-from tensorrt_llm._torch.pyexecutor.graph_bucket import Bucket, GraphShape, addresses
+from tensorrt_llm._torch.pyexecutor.graph_bucket import Bucket, addresses, new_bucket
 from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
 from tensorrt_llm._torch.pyexecutor.mixed_bucket import (
-    mixed_bucket_inputs,
-    mixed_seq_lens,
+    GraphShape,
     prompt_tokens_used,
     write_mixed_bucket,
 )
@@ -53,12 +59,7 @@ from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import uses_top_k
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-from tensorrt_llm._torch.pyexecutor.step_inputs import (
-    RowLayout,
-    bucket_inputs,
-    logprobs_top,
-    write_bucket,
-)
+from tensorrt_llm._torch.pyexecutor.step_inputs import RowLayout, logprobs_top, write_bucket
 from tensorrt_llm._torch.pyexecutor.step_program import StepOutputs, run_step
 from tensorrt_llm._torch.pyexecutor.token_feed import on_device
 from tensorrt_llm.logger import logger
@@ -270,43 +271,38 @@ class CUDAGraphRunner:
 
     def _new_bucket(self, key: tuple[GraphShape, int, bool]) -> Bucket:
         """A bucket of ``key``'s shape, its metadata first bound to the padding sequence."""
-        device, width = self.engine.device, self.tokens_per_seq
         shape, mode, extras = key
         sampled = mode != GREEDY
         layout = RowLayout(sampled, sampled and self.spec_worker is not None, extras)
         if extras:
             self._logits_state.allocate()  # (padding and plain rows read its zero scratch row)
-        if shape.prompt_tokens:
-            inputs = mixed_bucket_inputs(
-                shape, self.max_draft_len, layout, mode == TOP_K, extras, device
-            )
-            seq_lens = mixed_seq_lens(shape, width)
-        else:
-            inputs = bucket_inputs(
-                shape.batch_size, self.max_draft_len, layout, mode == TOP_K, extras, device
-            )
-            seq_lens = [width] * shape.batch_size
-        exchange = self.engine.exchange
-
-        def metadata(seq_lens: list[int], num_contexts: int) -> AttentionMetadata:
-            return AttentionMetadata(
-                kv_cache_manager=self.engine.kv_cache_manager,
-                request_ids=[PADDING_REQUEST_ID] * len(seq_lens),
-                seq_lens=seq_lens,  # (bounds: the lengths are placed on the device per step)
-                num_cached_tokens_per_seq=[0] * len(seq_lens),
-                num_contexts=num_contexts,
-                device=device,
-                buffers=MetadataBuffers(device),
-                kv_len_bound=self.kv_len_bound,
-                moe_capacity=exchange.capacity if exchange is not None else None,  # (fixed)
-            )
-
-        chain_md = None
-        if self.spec_worker is not None:  # one token for each row's sequence
-            chain_md = metadata([1] * shape.num_rows, 0)
-        step_md = metadata(seq_lens, shape.num_prompts)
-        bucket = self._buckets[key] = Bucket(inputs, step_md, chain_md)
+        bucket = self._buckets[key] = new_bucket(
+            shape,
+            layout,
+            mode == TOP_K,
+            extras,
+            self.max_draft_len,
+            self.engine.device,
+            self._metadata,
+            draft_chain=self.spec_worker is not None,
+        )
         return bucket
+
+    def _metadata(self, seq_lens: list[int], num_contexts: int) -> AttentionMetadata:
+        """A bucket's metadata on the padding sequence: ``seq_lens`` are bounds (the lengths are
+        placed on the device per step)."""
+        exchange = self.engine.exchange
+        return AttentionMetadata(
+            kv_cache_manager=self.engine.kv_cache_manager,
+            request_ids=[PADDING_REQUEST_ID] * len(seq_lens),
+            seq_lens=seq_lens,
+            num_cached_tokens_per_seq=[0] * len(seq_lens),
+            num_contexts=num_contexts,
+            device=self.engine.device,
+            buffers=MetadataBuffers(self.engine.device),
+            kv_len_bound=self.kv_len_bound,
+            moe_capacity=exchange.capacity if exchange is not None else None,  # (fixed)
+        )
 
     def _write_inputs(self, bucket: Bucket, batch: ScheduledRequests, shape: GraphShape) -> None:
         """The batch's rows (``_write_rows``); the tokens of requests fed from the launched step

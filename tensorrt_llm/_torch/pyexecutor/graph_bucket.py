@@ -3,41 +3,24 @@ and the addresses a captured graph reads."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
-from tensorrt_llm._torch.pyexecutor.step_inputs import BucketInputs
+from tensorrt_llm._torch.pyexecutor.mixed_bucket import (
+    GraphShape,
+    mixed_bucket_inputs,
+    mixed_seq_lens,
+)
+from tensorrt_llm._torch.pyexecutor.step_inputs import BucketInputs, RowLayout, bucket_inputs
 from tensorrt_llm._torch.pyexecutor.step_program import StepOutputs
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
     from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
-
-
-@dataclass(frozen=True)
-class GraphShape:
-    """A CUDA graph bucket's shape: ``batch_size`` decoding rows and, in a mixed bucket,
-    ``num_prompts`` prompt rows whose chunks share ``prompt_tokens`` tokens (0: a decode-only
-    bucket)."""
-
-    batch_size: int
-    prompt_tokens: int = 0
-    num_prompts: int = 0
-
-    def __post_init__(self) -> None:
-        if (self.prompt_tokens > 0) != (self.num_prompts > 0):
-            raise ValueError(f"{self}: prompt rows need prompt tokens, and the other way round")
-
-    @property
-    def num_rows(self) -> int:
-        return self.num_prompts + self.batch_size
-
-    def num_tokens(self, tokens_per_seq: int) -> int:
-        """The tokens the bucket's forward carries (padded)."""
-        return self.prompt_tokens + self.batch_size * tokens_per_seq
 
 
 @dataclass
@@ -53,6 +36,30 @@ class Bucket:
     graph: torch.cuda.CUDAGraph | None = None
     outputs: StepOutputs | None = None  # what the graph wrote at its last replay
     addresses: dict[str, int] = field(default_factory=dict)  # what the graph reads, at capture
+
+
+def new_bucket(
+    shape: GraphShape,
+    layout: RowLayout,
+    top_k: bool,
+    extras: bool,
+    max_draft_len: int,
+    device: torch.device,
+    metadata: Callable[[list[int], int], AttentionMetadata],
+    draft_chain: bool,
+) -> Bucket:
+    """A bucket of ``shape`` whose rows carry ``layout``'s values (zeroed); ``metadata(seq_lens,
+    num_contexts)`` makes a metadata of the padding sequence with the step's bounds (and, with
+    ``draft_chain``, of one token for each row's sequence: the draft chain's)."""
+    width = max_draft_len + 1
+    if shape.num_prompts:
+        inputs = mixed_bucket_inputs(shape, max_draft_len, layout, top_k, extras, device)
+        seq_lens = mixed_seq_lens(shape, width)
+    else:
+        inputs = bucket_inputs(shape.batch_size, max_draft_len, layout, top_k, extras, device)
+        seq_lens = [width] * shape.batch_size
+    chain_md = metadata([1] * shape.num_rows, 0) if draft_chain else None
+    return Bucket(inputs, metadata(seq_lens, shape.num_prompts), chain_md)
 
 
 def addresses(

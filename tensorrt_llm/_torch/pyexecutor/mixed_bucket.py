@@ -21,11 +21,11 @@ sequences, whose block-table rows are the step's own.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from tensorrt_llm._torch.pyexecutor.graph_bucket import GraphShape
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.step_inputs import (
     BucketInputs,
@@ -40,6 +40,29 @@ from tensorrt_llm.sampling_params import MAX_LOGPROBS
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
     from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
+
+
+@dataclass(frozen=True)
+class GraphShape:
+    """A CUDA graph bucket's shape: ``batch_size`` decoding rows and, in a mixed bucket,
+    ``num_prompts`` prompt rows whose chunks share ``prompt_tokens`` tokens (0: a decode-only
+    bucket)."""
+
+    batch_size: int
+    prompt_tokens: int = 0
+    num_prompts: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.prompt_tokens > 0) != (self.num_prompts > 0):
+            raise ValueError(f"{self}: prompt rows need prompt tokens, and the other way round")
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_prompts + self.batch_size
+
+    def num_tokens(self, tokens_per_seq: int) -> int:
+        """The tokens the bucket's forward carries (padded)."""
+        return self.prompt_tokens + self.batch_size * tokens_per_seq
 
 
 def prompt_chunk(prompt: LlmRequest) -> list[int]:

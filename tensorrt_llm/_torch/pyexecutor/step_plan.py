@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tensorrt_llm._torch.distributed.moe_all_to_all import ExchangeSync
     from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
-    from tensorrt_llm._torch.pyexecutor.graph_bucket import GraphShape
+    from tensorrt_llm._torch.pyexecutor.mixed_bucket import GraphShape
     from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
 
 

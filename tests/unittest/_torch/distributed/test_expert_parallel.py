@@ -272,7 +272,7 @@ def test_the_ranks_agree_on_each_steps_exchange(monkeypatch):
     from types import SimpleNamespace
 
     from tensorrt_llm._torch.distributed import moe_all_to_all
-    from tensorrt_llm._torch.pyexecutor.graph_bucket import GraphShape
+    from tensorrt_llm._torch.pyexecutor.mixed_bucket import GraphShape
     from tensorrt_llm._torch.pyexecutor.step_plan import plan_step
 
     passes, sent = [], []
