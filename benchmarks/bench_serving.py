@@ -147,9 +147,12 @@ def generate_level(llm: LLM, prompts: list[list[int]], params: SamplingParams, b
 def server_level(url: str, bodies: list[dict], concurrency: int, processes: int, pid: int) -> dict:
     """One level against the server; with the cores its front process (HTTP, tokenizing,
     detokenizing, streams) and its engine core's process tree kept busy meanwhile."""
+    base = url.rsplit("/v1/", 1)[0]
+    seen = server_means(base)
     tree, threads = cpu_seconds(pid), thread_cpu_seconds(pid)
     results, wall = run_spread(url, bodies, concurrency=concurrency, processes=processes)
     tree, after = cpu_seconds(pid) - tree, thread_cpu_seconds(pid)
+    sums = {k: (v[0] - seen[k][0], v[1] - seen[k][1]) for k, v in server_means(base).items()}
     s = summarize(results, wall)
     if s["failed"]:
         raise RuntimeError(f"{s['failed']} requests failed: {s['errors']}")
@@ -162,6 +165,28 @@ def server_level(url: str, bodies: list[dict], concurrency: int, processes: int,
         "front_busiest_threads": [round(c, 2) for c in front[:3]],
         "core_cores": tree / wall - sum(front),
         "slots_busy": sum(r.latency for r in results) / (concurrency * wall),
+        # where the client's mean TTFT goes: the server's own (its handler's arrival to the first
+        # output there), and of that the wait for admission (KV granted in the engine core)
+        "ttft_mean": statistics.fmean(r.ttft for r in results),
+        "server_ttft_mean": sums["ttft"][0] / max(sums["ttft"][1], 1),
+        "server_queue_mean": sums["queue"][0] / max(sums["queue"][1], 1),
+    }
+
+
+def server_means(base: str) -> dict[str, tuple[float, float]]:
+    """The server's TTFT and queue-time histograms' (sum, count) from ``/metrics``."""
+    names = {
+        "ttft": "trtllm_time_to_first_token_seconds",
+        "queue": "trtllm_request_queue_time_seconds",
+    }
+    text = httpx.get(base + "/metrics", timeout=30).text
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if not line.startswith("#") and name.endswith(("_sum", "_count")):
+            values[name] = float(value)
+    return {
+        k: (values.get(f"{n}_sum", 0.0), values.get(f"{n}_count", 0.0)) for k, n in names.items()
     }
 
 
