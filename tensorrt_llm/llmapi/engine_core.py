@@ -118,7 +118,7 @@ class EngineCore:
         return self.between_steps(self._kv_cache_report)
 
     def _kv_cache_report(self) -> dict:
-        snap = self.executor.snapshot()
+        snap = self.executor.snapshot(check_integrity=True)
         out: dict = {
             kind: {"free": kv.free, "used": kv.used, "cached": kv.cached,
                    "live_requests": kv.live_requests}

@@ -111,9 +111,9 @@ class AttentionDpExecutor:
         """Rank 0's (every rank is built the same)."""
         return self.local.limits
 
-    def snapshot(self) -> ExecutorSnapshot:
+    def snapshot(self, check_integrity: bool = False) -> ExecutorSnapshot:
         """Rank 0's KV; every rank's counts, requests and routing (the others' as last reported)."""
-        local = self.local.snapshot()
+        local = self.local.snapshot(check_integrity)
         return dataclasses.replace(
             local, stats=self.stats, active_requests=len(self.active),
             expert_tokens=self.expert_tokens(),

@@ -39,7 +39,7 @@ class ExecutorStats:
 
 @dataclass(frozen=True)
 class KvSlots:
-    """One KV cache manager's slots (its integrity checked as they were counted)."""
+    """One KV cache manager's slots (checked with ``check_integrity`` where the snapshot asked)."""
 
     free: int
     used: int
@@ -117,8 +117,10 @@ class Executor(Protocol):
     @property
     def limits(self) -> ExecutorLimits: ...
 
-    def snapshot(self) -> ExecutorSnapshot:
-        """Counts, requests and KV slots now (between steps)."""
+    def snapshot(self, check_integrity: bool = False) -> ExecutorSnapshot:
+        """Counts, requests and KV slots now (between steps); with ``check_integrity`` each KV
+        manager's invariants checked first (a walk of its whole pool: for reports and tests,
+        never on the path of ``get_stats`` or a metrics scrape)."""
 
     def enqueue_request(self, request: LlmRequest) -> None:
         """Start ``request`` at its prompt; ``ValueError`` if it can never run here."""
@@ -145,11 +147,13 @@ class Executor(Protocol):
         MoE layers (None: no MoE layer)."""
 
 
-def kv_slots(resource_manager: ResourceManager) -> dict[str, KvSlots]:
-    """Every KV cache manager's slots, each checked (``check_integrity``) as it is counted."""
+def kv_slots(resource_manager: ResourceManager, check: bool = False) -> dict[str, KvSlots]:
+    """Every KV cache manager's slots (``check``: each checked with ``check_integrity`` as it is
+    counted, which walks its whole pool)."""
     out = {}
     for kind, manager in resource_manager.kv_cache_managers.items():
-        manager.check_integrity()
+        if check:
+            manager.check_integrity()
         s = manager.get_kv_cache_stats()
         out[kind.value] = KvSlots(
             s.num_free_slots, s.num_used_slots, s.num_cached_slots, s.num_live_sequences,
@@ -158,14 +162,14 @@ def kv_slots(resource_manager: ResourceManager) -> dict[str, KvSlots]:
     return out
 
 
-def snapshot_of(executor) -> ExecutorSnapshot:
+def snapshot_of(executor, check_integrity: bool = False) -> ExecutorSnapshot:
     """One rank's ``PyExecutor``'s snapshot."""
     worker = executor.spec_worker
     return ExecutorSnapshot(
         stats=dataclasses.replace(executor.stats),
         active_requests=len(executor.active),
         held_for_transfer=len(executor.disagg.held),
-        kv=kv_slots(executor.resource_manager),
+        kv=kv_slots(executor.resource_manager, check_integrity),
         expert_tokens=executor.expert_tokens(),
         draft_kv_mode=worker.draft_kv_mode if worker is not None else None,
     )

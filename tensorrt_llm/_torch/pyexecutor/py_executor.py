@@ -262,8 +262,8 @@ class PyExecutor:
     def limits(self) -> protocol.ExecutorLimits:
         return protocol.limits_of(self)
 
-    def snapshot(self) -> protocol.ExecutorSnapshot:
-        return protocol.snapshot_of(self)
+    def snapshot(self, check_integrity: bool = False) -> protocol.ExecutorSnapshot:
+        return protocol.snapshot_of(self, check_integrity)
 
     def expert_tokens(self) -> list[int] | None:
         counts = self.model_engine.expert_tokens()  # (TP attention: every rank routes every token)

@@ -70,6 +70,14 @@ def test_a_prefix_reused_run_equals_a_cold_run_and_skips_the_reused_tokens(tiny_
     torch.testing.assert_close(
         warm.outputs[0].generation_logits, cold.outputs[0].generation_logits, rtol=1e-4, atol=1e-4
     )
+    # get_stats (and so a metrics scrape) counts the slots without walking the pool, which on a
+    # GPU's cache of hundreds of thousands of slots would stall the engine's loop for a second;
+    # the KV report checks every invariant
+    walks = []
+    manager = llm.kv_cache_manager
+    manager.check_integrity = lambda walk=manager.check_integrity: walks.append(walk())
+    assert llm.get_stats()["kv_cached_slots"] > 0 and not walks
+    assert llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == 0 and len(walks) == 1
 
 
 def test_stop_conditions(tiny_checkpoint):
