@@ -19,7 +19,8 @@ class BatchWait:
     """Upstream's batch waiting (0 disables each): while requests decode, the prompts of a step
     wait until ``timeout_iters`` steps have passed, or (``max_tokens_ratio``) until the step's
     tokens reach that share of ``max_num_tokens``; then they all go in one step. Prefill then
-    joins decode in fewer steps (each such step runs outside the CUDA graphs)."""
+    joins decode in fewer steps (a step of more prompts than a mixed CUDA graph takes runs
+    eagerly)."""
 
     timeout_iters: int = 0
     max_tokens_ratio: float = 0.0
