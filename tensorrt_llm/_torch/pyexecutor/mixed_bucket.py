@@ -31,8 +31,8 @@ from tensorrt_llm._torch.pyexecutor.step_inputs import (
     BucketInputs,
     RowLayout,
     StepInputs,
+    bucket_tensors,
     row_values,
-    row_views,
 )
 from tensorrt_llm.runtime.staging import PinnedStaging
 from tensorrt_llm.sampling_params import MAX_LOGPROBS
@@ -84,14 +84,14 @@ def mixed_seq_lens(shape: GraphShape, width: int) -> list[int]:
     return prompts + [width] * shape.batch_size + [0]
 
 
-def _sizes(shape: GraphShape, max_draft_len: int, layout: RowLayout) -> list[int]:
-    """The int columns of a mixed bucket, in order: token ids, first positions, query offsets,
-    token sequences, rows' logits tokens, drafts, draft counts, following tokens, row values."""
+def _sizes(shape: GraphShape, max_draft_len: int) -> list[int]:
+    """The int columns of a mixed bucket before its rows' values, in order: token ids, first
+    positions, query offsets, token sequences, rows' logits tokens, drafts, draft counts,
+    following tokens."""
     width, n = max_draft_len + 1, shape.num_rows
     seqs, tokens = n + 1, shape.num_tokens(width)
     following = tokens if max_draft_len else 0
-    return [tokens, seqs, seqs + 1, tokens, n * width, n * max_draft_len, n, following,
-            n * layout.num_ints]  # fmt: skip
+    return [tokens, seqs, seqs + 1, tokens, n * width, n * max_draft_len, n, following]
 
 
 def mixed_bucket_inputs(
@@ -104,13 +104,11 @@ def mixed_bucket_inputs(
 ) -> BucketInputs:
     """A mixed bucket's inputs (``extras``: logprobs of ``MAX_LOGPROBS`` top tokens), zeroed."""
     width, n = max_draft_len + 1, shape.num_rows
-    sizes = _sizes(shape, max_draft_len, layout)
-    ints = torch.zeros(sum(sizes), dtype=torch.long, device=device)
-    floats = None
-    if layout.num_floats:
-        floats = torch.zeros(n * layout.num_floats, dtype=torch.float32, device=device)
-    ids, first, cu, seq_idx, index, drafts, counts, following, row_ints = ints.split(sizes)
-    st, q_slots, penalties = row_views(row_ints, floats, n, layout, top_k=top_k)
+    ints, floats, columns, rows = bucket_tensors(
+        _sizes(shape, max_draft_len), n, layout, top_k, device
+    )
+    ids, first, cu, seq_idx, index, drafts, counts, following = columns
+    st, q_slots, penalties = rows
     step = StepInputs(
         input_ids=ids,
         drafts=drafts.view(n, max_draft_len),

@@ -269,6 +269,20 @@ class BucketInputs:
     staging: tuple[PinnedStaging, PinnedStaging]
 
 
+def bucket_tensors(
+    sizes: Sequence[int], n: int, layout: RowLayout, top_k: bool, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor], tuple]:
+    """A bucket's zeroed storage: ``ints`` holding int columns of ``sizes``, then ``n`` rows' int
+    values; ``floats`` their float values. Returns both, the columns, and the rows' views
+    (``row_views``)."""
+    ints = torch.zeros(sum(sizes) + n * layout.num_ints, dtype=torch.long, device=device)
+    floats = None
+    if layout.num_floats:
+        floats = torch.zeros(n * layout.num_floats, dtype=torch.float32, device=device)
+    *columns, row_ints = ints.split([*sizes, n * layout.num_ints])
+    return ints, floats, columns, row_views(row_ints, floats, n, layout, top_k=top_k)
+
+
 def bucket_inputs(
     batch_size: int,
     max_draft_len: int,
@@ -280,17 +294,11 @@ def bucket_inputs(
     """A bucket's inputs for ``batch_size`` rows (``extras``: logprobs of ``MAX_LOGPROBS`` top
     tokens), zeroed."""
     width = max_draft_len + 1
-    num_tokens = batch_size * width
-    ints = torch.zeros(
-        num_tokens + batch_size * (1 + layout.num_ints), dtype=torch.long, device=device
+    sizes = [batch_size * width, batch_size]
+    ints, floats, (input_ids, first_positions), rows = bucket_tensors(
+        sizes, batch_size, layout, top_k, device
     )
-    floats = None
-    if layout.num_floats:
-        floats = torch.zeros(batch_size * layout.num_floats, dtype=torch.float32, device=device)
-    input_ids, first_positions, row_ints = ints.split(
-        [num_tokens, batch_size, batch_size * layout.num_ints]
-    )
-    st, q_slots, penalties = row_views(row_ints, floats, batch_size, layout, top_k=top_k)
+    st, q_slots, penalties = rows
     step = StepInputs(
         input_ids=input_ids,
         drafts=input_ids.view(batch_size, width)[:, 1:],
