@@ -25,11 +25,11 @@ before its ``B`` decoding rows, and ``P * mixed_prompt_tokens`` prompt tokens wh
 the prompts is an input: so prompts that arrive while others decode, the usual case of a busy
 server, neither run eagerly nor wait for the launched step to be read.
 
-A bucket is keyed by its shape, how it samples (greedy; sampled by top-p and temperature; sampled
-with a top-k, whose draws sort) and whether it has the extras: penalties and bias, and the
-logprobs of ``MAX_LOGPROBS`` top tokens (each request then keeps the top count it asked for). A
-batch in which any request asks for penalties, bias or logprobs runs in an extras bucket; with a
-prompt, eagerly.
+A bucket is keyed (``graph_shapes.py``) by its shape, how it samples (greedy; sampled by top-p
+and temperature; sampled with a top-k, whose draws sort) and whether it has the extras: penalties
+and bias, and the logprobs of ``MAX_LOGPROBS`` top tokens (each request then keeps the top count it
+asked for). A batch in which any request asks for penalties, bias or logprobs runs in an extras
+bucket; with a prompt, eagerly.
 
 Every bucket is captured at start-up (``capture_all``, on rows of the padding sequence): one eager
 run of the step (it compiles the kernels), the capture, then the replay. No graph is captured
@@ -47,19 +47,15 @@ from tqdm import tqdm
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, MetadataBuffers
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
 from tensorrt_llm._torch.pyexecutor.graph_bucket import Bucket, addresses, new_bucket
+from tensorrt_llm._torch.pyexecutor.graph_shapes import GREEDY, TOP_K, BucketKey, GraphShapes
 from tensorrt_llm._torch.pyexecutor.launched_step import DeviceTokens
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
-from tensorrt_llm._torch.pyexecutor.mixed_bucket import (
-    GraphShape,
-    prompt_tokens_used,
-    write_mixed_bucket,
-)
+from tensorrt_llm._torch.pyexecutor.mixed_bucket import GraphShape, write_mixed_bucket
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
-from tensorrt_llm._torch.pyexecutor.sampler import uses_top_k
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-from tensorrt_llm._torch.pyexecutor.step_inputs import RowLayout, logprobs_top, write_bucket
+from tensorrt_llm._torch.pyexecutor.step_inputs import RowLayout, write_bucket
 from tensorrt_llm._torch.pyexecutor.step_program import StepOutputs, run_step
 from tensorrt_llm._torch.pyexecutor.token_feed import on_device
 from tensorrt_llm.logger import logger
@@ -69,7 +65,6 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
 PADDING_REQUEST_ID = -1  # the padding sequence's id in every KV manager (request ids are >= 0)
-GREEDY, NUCLEUS, TOP_K = 0, 1, 2  # how a bucket samples
 
 
 class CUDAGraphRunner:
@@ -95,9 +90,10 @@ class CUDAGraphRunner:
         self.spec_worker = spec_worker
         self.max_draft_len = spec_worker.max_draft_len if spec_worker else 0
         self.tokens_per_seq = 1 + self.max_draft_len
+        self.shapes = GraphShapes(options, self.max_draft_len)
         target = engine.kv_cache_manager
         self.kv_len_bound = target.max_blocks_per_seq * target.tokens_per_block
-        self._buckets: dict[tuple[GraphShape, int, bool], Bucket] = {}
+        self._buckets: dict[BucketKey, Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if options.capture else None
         self.num_replays = 0
         self.num_mixed_replays = 0  # of them, steps with a prompt
@@ -109,9 +105,8 @@ class CUDAGraphRunner:
             ResourceManagerType.DRAFT_KV_CACHE_MANAGER,
         ):
             manager = resource_manager.get_resource_manager(kind)
-            if manager is not None:  # the step's and the draft chain's, or the prompts' share
-                positions = max(2 * self.tokens_per_seq, self._prompt_budget(options.max_prompts))
-                manager.add_padding_sequence(PADDING_REQUEST_ID, positions)
+            if manager is not None:
+                manager.add_padding_sequence(PADDING_REQUEST_ID, self.shapes.padding_positions)
 
     @property
     def _store(self) -> DraftProbStore | None:
@@ -146,61 +141,21 @@ class CUDAGraphRunner:
         return bool(bufs) and all(x.is_pinned() for x in bufs)
 
     def shape_of(self, batch: ScheduledRequests) -> GraphShape | None:
-        """The bucket that runs ``batch``, or None when it must run eagerly: decoding requests
-        with all their drafts, and up to ``max_prompts`` prompts whose last chunks fit a mixed
-        bucket."""
-        requests, prompts = batch.generation_requests, batch.context_requests
-        for req in requests:
-            if len(req.py_draft_tokens) != self.max_draft_len:
-                return None
-        sizes, slots = self.options.batch_sizes, 0
-        if prompts:
-            slots = next((p for p in self.prompt_slots if p >= len(prompts)), 0)
-            if not self.options.enable_padding and slots != len(prompts):
-                return None
-            if not slots or not all(map(self._fits, prompts)):
-                return None
-            if prompt_tokens_used(prompts, slots) > self._prompt_budget(slots):
-                return None
-            sizes = (0, *sizes)  # (prompts alone)
-        elif not requests:
-            return None
-        n = len(requests)
-        if not self.options.enable_padding:
-            size = n if n in sizes else None
-        else:
-            size = next((b for b in sizes if b >= n), None)
-        if size is None:
-            return None
-        shape = GraphShape(size, self._prompt_budget(slots), slots)
-        if self.options.capture:  # (only a bucket captured at start-up)
-            bucket = self._buckets.get(self._key(batch, shape))
+        """The bucket that runs ``batch`` (``GraphShapes.shape``), or None when it must run
+        eagerly (with ``capture``: also when that bucket was not captured at start-up)."""
+        shape = self.shapes.shape(batch)
+        if shape is not None and self.options.capture:
+            bucket = self._buckets.get(self.shapes.key(batch, shape))
             if bucket is None or bucket.graph is None:
                 return None
         return shape
-
-    @property
-    def prompt_slots(self) -> tuple[int, ...]:
-        """The prompt rows of the mixed buckets: powers of two up to ``max_prompts``, and it."""
-        most = self.options.max_prompts if self.options.mixed_prompt_tokens else 0
-        return tuple(sorted({1 << i for i in range(most.bit_length()) if 1 << i < most} | {most}))
-
-    def _prompt_budget(self, slots: int) -> int:
-        """The prompt tokens of a mixed bucket of ``slots`` prompt rows."""
-        return slots * self.options.mixed_prompt_tokens
-
-    @staticmethod
-    def _fits(prompt: LlmRequest) -> bool:
-        """Whether ``prompt``'s step can run in a mixed bucket: its last chunk, without images
-        (their rows are the encoder's, sized on the host)."""
-        return prompt.is_last_context_chunk and prompt.multimodal is None
 
     @torch.inference_mode()
     def run(self, batch: ScheduledRequests, shape: GraphShape) -> tuple[torch.Tensor, DeviceTokens]:
         """Run ``batch`` in the bucket of ``shape`` (``shape_of``): write its inputs, then replay
         its graph (or, without ``capture``, run the step program on the bucket's tensors).
         Returns the batch's logits rows and tokens (views: the next replay rewrites them)."""
-        key = self._key(batch, shape)
+        key = self.shapes.key(batch, shape)
         bucket = self._buckets.get(key) or self._new_bucket(key)
         self._write_inputs(bucket, batch, shape)
         if not self.options.capture:
@@ -219,17 +174,6 @@ class CUDAGraphRunner:
             rows, out.tokens, out.num_accepted, out.drafts, out.logprobs
         )
 
-    @staticmethod
-    def _key(batch: ScheduledRequests, shape: GraphShape) -> tuple[GraphShape, int, bool]:
-        requests = batch.all_requests
-        mode = GREEDY
-        if not all(r.sampling_params.greedy for r in requests):
-            mode = TOP_K if uses_top_k(requests) else NUCLEUS
-        extras = logprobs_top(requests) is not None or any(
-            r.sampling_params.processes_logits for r in requests
-        )
-        return shape, mode, extras
-
     @torch.inference_mode()  # (as ``run``: the buffers it makes are the replays')
     def capture_all(self) -> None:
         """Capture every bucket (each batch size, way of sampling, with and without the extras)
@@ -239,18 +183,7 @@ class CUDAGraphRunner:
         if self.spec_worker is not None:
             self._store.allocate()
         self._logits_state.allocate()
-        keys = [
-            (GraphShape(size), mode, extras)
-            for size in self.options.batch_sizes
-            for mode in (GREEDY, NUCLEUS, TOP_K)
-            for extras in (False, True)
-        ]
-        keys += [  # (a prompt with logprobs or penalties runs eagerly)
-            (GraphShape(size, self._prompt_budget(slots), slots), mode, False)
-            for slots in self.prompt_slots
-            for size in (0, *self.options.batch_sizes)
-            for mode in (GREEDY, NUCLEUS, TOP_K)
-        ]
+        keys = self.shapes.keys()
         start = time.perf_counter()
         for key in tqdm(keys, desc="capturing CUDA graphs", unit="graph", leave=False):
             if key not in self._buckets:
@@ -262,14 +195,14 @@ class CUDAGraphRunner:
             "without penalties and logprobs; %s) in %.1f s",
             len(keys),
             list(self.options.batch_sizes),
-            f"up to {self.prompt_slots[-1]} prompts of {self.options.mixed_prompt_tokens} tokens "
-            "each beside them"
-            if self.prompt_slots
+            f"up to {self.shapes.prompt_slots[-1]} prompts of {self.options.mixed_prompt_tokens} "
+            "tokens each beside them"
+            if self.shapes.prompt_slots
             else "no prompt beside them",
             time.perf_counter() - start,
         )
 
-    def _new_bucket(self, key: tuple[GraphShape, int, bool]) -> Bucket:
+    def _new_bucket(self, key: BucketKey) -> Bucket:
         """A bucket of ``key``'s shape, its metadata first bound to the padding sequence."""
         shape, mode, extras = key
         sampled = mode != GREEDY

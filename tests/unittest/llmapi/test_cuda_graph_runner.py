@@ -260,7 +260,7 @@ def test_padding_sequence_holds_the_mixed_buckets_prompt_tokens_per_manager():
         )
     }
     runner = attach_runner(llm, mixed_prompt_tokens=128)
-    assert runner.prompt_slots == (1, 2, 4)
+    assert runner.shapes.prompt_slots == (1, 2, 4)
     for kind, count in before.items():
         manager = llm.executor.resource_manager.get_resource_manager(kind)
         assert manager.get_max_resource_count() == count - 4
@@ -286,3 +286,45 @@ def test_cuda_graph_config_where_graphs_cannot_run(tiny_checkpoint):
     llm.shutdown()
     with pytest.raises(ValueError, match="cuda_graph_config needs device='cuda'"):
         LLM(tiny_checkpoint, device="cpu", cuda_graph_config=CudaGraphConfig())
+
+
+def test_mixed_graph_shapes():
+    """Which bucket a batch of prompts and decoding requests takes (``GraphShapes.shape``)."""
+    from types import SimpleNamespace
+
+    from tensorrt_llm._torch.pyexecutor.graph_shapes import GraphShapes
+    from tensorrt_llm._torch.pyexecutor.mixed_bucket import GraphShape
+
+    def prompt(length, last=True, image=None):
+        return SimpleNamespace(
+            prompt_token_ids=list(range(length)),
+            context_current_position=0,
+            context_chunk_size=length,
+            is_last_context_chunk=last,
+            multimodal=image,
+        )
+
+    def batch(prompts, decoding, drafts=3):
+        decode = [SimpleNamespace(py_draft_tokens=[0] * drafts) for _ in range(decoding)]
+        return SimpleNamespace(context_requests=prompts, generation_requests=decode)
+
+    shapes = GraphShapes(CudaGraphOptions((1, 2, 4), mixed_prompt_tokens=100, max_prompts=4), 3)
+    assert shapes.prompt_slots == (1, 2, 4) and shapes.padding_positions == 400
+    assert shapes.shape(batch([], 3)) == GraphShape(4)
+    assert shapes.shape(batch([prompt(80)], 0)) == GraphShape(0, 100, 1)  # a prompt alone
+    assert shapes.shape(batch([prompt(80)], 2)) == GraphShape(2, 100, 1)
+    # three prompts in four rows: 250 tokens, and one for the padding row, of 400
+    assert shapes.shape(batch([prompt(80), prompt(90), prompt(80)], 1)) == GraphShape(1, 400, 4)
+    assert shapes.shape(batch([prompt(150), prompt(40)], 1)) == GraphShape(1, 200, 2)
+    assert shapes.shape(batch([prompt(150), prompt(60)], 1)) is None  # 210 tokens > 200
+    assert shapes.shape(batch([prompt(80)] * 5, 1)) is None  # more prompts than a graph holds
+    assert shapes.shape(batch([prompt(80, last=False)], 1)) is None  # a chunk that goes on
+    assert shapes.shape(batch([prompt(80, image=object())], 1)) is None
+    assert shapes.shape(batch([], 2, drafts=1)) is None  # a request without all its drafts
+    assert shapes.shape(batch([], 5)) is None  # larger than every bucket
+    exact = GraphShapes(CudaGraphOptions((1, 2), False, mixed_prompt_tokens=100), 3)
+    assert exact.shape(batch([prompt(10)] * 3, 1)) is None  # no padding: no graph of 3 prompts
+    assert exact.shape(batch([prompt(10)] * 2, 2)) == GraphShape(2, 200, 2)
+    off = GraphShapes(CudaGraphOptions((1, 2)), 3)  # mixed_prompt_tokens 0: no mixed graphs
+    assert off.prompt_slots == () and off.shape(batch([prompt(10)], 1)) is None
+    assert len(off.keys()) == 2 * 3 * 2 and len(shapes.keys()) == 3 * 3 * 2 + 4 * 3 * 3

@@ -30,7 +30,7 @@ def num_buckets(runner) -> int:
     """Every bucket: each size, way of sampling, extras or not; and 1, 2, 4 prompts (with no
     extras) beside each size of decoding rows or alone."""
     sizes = len(runner.options.batch_sizes)
-    return 3 * 2 * sizes + 3 * (sizes + 1) * len(runner.prompt_slots)
+    return 3 * 2 * sizes + 3 * (sizes + 1) * len(runner.shapes.prompt_slots)
 
 
 def tokens(outputs) -> list[list[int]]:
