@@ -10,7 +10,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 import msgspec
-import torch
 import zmq
 
 from tensorrt_llm._torch.executors.ranks import request_from_json
@@ -22,7 +21,7 @@ from tensorrt_llm._torch.pyexecutor.llm_request import (
     stop_reason_to_json,
 )
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
-from tensorrt_llm.llmapi.workers import rank_device
+from tensorrt_llm.llmapi.workers import leave_a_core, rank_device
 from tensorrt_llm.logger import logger
 
 POLL_S = 0.5  # how often each side looks whether the other's process still runs
@@ -85,7 +84,7 @@ def core_main(args_json: str, commands_path: str, outputs_path: str) -> None:
     commands.connect(commands_path)
     try:  # (the loop flushes the outputs once it runs, after they exist)
         args = TorchLlmArgs.model_validate_json(args_json)
-        _leave_a_core_to_the_front(args)
+        leave_a_core(rank_device(args.device, args.mapping()), "the front")
         core = EngineCore(args, lambda: outputs.flush())
     except BaseException:
         outputs_socket.send(encode({"op": "failed", "error": traceback.format_exc()}))
@@ -131,19 +130,6 @@ def _apply_waiting(core, outputs: _Outputs, commands: zmq.Socket) -> bool:
         if message["op"] == "shutdown":
             return False
         _apply_command(core, outputs, message)
-
-
-def _leave_a_core_to_the_front(args: TorchLlmArgs) -> None:
-    """On a CPU the engine core's intra-op threads leave one core to the front's process (HTTP,
-    tokenizing, the streams): the front waking each step in the middle of the core's parallel
-    regions stalls every thread of them, which costs the core more than one thread fewer does.
-    ``OMP_NUM_THREADS``, where it is set, decides instead."""
-    if "OMP_NUM_THREADS" in os.environ or rank_device(args.device, args.mapping()).type != "cpu":
-        return
-    threads = torch.get_num_threads()
-    if threads > 1:
-        torch.set_num_threads(threads - 1)
-        logger.info("engine core: %d intra-op threads (one core left to the front)", threads - 1)
 
 
 def _apply_command(core, outputs: _Outputs, message: dict) -> None:

@@ -27,7 +27,13 @@ from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
 from tensorrt_llm.llmapi.disaggregated import DisaggregatedServing
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
-from tensorrt_llm.llmapi.workers import Followers, build_rank, join_ranks, rank_device
+from tensorrt_llm.llmapi.workers import (
+    Followers,
+    build_rank,
+    join_ranks,
+    leave_a_core,
+    rank_device,
+)
 from tensorrt_llm.logger import logger
 
 
@@ -82,7 +88,10 @@ class EngineCore:
     # ---- requests --------------------------------------------------------------------------------
     def start(self) -> None:
         """Run the engine loop on a thread of its own from now on (``LLM.submit``; until then
-        ``run_until`` steps on the caller's thread)."""
+        ``run_until`` steps on the caller's thread, which loaded the model: on a CPU the loop's
+        steps leave it a core, ``leave_a_core``)."""
+        if not self.loop.running:
+            leave_a_core(self.device, "the thread that loaded the model")
         self.loop.start()
 
     def submit(self, command: Submit) -> None:

@@ -131,24 +131,30 @@ def test_disaggregated_serving_between_two_engine_processes():
             assert llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == 0
 
 
-def test_the_core_leaves_a_cpu_core_to_the_front_unless_omp_num_threads_says(monkeypatch):
+def test_the_engine_leaves_a_cpu_core_to_the_front_unless_omp_num_threads_says(monkeypatch):
+    """The engine core's process leaves a core to the front, an ``LLM``'s engine loop one to the
+    thread that loaded the model; never below one thread, and not where ``OMP_NUM_THREADS``
+    says how many."""
+    import os
+
     import torch
 
-    from tensorrt_llm.bundled import BUNDLED_TARGET
-    from tensorrt_llm.llmapi.core_worker import _leave_a_core_to_the_front
-    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+    from tensorrt_llm.llmapi.workers import leave_a_core
 
-    args = TorchLlmArgs(model=str(BUNDLED_TARGET), device="cpu")
+    cpu = torch.device("cpu")
     before = torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # two cores
     try:
         torch.set_num_threads(2)
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
-        _leave_a_core_to_the_front(args)
+        leave_a_core(cpu, "the front")
         assert torch.get_num_threads() == 2  # the user's setting holds
         monkeypatch.delenv("OMP_NUM_THREADS")
-        _leave_a_core_to_the_front(args)
+        leave_a_core(torch.device("meta"), "the front")
+        assert torch.get_num_threads() == 2  # (a CPU's threads only)
+        leave_a_core(cpu, "the front")
         assert torch.get_num_threads() == 1
-        _leave_a_core_to_the_front(args)
-        assert torch.get_num_threads() == 1  # never below one
+        leave_a_core(cpu, "the front")
+        assert torch.get_num_threads() == 1  # once: never below one
     finally:
         torch.set_num_threads(before)
