@@ -178,12 +178,17 @@ async def chat_prompt(llm, messages, pool: MediaPool, known=None) -> list[int] |
     parts = image_parts(messages)
     tokenizer = llm.tokenizer
     marked = [{"role": m.role, "content": m.text(IMAGE_TOKEN)} for m in messages]
+
+    def render() -> tuple[str, list[int] | None]:  # (text only: tokenized in the same hop)
+        text = tokenizer.apply_chat_template(marked)
+        return text, None if parts else tokenizer.encode(text)
+
     try:  # the checkpoint's template may refuse a conversation (raise_exception)
-        text = await asyncio.to_thread(tokenizer.apply_chat_template, marked)
+        text, token_ids = await asyncio.to_thread(render)
     except ValueError as exc:
         raise ServerError(400, str(exc), param="messages") from None
-    if not parts:
-        return await asyncio.to_thread(tokenizer.encode, text)
+    if token_ids is not None:
+        return token_ids
     prompts = llm.multimodal
     if prompts.processor is None:
         raise ServerError(400, f"{parts[0][0]}: this model takes no images", param=parts[0][0])
