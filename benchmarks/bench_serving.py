@@ -166,18 +166,22 @@ def server_level(url: str, bodies: list[dict], concurrency: int, processes: int,
         "core_cores": tree / wall - sum(front),
         "slots_busy": sum(r.latency for r in results) / (concurrency * wall),
         # where the client's mean TTFT goes: the server's own (its handler's arrival to the first
-        # output there), and of that the wait for admission (KV granted in the engine core)
+        # output there), of that the wait for admission (KV granted in the engine core), and of
+        # that the handoff (the front's work and the trip to the core's process)
         "ttft_mean": statistics.fmean(r.ttft for r in results),
         "server_ttft_mean": sums["ttft"][0] / max(sums["ttft"][1], 1),
         "server_queue_mean": sums["queue"][0] / max(sums["queue"][1], 1),
+        # of the queue time, the front's and the trip to the engine core's process
+        "server_handoff_mean": sums["handoff"][0] / max(sums["handoff"][1], 1),
     }
 
 
 def server_means(base: str) -> dict[str, tuple[float, float]]:
-    """The server's TTFT and queue-time histograms' (sum, count) from ``/metrics``."""
+    """The server's TTFT, queue-time and handoff histograms' (sum, count) from ``/metrics``."""
     names = {
         "ttft": "trtllm_time_to_first_token_seconds",
         "queue": "trtllm_request_queue_time_seconds",
+        "handoff": "trtllm_request_handoff_time_seconds",
     }
     text = httpx.get(base + "/metrics", timeout=30).text
     values = {}

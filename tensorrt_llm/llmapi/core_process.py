@@ -241,7 +241,9 @@ class CoreProcess:
     def _apply(self, deltas: list, touched: dict[int, tuple[LlmRequest, Update]]) -> None:
         """One step's changes into the mirrors of the requests it touched."""
         for delta in deltas:
-            rid, tokens, logprobs, finish, stop, iterations, accepted, admitted_at, reply = delta
+            rid, tokens, logprobs, finish, stop, iterations, accepted, received, admitted, reply = (
+                delta
+            )
             with self._lock:
                 watched = self._watchers.get(rid)
             if watched is None:  # (ended here already: a stop string, a lost core)
@@ -254,7 +256,7 @@ class CoreProcess:
                 )
             request.num_decode_iterations = iterations
             request.num_accepted_draft_tokens = accepted
-            request.admitted_at = admitted_at
+            request.received_at, request.admitted_at = received, admitted
             if finish is not None and not request.is_finished:
                 request.finish(FinishReason(finish), stop_reason_from_json(stop))
             if reply is not None:

@@ -53,6 +53,7 @@ class _Outputs:
                 stop_reason_to_json(request.stop_reason) if finished else None,
                 request.num_decode_iterations,
                 request.num_accepted_draft_tokens,
+                request.received_at,
                 request.admitted_at,
                 None if reply is None else reply.to_json(),
             )

@@ -42,6 +42,7 @@ class RequestOutput:
     finished: bool = False
     # a context-only request's reply, once it finished (the handle to its held KV)
     disaggregated_params: DisaggregatedParams | None = None
+    received_at: float | None = None  # time.monotonic() when the engine core received it
     admitted_at: float | None = None  # time.monotonic() when the scheduler granted its KV
 
 
@@ -151,6 +152,7 @@ class OutputTracker:
             [completion],
             finished=finished,
             disaggregated_params=disaggregated_params,
+            received_at=request.received_at,
             admitted_at=request.admitted_at,
         )
 

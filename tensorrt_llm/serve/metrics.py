@@ -2,8 +2,8 @@
 
 Per request (observed by the HTTP handler, on the event loop): time to first token, inter-token
 latency (a step that emits n tokens counts n intervals of its duration / n), end-to-end latency,
-queue time (arrival to admission, when the scheduler grants the request its KV) and acceptance
-length. Counters of requests, errors and prompt tokens. The executor's own counts (generated,
+queue time (arrival to admission, when the scheduler grants the request its KV), of which the
+handoff (arrival to the engine core receiving the request), and acceptance length. Counters of requests, errors and prompt tokens. The executor's own counts (generated,
 reused, computed and transferred tokens, KV slots, held transfers, the draft KV mode, the MoE
 layers' tokens per expert and per rank) are read when ``/metrics`` is scraped.
 """
@@ -41,6 +41,12 @@ class ServerMetrics:
         self.itl = _seconds("inter_token_latency", "Time per output token after the first", r)
         self.e2e = _seconds("e2e_request_latency", "Arrival to the last output token", r)
         self.queue = _seconds("request_queue_time", "Arrival to admission (KV granted)", r)
+        self.handoff = _seconds(
+            "request_handoff_time",
+            "Arrival to the engine core receiving the request (the front and the trip to the core;"
+            " the rest of the queue time is the core's)",
+            r,
+        )
         self.al = Histogram(
             "trtllm_request_acceptance_length",
             "Tokens emitted per generation step, per finished request",
@@ -71,11 +77,18 @@ class RequestTimer:
         return RequestTimer(self.metrics, self.arrival)
 
     def update(
-        self, num_tokens: int, admitted_at: float | None, finished: bool, al: float | None
+        self,
+        num_tokens: int,
+        admitted_at: float | None,
+        finished: bool,
+        al: float | None,
+        received_at: float | None = None,
     ) -> None:
         now, m = time.monotonic(), self.metrics
         if not self.queued and admitted_at is not None:
             m.queue.observe(max(0.0, admitted_at - self.arrival))
+            if received_at is not None:  # (the same clock in both processes: one host)
+                m.handoff.observe(max(0.0, received_at - self.arrival))
             self.queued = True
         new = num_tokens - self.tokens
         if new > 0:

@@ -102,7 +102,9 @@ class Submission:
                 finished = output.finished
                 out = output.outputs[0]
                 al = out.avg_decoded_tokens_per_iter
-                timer.update(len(out.token_ids), output.admitted_at, finished, al)
+                timer.update(
+                    len(out.token_ids), output.admitted_at, finished, al, output.received_at
+                )
                 yield output
         finally:
             if not finished:

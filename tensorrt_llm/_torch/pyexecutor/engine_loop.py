@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -105,6 +106,7 @@ class EngineLoop:
 
     def submit(self, command: Submit) -> None:
         """Queue a validated request; ``command.on_update(request, finished)`` follows it."""
+        command.request.received_at = time.monotonic()
         self._commands.put(command)
 
     def call(self, fn: Callable[[], object]) -> Future:

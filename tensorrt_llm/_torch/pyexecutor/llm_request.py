@@ -140,6 +140,7 @@ class LlmRequest:
     # Disaggregated serving: a context-only request stops after its prompt (first token and first
     # drafts made) and keeps its KV for a generation server to pull.
     context_only: bool = False
+    received_at: float | None = None  # time.monotonic() when the engine core received it
     admitted_at: float | None = None  # time.monotonic() when the scheduler granted its KV
     multimodal: MultimodalInput | None = None  # its images (``multimodal.py``)
     # the prompt as the KV cache keys its blocks: each image's placeholders replaced by its key id

@@ -137,6 +137,7 @@ HISTOGRAMS = (
     "trtllm_inter_token_latency_seconds",
     "trtllm_e2e_request_latency_seconds",
     "trtllm_request_queue_time_seconds",
+    "trtllm_request_handoff_time_seconds",
     "trtllm_request_acceptance_length",
 )
 
@@ -177,6 +178,15 @@ def test_metrics_parse_and_the_latency_histograms_move(server, client):
     for name in HISTOGRAMS:
         assert after[name][name + "_count"] >= before[name][name + "_count"] + 2, name
         assert after[name][name + "_sum"] > before[name][name + "_sum"], name
+    # the handoff (arrival to the engine core receiving the request) is part of the queue time
+    moved = {
+        name: after[f"trtllm_request_{name}_time_seconds"][
+            f"trtllm_request_{name}_time_seconds_sum"
+        ]
+        - before[f"trtllm_request_{name}_time_seconds"][f"trtllm_request_{name}_time_seconds_sum"]
+        for name in ("queue", "handoff")
+    }
+    assert 0 < moved["handoff"] <= moved["queue"]
     itl = after["trtllm_inter_token_latency_seconds"]["trtllm_inter_token_latency_seconds_count"]
     assert (
         itl
