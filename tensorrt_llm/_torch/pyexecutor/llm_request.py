@@ -169,6 +169,12 @@ class LlmRequest:
         return self.state is LlmRequestState.GENERATION_COMPLETE
 
     @property
+    def context_chunk(self) -> list[int]:
+        """The prompt tokens its next prefill step computes (the chunk: none of them cached)."""
+        start = self.context_current_position
+        return self.prompt_token_ids[start : start + self.context_chunk_size]
+
+    @property
     def is_last_context_chunk(self) -> bool:
         return self.context_current_position + self.context_chunk_size >= self.prompt_len
 

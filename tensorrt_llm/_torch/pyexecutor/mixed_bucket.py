@@ -65,16 +65,10 @@ class GraphShape:
         return self.prompt_tokens + self.batch_size * tokens_per_seq
 
 
-def prompt_chunk(prompt: LlmRequest) -> list[int]:
-    """The prompt tokens a step computes (its chunk: the ones not cached)."""
-    start = prompt.context_current_position
-    return prompt.prompt_token_ids[start : start + prompt.context_chunk_size]
-
-
 def prompt_tokens_used(prompts: Sequence[LlmRequest], num_prompts: int) -> int:
     """The prompt tokens of a bucket of ``num_prompts`` prompt rows that ``prompts`` fill (one
     per padding row)."""
-    return sum(len(prompt_chunk(p)) for p in prompts) + num_prompts - len(prompts)
+    return sum(len(p.context_chunk) for p in prompts) + num_prompts - len(prompts)
 
 
 def mixed_seq_lens(shape: GraphShape, width: int) -> list[int]:
@@ -142,7 +136,7 @@ def write_mixed_bucket(
     k = bucket.step.drafts.shape[1]
     width = k + 1
     pad_prompts, pad_rows = shape.num_prompts - len(prompts), shape.batch_size - len(requests)
-    chunks = [prompt_chunk(p) for p in prompts] + [[0]] * pad_prompts
+    chunks = [p.context_chunk for p in prompts] + [[0]] * pad_prompts
     used = sum(map(len, chunks))
     seq_lens = [len(c) for c in chunks] + [width] * shape.batch_size + [shape.prompt_tokens - used]
     cu = [0]

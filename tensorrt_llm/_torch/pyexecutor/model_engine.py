@@ -68,7 +68,7 @@ class PyTorchModelEngine:
         seq_lens, cached = [], []
         for req in batch.context_requests:
             start = req.context_current_position
-            chunk = req.prompt_token_ids[start : start + req.context_chunk_size]
+            chunk = req.context_chunk
             tokens += chunk
             seq_lens.append(len(chunk))
             cached.append(start)

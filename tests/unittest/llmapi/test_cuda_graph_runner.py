@@ -297,11 +297,7 @@ def test_mixed_graph_shapes():
 
     def prompt(length, last=True, image=None):
         return SimpleNamespace(
-            prompt_token_ids=list(range(length)),
-            context_current_position=0,
-            context_chunk_size=length,
-            is_last_context_chunk=last,
-            multimodal=image,
+            context_chunk=list(range(length)), is_last_context_chunk=last, multimodal=image
         )
 
     def batch(prompts, decoding, drafts=3):
