@@ -223,27 +223,26 @@ class AttentionMetadata:
             device += 1
 
     def place(
-        self,
-        first_positions: torch.Tensor,
-        cu_seqlens_q: torch.Tensor | None = None,
-        token_seq_idx: torch.Tensor | None = None,
+        self, first_positions: torch.Tensor, cu_seqlens_q: torch.Tensor | None = None
     ) -> None:
         """Put sequence ``i``'s query tokens at ``first_positions[i]`` onwards (a device tensor), on
         the device tensors only: no host sync, so a CUDA graph can capture it. Without
-        ``cu_seqlens_q`` every sequence is a generation step of the same width; with it (and
-        ``token_seq_idx``, device tensors of this metadata's sizes) the sequences' query lengths
-        are these, whatever the host lists say (a mixed graph bucket: a prompt of any length up to
+        ``cu_seqlens_q`` every sequence is a generation step of the same width; with it (a device
+        tensor of this metadata's size) the sequences' query lengths are these, each token's
+        sequence derived from them, whatever the host lists say (a mixed graph bucket: a prompt of any length up to
         the one the host lists give, beside the decodes). The host copies (``kv_lens_cpu``,
         ``position_ids_cpu``) go stale, so ``kv_len_bound`` must size the launches and the backend
         must read only device metadata (``supports_cuda_graphs``)."""
         if self.kv_len_bound is None:
             raise ValueError("place() needs kv_len_bound: the host kv_lens no longer hold")
         if cu_seqlens_q is not None:
+            tokens = torch.arange(self.num_tokens, device=first_positions.device)
+            # a token's sequence: how many sequences end at or before it (empty ones included)
+            seq_idx = torch.searchsorted(cu_seqlens_q[1:], tokens, right=True)
             self.cu_seqlens_q.copy_(cu_seqlens_q)
-            self.token_seq_idx.copy_(token_seq_idx)
-            starts = cu_seqlens_q[:-1][token_seq_idx]
-            offsets = torch.arange(self.num_tokens, device=first_positions.device) - starts
-            self.position_ids.copy_(first_positions[token_seq_idx] + offsets)
+            self.token_seq_idx.copy_(seq_idx)
+            offsets = tokens - cu_seqlens_q[:-1][seq_idx]
+            self.position_ids.copy_(first_positions[seq_idx] + offsets)
             self.num_cached_tokens.copy_(first_positions)
             self.kv_lens.copy_(first_positions + cu_seqlens_q[1:] - cu_seqlens_q[:-1])
             return

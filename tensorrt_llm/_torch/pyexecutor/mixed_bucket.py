@@ -12,8 +12,8 @@ Each prompt's chunk (the tokens it has not cached) is ``L_i`` tokens; a prompt r
 not fill (``p < P`` prompts) and each decode row it does not fill are padding rows of one and of
 ``T`` tokens on the padding sequence; ``U`` is what the prompt rows use, and the padding sequence
 takes the rest, so its K and V go where nothing reads them. Because the decode rows' tokens start
-after the prompts', the query offsets, each token's sequence and each row's logits tokens are
-written per step with the rest (one copy per dtype). Rows ``n = P + B``: the prompts', then the
+after the prompts', the query offsets (each token's sequence is derived from them on the device)
+and each row's logits tokens are written per step with the rest (one copy per dtype). Rows ``n = P + B``: the prompts', then the
 decode rows', as in every step (``step_inputs``); the draft chain runs on the ``n`` first
 sequences, whose block-table rows are the step's own.
 """
@@ -80,12 +80,11 @@ def mixed_seq_lens(shape: GraphShape, width: int) -> list[int]:
 
 def _sizes(shape: GraphShape, max_draft_len: int) -> list[int]:
     """The int columns of a mixed bucket before its rows' values, in order: token ids, first
-    positions, query offsets, token sequences, rows' logits tokens, drafts, draft counts,
-    following tokens."""
+    positions, query offsets, rows' logits tokens, drafts, draft counts, following tokens."""
     width, n = max_draft_len + 1, shape.num_rows
     seqs, tokens = n + 1, shape.num_tokens(width)
     following = tokens if max_draft_len else 0
-    return [tokens, seqs, seqs + 1, tokens, n * width, n * max_draft_len, n, following]
+    return [tokens, seqs, seqs + 1, n * width, n * max_draft_len, n, following]
 
 
 def mixed_bucket_inputs(
@@ -101,7 +100,7 @@ def mixed_bucket_inputs(
     ints, floats, columns, rows = bucket_tensors(
         _sizes(shape, max_draft_len), n, layout, top_k, device
     )
-    ids, first, cu, seq_idx, index, drafts, counts, following = columns
+    ids, first, cu, index, drafts, counts, following = columns
     st, q_slots, penalties = rows
     step = StepInputs(
         input_ids=ids,
@@ -111,7 +110,6 @@ def mixed_bucket_inputs(
         token_index=index.view(n, width),
         first_positions=first,
         cu_seqlens_q=cu,
-        token_seq_idx=seq_idx,
         following=following if max_draft_len else None,
         num_prompts=shape.num_prompts,
         st=st,
@@ -147,7 +145,6 @@ def write_mixed_bucket(
     tokens += [0] * (pad_rows * width + shape.prompt_tokens - used)
     first = [p.context_current_position for p in prompts] + [0] * pad_prompts
     first += [r.get_num_tokens() - 1 for r in requests] + [0] * (pad_rows + 1)
-    seq_idx = [s for s, n in enumerate(seq_lens) for _ in range(n)]
     index = [cu[i + 1] - 1 for i in range(shape.num_prompts) for _ in range(width)]
     index += [used + i * width + j for i in range(shape.batch_size) for j in range(width)]
     drafts = [0] * (shape.num_prompts * k) + [d for r in requests for d in r.py_draft_tokens]
@@ -163,7 +160,7 @@ def write_mixed_bucket(
     ints, floats = _row_columns(
         [(prompts, pad_prompts), (requests, pad_rows)], bucket.layout, logits_state, draft_probs
     )
-    host = first + cu + seq_idx + index + drafts + counts + following + ints
+    host = first + cu + index + drafts + counts + following + ints
     bucket.staging[0].upload(bucket.ints, torch.tensor(tokens + host, dtype=torch.long))
     if bucket.floats is not None:
         bucket.staging[1].upload(bucket.floats, torch.tensor(floats, dtype=torch.float32))

@@ -79,10 +79,9 @@ class StepInputs:
     token_index: torch.Tensor | None = None
     # [S] a graph bucket's first position of each sequence (its metadata is placed from them)
     first_positions: torch.Tensor | None = None
-    # [S + 1], [N] a mixed graph bucket's query offsets and each token's sequence (a prompt's
-    # length changes from step to step); None: every sequence is one row of ``T`` tokens
+    # [S + 1] a mixed graph bucket's query offsets (a prompt's length changes from step to
+    # step); None: every sequence is one row of ``T`` tokens
     cu_seqlens_q: torch.Tensor | None = None
-    token_seq_idx: torch.Tensor | None = None
     # [N] (eager Eagle3) the prompt's next token after each step token, where a prompt says it
     following: torch.Tensor | None = None
     num_prompts: int = 0  # the first rows that are prompts

@@ -67,7 +67,7 @@ def run_step(
     """One step on the device. ``md`` is the step's metadata (a bucket's is placed here from its
     first positions); ``chain_md`` the draft chain's where it is preallocated (a bucket's)."""
     if inputs.first_positions is not None:
-        md.place(inputs.first_positions, inputs.cu_seqlens_q, inputs.token_seq_idx)
+        md.place(inputs.first_positions, inputs.cu_seqlens_q)
     hidden, captured = engine.model(
         inputs.input_ids, attn_metadata=md, capture_layers=engine.capture_layers, **forward_extra
     )
