@@ -229,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
+    from tensorrt_llm.llmapi.workers import freeze_startup_heap
+
+    freeze_startup_heap()
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again; this handler turns
     # that into an ordinary exit, so the cleanup below runs (stopping the other ranks first).
     signal.signal(signal.SIGTERM, _exit_after_graceful_shutdown)

@@ -21,7 +21,7 @@ from tensorrt_llm._torch.pyexecutor.llm_request import (
     stop_reason_to_json,
 )
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
-from tensorrt_llm.llmapi.workers import leave_a_core, rank_device
+from tensorrt_llm.llmapi.workers import freeze_startup_heap, leave_a_core, rank_device
 from tensorrt_llm.logger import logger
 
 POLL_S = 0.5  # how often each side looks whether the other's process still runs
@@ -97,6 +97,7 @@ def core_main(args_json: str, commands_path: str, outputs_path: str) -> None:
         "kv_slots": core.limits.kv_slots,
         "tokens_per_block": core.limits.tokens_per_block,
     }
+    freeze_startup_heap()
     outputs.send({"op": "ready", "info": info})
     # every send from here on is on the loop's thread
     core.loop.start()

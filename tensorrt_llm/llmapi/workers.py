@@ -10,6 +10,7 @@ steps until rank 0 shuts down. Children are daemons: they end with rank 0's proc
 
 from __future__ import annotations
 
+import gc
 import os
 import traceback
 from dataclasses import dataclass
@@ -65,6 +66,16 @@ def leave_a_core(device: torch.device, to: str) -> None:
     if threads != torch.get_num_threads():
         torch.set_num_threads(threads)
         logger.info("%d intra-op threads (one core left to %s)", threads, to)
+
+
+def freeze_startup_heap() -> None:
+    """Move what a long-running process built at start-up (the model's modules, the graphs'
+    buffers, the tokenizer) out of the collector's reach: a full collection then walks only what
+    the serving allocates, not the whole start-up heap, so it pauses the steps for far less. For
+    processes that serve from here on (the engine core, a follower rank, the server's front),
+    never for a caller's own ``LLM``."""
+    gc.collect()
+    gc.freeze()
 
 
 def rank_device(device: str, mapping: Mapping) -> torch.device:
@@ -197,6 +208,7 @@ def _follower_main(args_json: str, mapping: Mapping, init_method: str, pipe) -> 
     except Exception:
         pipe.send(("error", traceback.format_exc()))
         return
+    freeze_startup_heap()
     pipe.send(("ready", None))
     reporter = ProgressReporter(engine.executor, mapping) if mapping.enable_attention_dp else None
     try:

@@ -34,6 +34,7 @@ FETCH_TIMEOUT_S = 10.0
 MAX_MEDIA_JOBS = 8  # requests whose images are fetched or decoded at once
 DECODE_THREADS = 2
 UNFETCHABLE = "could not get an image from this URL"
+INLINE_TEXT_CHARS = 8192  # a text-only chat up to this size is tokenized on the event loop
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,27 @@ def _local_file(path: str, where: str, options: MediaOptions) -> bytes:
         raise ServerError(400, message, param=where) from None
 
 
+def short_chat_prompt(llm, messages) -> list[int] | None:
+    """The token ids of a text-only chat of at most ``INLINE_TEXT_CHARS`` characters, rendered
+    and tokenized on the calling thread (the event loop's); None for any other chat. Below that
+    size the work takes a fraction of a millisecond, less than the hop to a worker thread and
+    back, which behind the streams' work waits for the interpreter's lock (a few ms per hop)."""
+    if sum(len(m.text()) for m in messages) > INLINE_TEXT_CHARS or image_parts(messages):
+        return None
+    marked = [{"role": m.role, "content": m.text()} for m in messages]
+    return _render(llm.tokenizer, marked, tokenize=True)[1]
+
+
+def _render(tokenizer, marked: list[dict], tokenize: bool) -> tuple[str, list[int] | None]:
+    """The chat's text through the checkpoint's template (tokenized too with ``tokenize``); a
+    conversation the template refuses (``raise_exception``) is a 400."""
+    try:
+        text = tokenizer.apply_chat_template(marked)
+    except ValueError as exc:
+        raise ServerError(400, str(exc), param="messages") from None
+    return text, tokenizer.encode(text) if tokenize else None
+
+
 async def chat_prompt(llm, messages, pool: MediaPool, known=None) -> list[int] | dict:
     """The prompt of a chat: its token ids, or (with images) upstream's prompt dict holding the
     expanded token ids and the processed images. Refusals are 400s naming the part.
@@ -176,17 +198,9 @@ async def chat_prompt(llm, messages, pool: MediaPool, known=None) -> list[int] |
     processed the images; their token counts and digests are all this server needs (nothing is
     fetched)."""
     parts = image_parts(messages)
-    tokenizer = llm.tokenizer
     marked = [{"role": m.role, "content": m.text(IMAGE_TOKEN)} for m in messages]
-
-    def render() -> tuple[str, list[int] | None]:  # (text only: tokenized in the same hop)
-        text = tokenizer.apply_chat_template(marked)
-        return text, None if parts else tokenizer.encode(text)
-
-    try:  # the checkpoint's template may refuse a conversation (raise_exception)
-        text, token_ids = await asyncio.to_thread(render)
-    except ValueError as exc:
-        raise ServerError(400, str(exc), param="messages") from None
+    # (text only: tokenized in the same hop)
+    text, token_ids = await asyncio.to_thread(_render, llm.tokenizer, marked, not parts)
     if token_ids is not None:
         return token_ids
     prompts = llm.multimodal

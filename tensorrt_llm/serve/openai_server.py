@@ -134,8 +134,13 @@ class OpenAIServer:
             texts = [(name, p) for name, p in zip(names, prompts) if isinstance(p, str)]
             guards.check_text_fits(self.llm, texts)
             encode = self.llm.tokenizer.encode  # (it leaves the GIL while it works)
-            token_ids = [  # tokenized off the event loop: a long prompt stalls no other request
-                p if isinstance(p, list) else await asyncio.to_thread(encode, p) for p in prompts
+            token_ids = [  # a long prompt tokenized off the event loop: it stalls no other request
+                p
+                if isinstance(p, list)
+                else encode(p)
+                if len(p) <= media.INLINE_TEXT_CHARS
+                else await asyncio.to_thread(encode, p)
+                for p in prompts
             ]
             return await self._serve(body, token_ids, request, timer, chat=False)
 
@@ -149,8 +154,10 @@ class OpenAIServer:
             guards.refuse_control_tokens(self.llm.tokenizer, plain)
             disagg = body.disaggregated_params
             known = disagg.images if disagg and disagg.has_handle else None
-            prompt = media.chat_prompt(self.llm, body.messages, self.media, known)
-            prompt = await unless_disconnected(prompt, request)
+            prompt = media.short_chat_prompt(self.llm, body.messages)
+            if prompt is None:
+                prompt = media.chat_prompt(self.llm, body.messages, self.media, known)
+                prompt = await unless_disconnected(prompt, request)
             if prompt is None:  # the client left while its images were fetched
                 return JSONResponse({}, status_code=499)
             return await self._serve(body, [prompt], request, timer, chat=True)

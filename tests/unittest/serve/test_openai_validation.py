@@ -6,6 +6,7 @@ from fastapi.testclient import TestClient
 
 from tensorrt_llm import LLM
 from tensorrt_llm.llmapi.llm_args import KvCacheConfig
+from tensorrt_llm.serve.media import INLINE_TEXT_CHARS
 from tensorrt_llm.serve.openai_server import OpenAIServer
 
 
@@ -128,14 +129,15 @@ def test_chat_content_as_text_parts_is_the_joined_text(client):
     assert answer(parts) == answer("Ann has 5 cups. How many?")
 
 
-def test_a_message_the_checkpoints_template_refuses_is_a_400(client, monkeypatch):
+@pytest.mark.parametrize("size", [2, INLINE_TEXT_CHARS + 1])  # on the event loop; on a thread
+def test_a_message_the_checkpoints_template_refuses_is_a_400(client, monkeypatch, size):
     # a checkpoint's own template may refuse a conversation (many refuse a system message)
     tokenizer = client.server.llm.tokenizer
     refusing = (
         "{% if messages[0].role == 'system' %}{{ raise_exception('no system role') }}{% endif %}x"
     )
     monkeypatch.setattr(tokenizer, "chat_template", refusing)
-    body = {"messages": [{"role": "system", "content": "hi"}], "max_tokens": 2}
+    body = {"messages": [{"role": "system", "content": "h" * size}], "max_tokens": 2}
     reply = client.post("/v1/chat/completions", json=body)
     error = reply.json()["error"]
     assert reply.status_code == 400 and error["param"] == "messages", error
