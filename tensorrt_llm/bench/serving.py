@@ -11,6 +11,7 @@ tokens (speculative decoding emits several per step) spreads its gap over them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import multiprocessing
 import queue
@@ -152,39 +153,80 @@ async def run_level(
     seed: int = 0,
     on_done: Callable[[], None] | None = None,
     headers: dict | None = None,
+    take: Callable[[], int | None] | None = None,
 ) -> tuple[list[RequestResult], float]:
-    """All ``bodies`` at ``concurrency`` in flight, or arriving at ``request_rate`` per second
-    (exponential gaps from ``seed``), from this process's event loop. Returns the results and
-    the wall time."""
-    gate = asyncio.Semaphore(concurrency or len(bodies))
-    rng = random.Random(seed)
+    """All ``bodies`` at ``concurrency`` in flight (each slot sends the next one as its request
+    ends), or arriving at ``request_rate`` per second (exponential gaps from ``seed``), from
+    this process's event loop. ``take`` hands out the index of the next body to send (one shared
+    by several client processes); None once all are taken. Returns the results and the wall
+    time."""
     limits = httpx.Limits(max_connections=(concurrency or len(bodies)) + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
 
-        async def send(body: dict, delay: float) -> RequestResult:
-            await asyncio.sleep(delay)
-            async with gate:
-                result = await one_request(client, url, body, headers)
+        async def send(body: dict) -> RequestResult:
+            result = await one_request(client, url, body, headers)
             if on_done is not None:
                 on_done()
             return result
 
-        delays, t = [], 0.0
-        for _ in bodies:
-            delays.append(t)
-            t += rng.expovariate(request_rate) if request_rate else 0.0
         start = time.perf_counter()
-        results = await asyncio.gather(*(send(b, d) for b, d in zip(bodies, delays)))
-    return list(results), time.perf_counter() - start
+        if request_rate:
+            rng = random.Random(seed)
+
+            async def later(body: dict, delay: float) -> RequestResult:
+                await asyncio.sleep(delay)
+                return await send(body)
+
+            delays = list(itertools.accumulate(rng.expovariate(request_rate) for _ in bodies))
+            starts = [0.0, *delays[:-1]]
+            results = await asyncio.gather(*(later(b, d) for b, d in zip(bodies, starts)))
+            return list(results), time.perf_counter() - start
+        if take is None:
+            take = iter(range(len(bodies))).__next__
+        results: list[RequestResult] = []
+
+        async def slot() -> None:
+            while (index := _taken(take)) is not None:
+                results.append(await send(bodies[index]))
+
+        await asyncio.gather(*(slot() for _ in range(concurrency or len(bodies))))
+    return results, time.perf_counter() - start
 
 
-def _client(url, bodies, concurrency, request_rate, seed, headers, start, done) -> None:
+def _taken(take: Callable[[], int | None]) -> int | None:
+    try:
+        return take()
+    except StopIteration:
+        return None
+
+
+class _SharedQueue:
+    """The next body's index, handed out across client processes (a counter in shared memory):
+    every slot of every process sends the next request as its own ends, as one client with that
+    many slots would; a split fixed in advance leaves a process's slots idle while the others
+    still run."""
+
+    def __init__(self, context, total: int) -> None:
+        self.counter, self.total = context.Value("l", 0), total
+
+    def __call__(self) -> int | None:
+        with self.counter.get_lock():
+            index = self.counter.value
+            if index >= self.total:
+                return None
+            self.counter.value = index + 1
+        return index
+
+
+def _client(url, bodies, concurrency, request_rate, seed, headers, take, start, done) -> None:
     """One client process of ``run_spread``: waits for the others, runs its share and sends its
     results back on ``done``; every finished request is reported as it ends."""
     start.wait()
     begin = time.monotonic()
     results, _ = asyncio.run(
-        run_level(url, bodies, concurrency, request_rate, seed, lambda: done.put(None), headers)
+        run_level(
+            url, bodies, concurrency, request_rate, seed, lambda: done.put(None), headers, take
+        )
     )
     done.put((begin, time.monotonic(), results))
 
@@ -200,9 +242,10 @@ def run_spread(
     processes: int = 1,
 ) -> tuple[list[RequestResult], float]:
     """``run_level`` from ``processes`` client processes, so that the client's own parsing does
-    not limit what a fast server is measured at. Each takes every ``processes``-th request, an
-    equal share of the concurrency (or of the request rate: Poisson arrivals add up), and they
-    start together; the wall time runs from the first start to the last end."""
+    not limit what a fast server is measured at. Each holds an equal share of the concurrency and
+    takes the next request from one shared queue (or sends every ``processes``-th request at an
+    equal share of the rate: Poisson arrivals add up); they start together, and the wall time
+    runs from the first start to the last end."""
     processes = max(1, min(processes, len(bodies), concurrency or len(bodies)))
     if processes == 1:
         return asyncio.run(
@@ -210,6 +253,7 @@ def run_spread(
         )
     context = multiprocessing.get_context("spawn")
     start, done = context.Barrier(processes), context.Queue()
+    take = None if request_rate else _SharedQueue(context, len(bodies))
     workers = []
     for i in range(processes):
         share = (
@@ -218,7 +262,8 @@ def run_spread(
             else concurrency // processes + (i < concurrency % processes)
         )
         rate = None if request_rate is None else request_rate / processes
-        args = (url, bodies[i::processes], share, rate, seed + i, headers, start, done)
+        mine = bodies if take is not None else bodies[i::processes]
+        args = (url, mine, share, rate, seed + i, headers, take, start, done)
         workers.append(context.Process(target=_client, args=args, daemon=True))
     for worker in workers:
         worker.start()
