@@ -2,7 +2,7 @@
 through a ``trtllm-serve`` process driven by ``trtllm-bench``'s client, in one run.
 
     python benchmarks/bench_serving.py [--device cpu|cuda] [--concurrency 1,16,64]
-        [--num-requests 192] [--output-len 64] [--config options.yaml] [--client-processes 4]
+        [--num-requests N] [--output-len 64] [--config options.yaml] [--client-processes 4]
 
 The workload is ``trtllm-bench``'s (fixed-seed GSM8K-style chat questions, greedy, ``ignore_eos``,
 ``max_tokens`` = ``--output-len``); the model is the README's (the bundled M3-tiny with its Eagle3
@@ -295,7 +295,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--concurrency", default="1,16,64")
-    p.add_argument("--num-requests", type=int, default=192)
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests per level; default max(192, 10 x the largest level): ten rounds of every "
+        "slot, so that a level is not decided by its first and last round",
+    )
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--config", type=Path, default=None, help="YAML file of LLM options")
     p.add_argument(
@@ -310,7 +316,8 @@ def main() -> None:
     if "model" not in options:
         options.setdefault("speculative_config", bundled_eagle3())
     options = {**options, "max_batch_size": max(levels), "device": args.device}
-    workload = Workload("gsm8k", args.num_requests, output_len=args.output_len)
+    num_requests = args.num_requests or max(192, 10 * max(levels))
+    workload = Workload("gsm8k", num_requests, output_len=args.output_len)
     extra = {"max_tokens": args.output_len, "temperature": 0, "ignore_eos": True, "stream": True}
     extra["stream_options"] = {"include_usage": True}
     bodies = [{**body, **extra} for body in workload.requests()]

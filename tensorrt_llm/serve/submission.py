@@ -14,6 +14,8 @@ each one's outputs.
 from __future__ import annotations
 
 import asyncio
+import threading
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -71,11 +73,11 @@ class Submission:
 
     def _start(self, job: GenerationRequest) -> _Running:
         """Submit ``job``; its outputs arrive in the returned queue (from the engine's thread)."""
-        loop = asyncio.get_running_loop()
         running = _Running(asyncio.Queue())
+        mailbox = _Mailbox.of(asyncio.get_running_loop())
 
         def on_update(output: RequestOutput) -> None:  # on the engine loop's thread
-            loop.call_soon_threadsafe(running.outputs.put_nowait, output)
+            mailbox.post(running.outputs, output)
 
         running.request_id = self.llm.submit(job, on_update)
         self.ids.append(running.request_id)
@@ -118,3 +120,39 @@ async def _give_back(stream, rooms: asyncio.Semaphore):
             yield output
     finally:
         rooms.release()
+
+
+class _Mailbox:
+    """Outputs handed from the engine's thread to one event loop: they gather here and the loop
+    is woken once for all that came meanwhile (a step's outputs for every stream at once), not
+    once per output."""
+
+    _of_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.waiting: list[tuple[asyncio.Queue, RequestOutput]] = []
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _Mailbox:
+        mailbox = cls._of_loop.get(loop)
+        if mailbox is None:
+            mailbox = cls._of_loop[loop] = cls(loop)
+        return mailbox
+
+    def post(self, queue: asyncio.Queue, output: RequestOutput) -> None:
+        with self.lock:
+            self.waiting.append((queue, output))
+            if len(self.waiting) > 1:  # (a wake-up is already on its way)
+                return
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is closed: nobody reads these any more
+            pass
+
+    def _deliver(self) -> None:
+        with self.lock:
+            waiting, self.waiting = self.waiting, []
+        for queue, output in waiting:
+            queue.put_nowait(output)
