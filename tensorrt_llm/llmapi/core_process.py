@@ -140,8 +140,8 @@ class CoreProcess:
         command.on_update(request, True)
 
     def cancel(self, request_id: int) -> None:
-        with self._lock:
-            if self._lost is None and not self.closed:
+        with self._lock:  # (a request no longer watched has ended: nothing to send)
+            if self._lost is None and not self.closed and request_id in self._watchers:
                 self._send({"op": "cancel", "request_id": request_id})
 
     def finish(self, request_id: int, reason: FinishReason, stop_reason: str) -> None:

@@ -42,7 +42,8 @@ class Submission:
         param: str,
     ) -> None:
         """Submit the first choices now (``ServerError`` 400 naming ``param`` if the LLM refuses
-        one); ``streams`` yields each choice's outputs, in order; ``ids`` the requests started."""
+        one); ``streams`` yields each choice's outputs, in order; ``ids`` the requests started
+        and not finished."""
         self.llm = llm
         self.ids: list[int] = []
         try:
@@ -67,7 +68,8 @@ class Submission:
         self.streams: list[AsyncIterator[RequestOutput]] = streams + later
 
     def cancel(self) -> None:
-        """End every request started for this submission (the others never start)."""
+        """End every request started for this submission and not finished (the others never
+        start)."""
         for request_id in self.ids:
             self.llm.cancel(request_id)
 
@@ -102,6 +104,8 @@ class Submission:
                 while not output.finished and not running.outputs.empty():
                     output = running.outputs.get_nowait()
                 finished = output.finished
+                if finished:  # (nothing left to cancel: no message to the engine at its end)
+                    self.ids.remove(running.request_id)
                 out = output.outputs[0]
                 al = out.avg_decoded_tokens_per_iter
                 timer.update(
