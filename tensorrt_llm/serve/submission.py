@@ -104,15 +104,14 @@ class Submission:
                 while not output.finished and not running.outputs.empty():
                     output = running.outputs.get_nowait()
                 finished = output.finished
-                if finished:  # (nothing left to cancel: no message to the engine at its end)
-                    self.ids.remove(running.request_id)
                 out = output.outputs[0]
                 al = out.avg_decoded_tokens_per_iter
                 timer.update(
                     len(out.token_ids), output.admitted_at, finished, al, output.received_at
                 )
                 yield output
-        finally:
+        finally:  # (the request is ended: the submission's end has nothing left to send)
+            self.ids.remove(running.request_id)
             if not finished:
                 self.llm.cancel(running.request_id)
 
@@ -123,6 +122,7 @@ async def _give_back(stream, rooms: asyncio.Semaphore):
         async for output in stream:
             yield output
     finally:
+        await stream.aclose()  # (left early: its request is cancelled now, not when collected)
         rooms.release()
 
 
