@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
         "--client-processes",
         type=int,
         default=1,
-        help="client processes sharing each level (a single one can be the limit at high load)",
+        help="client processes sharing each level, each with its share of the concurrency, all "
+        "taking the next request from one queue (a single process can be the limit at high load)",
     )
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     return p
