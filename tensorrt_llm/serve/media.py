@@ -34,7 +34,8 @@ FETCH_TIMEOUT_S = 10.0
 MAX_MEDIA_JOBS = 8  # requests whose images are fetched or decoded at once
 DECODE_THREADS = 2
 UNFETCHABLE = "could not get an image from this URL"
-INLINE_TEXT_CHARS = 8192  # a text-only chat up to this size is tokenized on the event loop
+INLINE_TEXT_CHARS = 8192  # a text-only chat up to this size (and this many messages) is
+INLINE_MESSAGES = 64  # rendered and tokenized on the event loop
 
 
 @dataclass(frozen=True)
@@ -170,11 +171,14 @@ def _local_file(path: str, where: str, options: MediaOptions) -> bytes:
 
 
 def short_chat_prompt(llm, messages) -> list[int] | None:
-    """The token ids of a text-only chat of at most ``INLINE_TEXT_CHARS`` characters, rendered
-    and tokenized on the calling thread (the event loop's); None for any other chat. Below that
-    size the work takes a fraction of a millisecond, less than the hop to a worker thread and
-    back, which behind the streams' work waits for the interpreter's lock (a few ms per hop)."""
-    if sum(len(m.text()) for m in messages) > INLINE_TEXT_CHARS or image_parts(messages):
+    """The token ids of a text-only chat of at most ``INLINE_TEXT_CHARS`` characters in at most
+    ``INLINE_MESSAGES`` messages, rendered and tokenized on the calling thread (the event
+    loop's); None for any other chat. Below that size the work takes a fraction of a
+    millisecond, less than the hop to a worker thread and back, which behind the streams' work
+    waits for the interpreter's lock (a few ms per hop)."""
+    if len(messages) > INLINE_MESSAGES or image_parts(messages):
+        return None
+    if sum(len(m.text()) for m in messages) > INLINE_TEXT_CHARS:
         return None
     marked = [{"role": m.role, "content": m.text()} for m in messages]
     return _render(llm.tokenizer, marked, tokenize=True)[1]

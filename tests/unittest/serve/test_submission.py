@@ -1,7 +1,8 @@
 """A request's choices against a stand-in LLM: outputs posted from the engine's thread reach
 each stream in order (one wake-up of the event loop for all that came meanwhile), and a
 stream's end cancels only what has not finished (a finished request sends nothing more to the
-engine)."""
+engine). And which chats the front renders on its event loop (short text ones) rather than on a
+worker thread."""
 
 import asyncio
 import threading
@@ -86,3 +87,26 @@ def test_a_stream_left_before_its_end_cancels_its_request():
     llm = StandIn(steps=5, endless=True)
     run(llm, choices=2, read=1)
     assert sorted(llm.cancelled) == [0, 1]
+
+
+def test_a_short_text_chat_is_rendered_here_and_any_other_is_left_to_a_worker_thread():
+    from types import SimpleNamespace
+
+    from tensorrt_llm.bundled import BUNDLED_TARGET
+    from tensorrt_llm.serve.media import INLINE_MESSAGES, INLINE_TEXT_CHARS, short_chat_prompt
+    from tensorrt_llm.serve.openai_protocol import ChatMessage
+    from tensorrt_llm.tokenizer import TransformersTokenizer
+
+    tokenizer = TransformersTokenizer.from_pretrained(BUNDLED_TARGET)
+    llm = SimpleNamespace(tokenizer=tokenizer)
+
+    def chat(*contents):
+        return [ChatMessage(role="user", content=c) for c in contents]
+
+    plain = [{"role": "user", "content": "How many cups?"}]
+    expected = tokenizer.encode(tokenizer.apply_chat_template(plain))
+    assert short_chat_prompt(llm, chat("How many cups?")) == expected
+    assert short_chat_prompt(llm, chat("x" * (INLINE_TEXT_CHARS + 1))) is None
+    assert short_chat_prompt(llm, chat(*["hi"] * (INLINE_MESSAGES + 1))) is None
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    assert short_chat_prompt(llm, chat([{"type": "text", "text": "what?"}, image])) is None
