@@ -20,17 +20,112 @@ from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 REPLACEMENT = "\ufffd"  # what a decoder shows for bytes of a character not yet complete
 
 
-@dataclass
+class SoFar:
+    """The first ``n`` items of a list that only grows (a request's output tokens, its
+    logprobs): a snapshot taken without copying, read as a list of its own when asked."""
+
+    __slots__ = ("items", "n")
+
+    def __init__(self, items: list, n: int) -> None:
+        self.items, self.n = items, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def copy(self) -> list:
+        return self.items[: self.n]
+
+
 class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: FinishReason | None = None
-    stop_reason: int | str | None = None
-    avg_decoded_tokens_per_iter: float | None = None
-    generation_logits: torch.Tensor | None = None  # [num_tokens, vocab] if requested
-    # per token of token_ids, if SamplingParams.logprobs: (its log-probability, [(token, lp)...])
-    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    """One choice's output so far. ``token_ids`` and ``logprobs`` (per token: its log-probability
+    and ``[(token, lp), ...]``, with ``SamplingParams.logprobs``) may be given as ``SoFar``: the
+    engine's outputs are, so a step's output copies none of a request's tokens until they are
+    read (a stream that reads the text and ``num_tokens`` copies nothing; a copy per step would
+    cost a long output's length at every step)."""
+
+    def __init__(
+        self,
+        index: int,
+        text: str,
+        token_ids: list[int] | SoFar,
+        finish_reason: FinishReason | None = None,
+        stop_reason: int | str | None = None,
+        avg_decoded_tokens_per_iter: float | None = None,
+        generation_logits: torch.Tensor | None = None,  # [num_tokens, vocab] if requested
+        logprobs: list[tuple[float, list[tuple[int, float]]]] | SoFar | None = None,
+    ) -> None:
+        self.index, self.text = index, text
+        self._token_ids, self._logprobs = token_ids, logprobs
+        self.finish_reason, self.stop_reason = finish_reason, stop_reason
+        self.avg_decoded_tokens_per_iter = avg_decoded_tokens_per_iter
+        self.generation_logits = generation_logits
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._token_ids)
+
+    @property
+    def num_visible(self) -> int:
+        """The tokens the text shows (an end token that stopped the request is not shown)."""
+        hidden = self.finish_reason is FinishReason.STOP and isinstance(self.stop_reason, int)
+        return self.num_tokens - hidden
+
+    def tokens_from(self, start: int) -> list[int]:
+        """``token_ids[start:]``, copying only those."""
+        if isinstance(self._token_ids, SoFar):
+            return self._token_ids.items[start : self._token_ids.n]
+        return self._token_ids[start:]
+
+    def logprobs_from(self, start: int) -> list:
+        """``logprobs[start:]``, copying only those."""
+        if isinstance(self._logprobs, SoFar):
+            return self._logprobs.items[start : self._logprobs.n]
+        return self._logprobs[start:]
+
+    @property
+    def token_ids(self) -> list[int]:
+        if isinstance(self._token_ids, SoFar):
+            self._token_ids = self._token_ids.copy()
+        return self._token_ids
+
+    @token_ids.setter
+    def token_ids(self, value: list[int]) -> None:
+        self._token_ids = value
+
+    @property
+    def logprobs(self) -> list[tuple[float, list[tuple[int, float]]]] | None:
+        if isinstance(self._logprobs, SoFar):
+            self._logprobs = self._logprobs.copy()
+        return self._logprobs
+
+    @logprobs.setter
+    def logprobs(self, value) -> None:
+        self._logprobs = value
+
+    def _fields(self) -> tuple:
+        return (
+            self.index,
+            self.text,
+            self.token_ids,
+            self.finish_reason,
+            self.stop_reason,
+            self.avg_decoded_tokens_per_iter,
+            self.generation_logits,
+            self.logprobs,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CompletionOutput):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return (
+            f"CompletionOutput(index={self.index}, text={self.text!r}, "
+            f"token_ids={self.token_ids}, finish_reason={self.finish_reason}, "
+            f"stop_reason={self.stop_reason!r}, "
+            f"avg_decoded_tokens_per_iter={self.avg_decoded_tokens_per_iter})"
+        )
 
 
 @dataclass
@@ -136,14 +231,14 @@ class OutputTracker:
         completion = CompletionOutput(
             index=0,
             text=text,
-            token_ids=list(request.output_token_ids[:n]),
+            token_ids=SoFar(request.output_token_ids, n),
             finish_reason=request.finish_reason,
             stop_reason=request.stop_reason,
             avg_decoded_tokens_per_iter=request.avg_decoded_tokens_per_iter,
             generation_logits=torch.stack(request.py_generation_logits[:n])
             if request.py_generation_logits
             else None,
-            logprobs=list(request.py_logprobs[:n]) if params.logprobs is not None else None,
+            logprobs=SoFar(request.py_logprobs, n) if params.logprobs is not None else None,
         )
         return RequestOutput(
             request.request_id,

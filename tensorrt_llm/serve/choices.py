@@ -18,8 +18,8 @@ class Renderer:
 
     def logprobs(self, out: CompletionOutput, start: int) -> dict:
         """The logprobs of the visible tokens from ``start`` on."""
-        tokens = visible(out)[start:]
-        values = out.logprobs[start : start + len(tokens)]
+        tokens = out.tokens_from(start)[: max(0, out.num_visible - start)]
+        values = out.logprobs_from(start)[: len(tokens)]
         if self.chat:
             return chat_logprobs(self.tokenizer, tokens, values)
         offset = len(self.tokenizer.decode(visible(out)[:start]))
@@ -55,7 +55,7 @@ class ChoiceStream:
     def chunk(self, snap: RequestOutput) -> dict | None:
         """The choice of the next chunk, or None when there is nothing new to send."""
         out = snap.outputs[0]
-        self.emitted = len(out.token_ids)
+        self.emitted = out.num_tokens
         text = out.text
         shown = text if snap.finished else text[: max(len(self.sent), len(text) - self.hold)]
         delta, self.sent = shown[len(self.sent) :], shown
@@ -73,7 +73,7 @@ class ChoiceStream:
             choice["text"] = delta
         if out.logprobs is not None:
             choice["logprobs"] = self.renderer.logprobs(out, self.logprobs_sent)
-            self.logprobs_sent = len(visible(out))
+            self.logprobs_sent = out.num_visible
         if snap.finished:
             choice["avg_decoded_tokens_per_iter"] = out.avg_decoded_tokens_per_iter
         self.first = False

@@ -258,7 +258,7 @@ class OpenAIServer:
             "created": now(),
             "model": self.model_name,
             "choices": [renderer.whole(last, i) for i, last in enumerate(lasts)],
-            "usage": usage.of(sum(len(last.outputs[0].token_ids) for last in lasts)),
+            "usage": usage.of(sum(last.outputs[0].num_tokens for last in lasts)),
         }
         if lasts[0].disaggregated_params is not None:
             reply["disaggregated_params"] = lasts[0].disaggregated_params.to_json()

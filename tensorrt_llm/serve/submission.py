@@ -107,7 +107,7 @@ class Submission:
                 out = output.outputs[0]
                 al = out.avg_decoded_tokens_per_iter
                 timer.update(
-                    len(out.token_ids), output.admitted_at, finished, al, output.received_at
+                    out.num_tokens, output.admitted_at, finished, al, output.received_at
                 )
                 yield output
         finally:  # (the request is ended: the submission's end has nothing left to send)

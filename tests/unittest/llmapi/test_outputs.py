@@ -80,3 +80,22 @@ def test_without_detokenize_there_is_no_text_and_no_stop_string():
     assert tracker.consume() is None
     out = tracker.output(finished=False).outputs[0]
     assert out.text == "" and out.token_ids == encode("abc")
+
+
+def test_a_steps_output_is_a_snapshot_that_copies_the_tokens_only_when_read():
+    params = SamplingParams(max_tokens=64, logprobs=0)
+    request = LlmRequest(1, [1, 2], 64, params)
+    tracker = OutputTracker(request, None, decode)
+    request.output_token_ids.extend(encode("ab"))
+    request.py_logprobs.extend([(-0.5, []), (-0.25, [])])
+    tracker.consume()
+    first = tracker.output(finished=False).outputs[0]
+    request.output_token_ids.extend(encode("cd"))  # the next steps' tokens
+    request.py_logprobs.extend([(-1.0, []), (-2.0, [])])
+    tracker.consume()
+    second = tracker.output(finished=False).outputs[0]
+    assert (first.num_tokens, first.text, second.num_tokens, second.text) == (2, "ab", 4, "abcd")
+    assert first.tokens_from(1) == encode("b") and first.logprobs_from(1) == [(-0.25, [])]
+    assert first.token_ids == encode("ab") and first.logprobs == [(-0.5, []), (-0.25, [])]
+    assert first.token_ids is not request.output_token_ids  # (read: a list of its own)
+    assert second.token_ids == encode("abcd")
