@@ -25,8 +25,10 @@ structure (8 layers, captures 1, 4, 7) with small widths, for a CPU smoke test.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import shutil
 import re
 import statistics
 import time
@@ -37,6 +39,13 @@ import torch
 from tensorrt_llm._torch.models.configuration_minimaxm3 import MiniMaxM3Config
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config
 from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
+from tensorrt_llm.tokenizer import (
+    CHAT_ALPHABET,
+    CHAT_SPECIAL_TOKENS,
+    TOKENIZER_CONFIG,
+    TOKENIZER_FILE,
+    build_char_tokenizer,
+)
 
 NUM_FULL_LAYERS = 3  # the published model's first layers: full attention, dense MLPs
 NUM_LAYERS = {"full": 8, "tiny": 8, "m3-slice": 5}
@@ -133,6 +142,26 @@ def bench_eagle3_config(target: MiniMaxM3Config) -> Eagle3Config:
             "eagle3_layers_to_capture": [1, n // 2, n - 1],
         }
     )
+
+
+def write_dummy_checkpoints(
+    root: Path, scale: str, mlp: str = "moe", max_positions: int = 2048
+) -> tuple[Path, Path]:
+    """The benchmark target of ``scale`` and its drafter as checkpoints of configs only, for
+    ``load_format="dummy"`` (the LLM makes random weights on the device), under ``root``;
+    the target with a character tokenizer padded to its vocabulary (every id a model of random
+    weights emits decodes to text) and the bundled checkpoint's chat template, so that a server
+    can run it. Returns the target's and the drafter's folders."""
+    target = bench_target_config(scale, max_positions, mlp)
+    folders = []
+    for config, name in ((target, "target"), (bench_eagle3_config(target), "eagle3")):
+        (root / name).mkdir(parents=True)
+        (root / name / "config.json").write_text(json.dumps(config.to_dict()))
+        folders.append(root / name)
+    tokenizer = build_char_tokenizer(CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, target.vocab_size)
+    tokenizer.save(str(folders[0] / TOKENIZER_FILE))
+    shutil.copy(Path(BUNDLED_TARGET) / TOKENIZER_CONFIG, folders[0] / TOKENIZER_CONFIG)
+    return folders[0], folders[1]
 
 
 def bundled_configs() -> tuple[MiniMaxM3Config, Eagle3Config]:

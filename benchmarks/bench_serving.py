@@ -3,10 +3,15 @@ through a ``trtllm-serve`` process driven by ``trtllm-bench``'s client, in one r
 
     python benchmarks/bench_serving.py [--device cpu|cuda] [--concurrency 1,16,64]
         [--num-requests N] [--output-len 64] [--config options.yaml] [--client-processes 4]
+        [--model-scale bundled|tiny|full|m3-slice] [--mlp moe|dense]
 
 The workload is ``trtllm-bench``'s (fixed-seed GSM8K-style chat questions, greedy, ``ignore_eos``,
 ``max_tokens`` = ``--output-len``); the model is the README's (the bundled M3-tiny with its Eagle3
-drafter, unified KV) unless ``--config`` names other ``LLM`` options. Both sides get
+drafter, unified KV) unless ``--config`` names other ``LLM`` options, or ``--model-scale`` names
+``bench_common``'s benchmark model (``full``: the published widths; ``--mlp dense``: every MLP
+dense) with its Eagle3 drafter, random weights made on the device and a character tokenizer
+covering its vocabulary (random drafts are rarely accepted: a measure of the serving path, not of
+acceptance). Both sides get
 ``max_batch_size`` = the largest level and one untimed pass of each level's workload before the
 timed one. At each level ``concurrency`` requests are in flight at once: HTTP streams on the server,
 ``LLM.submit`` calls (a new one as each ends, an output after every step) on the engine; and the
@@ -35,13 +40,14 @@ import gc
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import yaml
-from bench_common import machine_name
+from bench_common import machine_name, write_dummy_checkpoints
 
 from tensorrt_llm.bench.serving import Workload, one_request, run_spread, summarize
 from tensorrt_llm.bundled import bundled_eagle3
@@ -305,17 +311,41 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--config", type=Path, default=None, help="YAML file of LLM options")
     p.add_argument(
+        "--model-scale",
+        default="bundled",
+        choices=["bundled", "tiny", "full", "m3-slice"],
+        help="bundled: the README's model; else bench_common's benchmark model of that scale "
+        "with its Eagle3 drafter, random weights made on the device (load_format dummy)",
+    )
+    p.add_argument("--mlp", default="moe", choices=["moe", "dense"], help="with --model-scale")
+    p.add_argument(
         "--client-processes",
         type=int,
         default=4,
         help="client processes sharing a level (at most one per request in flight)",
     )
     args = p.parse_args()
-    levels = [int(c) for c in args.concurrency.split(",")]
+    with tempfile.TemporaryDirectory(prefix="bench_serving_") as folder:
+        run(args, Path(folder))
+
+
+def model_options(args, folder: Path) -> dict:
+    """The LLM options of the model measured: ``--config``'s, the README's model by default,
+    or with ``--model-scale`` the benchmark model written (configs and tokenizer) to ``folder``."""
     options = yaml.safe_load(args.config.read_text()) if args.config else {}
+    if args.model_scale != "bundled":
+        target, draft = write_dummy_checkpoints(folder, args.model_scale, args.mlp)
+        spec = {**bundled_eagle3(), "speculative_model": str(draft)}
+        options = {"model": str(target), "load_format": "dummy", "speculative_config": spec}
+        options |= yaml.safe_load(args.config.read_text()) if args.config else {}
     if "model" not in options:
         options.setdefault("speculative_config", bundled_eagle3())
-    options = {**options, "max_batch_size": max(levels), "device": args.device}
+    return options
+
+
+def run(args, folder: Path) -> None:
+    levels = [int(c) for c in args.concurrency.split(",")]
+    options = {**model_options(args, folder), "max_batch_size": max(levels), "device": args.device}
     num_requests = args.num_requests or max(192, 10 * max(levels))
     workload = Workload("gsm8k", num_requests, output_len=args.output_len)
     extra = {"max_tokens": args.output_len, "temperature": 0, "ignore_eos": True, "stream": True}

@@ -179,11 +179,17 @@ def _keeps_every_character(spec: dict) -> bool:
     )
 
 
-def build_char_tokenizer(alphabet: str, special_tokens: list[str]) -> Tokenizer:
-    """A character-level tokenizer: each special token, then each character of ``alphabet``."""
+def build_char_tokenizer(
+    alphabet: str, special_tokens: list[str], vocab_size: int | None = None
+) -> Tokenizer:
+    """A character-level tokenizer: each special token, then each character of ``alphabet``;
+    with ``vocab_size``, filler tokens (``<#N>``, never produced by encoding) up to that size,
+    so that every id a model of that vocabulary emits decodes to some text."""
     vocab = {tok: i for i, tok in enumerate(special_tokens)}
     for ch in alphabet:
         vocab.setdefault(ch, len(vocab))
+    for i in range(len(vocab), vocab_size or 0):
+        vocab[f"<#{i}>"] = i
     tok = Tokenizer(models.WordLevel(vocab, unk_token=special_tokens[0]))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()

@@ -11,7 +11,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_common import bench_eagle3_config, bench_target_config, bundled_configs  # noqa: E402
+from bench_common import (  # noqa: E402
+    bench_eagle3_config,
+    bench_target_config,
+    bundled_configs,
+    write_dummy_checkpoints,
+)
 from bench_kv_capacity import measure  # noqa: E402
 
 GIB = 2**30
@@ -183,3 +188,20 @@ def test_nixl_agent_benchmark_reads_through_both_kinds_of_agent():
     for kind in ("spinning", "waiting"):
         assert record[kind]["read_4k_ms"] > 0 and record[kind]["read_16m_ms"] > 0
     assert record["waiting"]["poll_us"] > 0 == record["spinning"]["poll_us"]
+
+
+def test_the_published_width_serving_checkpoint_decodes_every_id_and_renders_chats(tmp_path):
+    # bench_serving --model-scale full: configs only (dummy weights), a tokenizer covering the
+    # published vocabulary, the bundled chat template
+    from tensorrt_llm._torch.models.configuration_minimaxm3 import MiniMaxM3Config
+    from tensorrt_llm.tokenizer import TransformersTokenizer
+
+    target, draft = write_dummy_checkpoints(tmp_path, "full", "dense")
+    config = MiniMaxM3Config.from_pretrained(target)
+    assert config.vocab_size == 200064 and (draft / "config.json").exists()
+    tokenizer = TransformersTokenizer.from_pretrained(target)
+    last = config.vocab_size - 1
+    assert tokenizer.decode([last]) == f"<#{last}>"  # a random model's ids all show as text
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "How many?"}])
+    assert tokenizer.decode(tokenizer.encode(chat), skip_special_tokens=False) == chat
+
