@@ -23,7 +23,7 @@ streams does not cap what the server is measured at.
 Printed per level: output tokens/s of each and the ratios server / generate and server / submit,
 TTFT p50 and TPOT p50 of the streamed two, and the cores the server's front process and its engine
 core's processes kept busy (a front near one core is bound by its GIL; the per-level line gives
-its busiest threads; the engine's line, the share of its submit run's steps replayed from CUDA
+its busiest threads and its CPU per output token; the engine's line, the share of its submit run's steps replayed from CUDA
 graphs, and of those with a prompt). Then the server's start-up time (launch to ``/health`` 200), the latency of
 the first request after ``/health`` answers (the client warmed first by a request the server
 refuses) against the same request's steady-state latency, and the CPU an idle server uses (its
@@ -168,6 +168,8 @@ def server_level(url: str, bodies: list[dict], concurrency: int, processes: int,
         "ttft_p50": s["ttft_s"]["p50"],
         "tpot_p50": s["tpot_s"]["p50"],
         "front_cores": sum(front),
+        # the front's CPU per output token (bench_http_stack.py's measure, here at this level)
+        "front_us_per_token": sum(front) * 1e6 / max(s["output_tokens_per_s"], 1e-9),
         "front_busiest_threads": [round(c, 2) for c in front[:3]],
         "core_cores": tree / wall - sum(front),
         "slots_busy": sum(r.latency for r in results) / (concurrency * wall),
