@@ -17,8 +17,8 @@ timed one. At each level ``concurrency`` requests are in flight at once: HTTP st
 ``LLM.submit`` calls (a new one as each ends, an output after every step) on the engine; and the
 engine runs the workload through ``LLM.generate`` in batches of ``concurrency`` (no output before
 a request ends), the reference the server is held to. The client runs in ``--client-processes``
-processes (each one event loop, an equal share of the requests in flight), so that parsing the
-streams does not cap what the server is measured at.
+processes (each one event loop, an equal share of the requests in flight, all taking the next
+request from one queue), so that parsing the streams does not cap what the server is measured at.
 
 Printed per level: output tokens/s of each and the ratios server / generate and server / submit,
 TTFT p50 and TPOT p50 of the streamed two, and the cores the server's front process and its engine
