@@ -22,14 +22,14 @@ request from one queue), so that parsing the streams does not cap what the serve
 
 Printed per level: output tokens/s of each and the ratios server / generate and server / submit,
 TTFT p50 and TPOT p50 of the streamed two, and the cores the server's front process and its engine
-core's processes kept busy (a front near one core is bound by its GIL; the per-level line gives
-its busiest threads and its CPU per output token; the engine's line, the share of its submit run's steps replayed from CUDA
-graphs, and of those with a prompt). Then the server's start-up time (launch to ``/health`` 200), the latency of
-the first request after ``/health`` answers (the client warmed first by a request the server
-refuses) against the same request's steady-state latency, and the CPU an idle server uses (its
-processes, over 5 s); and the same request's first and steady latency through ``LLM.generate``,
-with the Triton kernels compiled after ``LLM(...)`` returned (none: start-up compiled what a step
-needs).
+core's processes kept busy (a front near one core is bound by its GIL; the per-level line gives its
+busiest threads and its CPU per output token; the engine's line, the share of its submit run's steps
+replayed from CUDA graphs, and of those with a prompt). Then the server's start-up time (launch to
+``/health`` 200), the latency of the first request after ``/health`` answers (the client warmed
+first by a request the server refuses) against the same request's steady-state latency, and the CPU
+an idle server uses (its processes, over 5 s); and the same request's first and steady latency
+through ``LLM.generate``, with the Triton kernels compiled after ``LLM(...)`` returned (none:
+start-up compiled what a step needs).
 """
 
 from __future__ import annotations

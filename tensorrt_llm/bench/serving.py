@@ -182,22 +182,16 @@ async def run_level(
             results = await asyncio.gather(*(later(b, d) for b, d in zip(bodies, starts)))
             return list(results), time.perf_counter() - start
         if take is None:
-            take = iter(range(len(bodies))).__next__
+            indices = iter(range(len(bodies)))
+            take = lambda: next(indices, None)  # noqa: E731
         results: list[RequestResult] = []
 
         async def slot() -> None:
-            while (index := _taken(take)) is not None:
+            while (index := take()) is not None:
                 results.append(await send(bodies[index]))
 
         await asyncio.gather(*(slot() for _ in range(concurrency or len(bodies))))
     return results, time.perf_counter() - start
-
-
-def _taken(take: Callable[[], int | None]) -> int | None:
-    try:
-        return take()
-    except StopIteration:
-        return None
 
 
 class _SharedQueue:

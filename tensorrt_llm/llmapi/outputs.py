@@ -36,6 +36,16 @@ class SoFar:
         return self.items[: self.n]
 
 
+def _read(held: list | SoFar | None) -> list | None:
+    """``held`` as a list of its own (a ``SoFar`` copied)."""
+    return held.copy() if isinstance(held, SoFar) else held
+
+
+def _tail(held: list | SoFar, start: int) -> list:
+    """``held[start:]``, copying only those items."""
+    return held.items[start : held.n] if isinstance(held, SoFar) else held[start:]
+
+
 class CompletionOutput:
     """One choice's output so far. ``token_ids`` and ``logprobs`` (per token: its log-probability
     and ``[(token, lp), ...]``, with ``SamplingParams.logprobs``) may be given as ``SoFar``: the
@@ -72,20 +82,15 @@ class CompletionOutput:
 
     def tokens_from(self, start: int) -> list[int]:
         """``token_ids[start:]``, copying only those."""
-        if isinstance(self._token_ids, SoFar):
-            return self._token_ids.items[start : self._token_ids.n]
-        return self._token_ids[start:]
+        return _tail(self._token_ids, start)
 
     def logprobs_from(self, start: int) -> list:
         """``logprobs[start:]``, copying only those."""
-        if isinstance(self._logprobs, SoFar):
-            return self._logprobs.items[start : self._logprobs.n]
-        return self._logprobs[start:]
+        return _tail(self._logprobs, start)
 
     @property
     def token_ids(self) -> list[int]:
-        if isinstance(self._token_ids, SoFar):
-            self._token_ids = self._token_ids.copy()
+        self._token_ids = _read(self._token_ids)
         return self._token_ids
 
     @token_ids.setter
@@ -94,8 +99,7 @@ class CompletionOutput:
 
     @property
     def logprobs(self) -> list[tuple[float, list[tuple[int, float]]]] | None:
-        if isinstance(self._logprobs, SoFar):
-            self._logprobs = self._logprobs.copy()
+        self._logprobs = _read(self._logprobs)
         return self._logprobs
 
     @logprobs.setter

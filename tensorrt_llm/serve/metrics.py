@@ -3,9 +3,10 @@
 Per request (observed by the HTTP handler, on the event loop): time to first token, inter-token
 latency (a step that emits n tokens counts n intervals of its duration / n), end-to-end latency,
 queue time (arrival to admission, when the scheduler grants the request its KV), of which the
-handoff (arrival to the engine core receiving the request), and acceptance length. Counters of requests, errors and prompt tokens. The executor's own counts (generated,
-reused, computed and transferred tokens, KV slots, held transfers, the draft KV mode, the MoE
-layers' tokens per expert and per rank) are read when ``/metrics`` is scraped.
+handoff (arrival to the engine core receiving the request), and acceptance length. Counters of
+requests, errors and prompt tokens. The executor's own counts (generated, reused, computed and
+transferred tokens, KV slots, held transfers, the draft KV mode, the MoE layers' tokens per expert
+and per rank) are read when ``/metrics`` is scraped.
 """
 
 from __future__ import annotations

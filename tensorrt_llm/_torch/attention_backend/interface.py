@@ -229,10 +229,10 @@ class AttentionMetadata:
         the device tensors only: no host sync, so a CUDA graph can capture it. Without
         ``cu_seqlens_q`` every sequence is a generation step of the same width; with it (a device
         tensor of this metadata's size) the sequences' query lengths are these, each token's
-        sequence derived from them, whatever the host lists say (a mixed graph bucket: a prompt of any length up to
-        the one the host lists give, beside the decodes). The host copies (``kv_lens_cpu``,
-        ``position_ids_cpu``) go stale, so ``kv_len_bound`` must size the launches and the backend
-        must read only device metadata (``supports_cuda_graphs``)."""
+        sequence derived from them, whatever the host lists say (a mixed graph bucket: a prompt of
+        any length up to the one the host lists give, beside the decodes). The host copies
+        (``kv_lens_cpu``, ``position_ids_cpu``) go stale, so ``kv_len_bound`` must size the launches
+        and the backend must read only device metadata (``supports_cuda_graphs``)."""
         if self.kv_len_bound is None:
             raise ValueError("place() needs kv_len_bound: the host kv_lens no longer hold")
         if cu_seqlens_q is not None:

@@ -29,15 +29,11 @@ class GraphShapes:
     def __init__(self, options: CudaGraphOptions, max_draft_len: int) -> None:
         self.options = options
         self.max_draft_len = max_draft_len
-
-    @property
-    def prompt_slots(self) -> tuple[int, ...]:
-        """The prompt rows of the mixed buckets: powers of two below ``max_prompts``, and it
-        (none when ``mixed_prompt_tokens`` is 0)."""
-        most = self.options.max_prompts
-        if not self.options.mixed_prompt_tokens:
-            return ()
-        return tuple(sorted({1 << i for i in range(most.bit_length()) if 1 << i < most} | {most}))
+        # the prompt rows of the mixed buckets: powers of two below ``max_prompts``, and it
+        # (none when ``mixed_prompt_tokens`` is 0)
+        most = options.max_prompts
+        powers = {1 << i for i in range(most.bit_length()) if 1 << i < most}
+        self.prompt_slots = tuple(sorted(powers | {most})) if options.mixed_prompt_tokens else ()
 
     def prompt_budget(self, slots: int) -> int:
         """The prompt tokens of a mixed bucket of ``slots`` prompt rows."""

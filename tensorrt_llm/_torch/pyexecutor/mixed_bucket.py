@@ -8,14 +8,14 @@ lengths and cached prefixes are inputs written before each replay::
     sequences (S = P + B + 1) | prompt 0 | ... | prompt P-1 | decode 0 | ... | decode B-1 | padding |
     tokens    (N = C + B T)   |   L_0    | ... |  L_{P-1}   |    T     | ... |     T      |  C - U  |
 
-Each prompt's chunk (the tokens it has not cached) is ``L_i`` tokens; a prompt row the step does
-not fill (``p < P`` prompts) and each decode row it does not fill are padding rows of one and of
-``T`` tokens on the padding sequence; ``U`` is what the prompt rows use, and the padding sequence
-takes the rest, so its K and V go where nothing reads them. Because the decode rows' tokens start
-after the prompts', the query offsets (each token's sequence is derived from them on the device)
-and each row's logits tokens are written per step with the rest (one copy per dtype). Rows ``n = P + B``: the prompts', then the
-decode rows', as in every step (``step_inputs``); the draft chain runs on the ``n`` first
-sequences, whose block-table rows are the step's own.
+Each prompt's chunk (the tokens it has not cached) is ``L_i`` tokens; a prompt row the step does not
+fill (``p < P`` prompts) and each decode row it does not fill are padding rows of one and of ``T``
+tokens on the padding sequence; ``U`` is what the prompt rows use, and the padding sequence takes
+the rest, so its K and V go where nothing reads them. Because the decode rows' tokens start after
+the prompts', the query offsets (each token's sequence is derived from them on the device) and each
+row's logits tokens are written per step with the rest (one copy per dtype). Rows ``n = P + B``: the
+prompts', then the decode rows', as in every step (``step_inputs``); the draft chain runs on the
+``n`` first sequences, whose block-table rows are the step's own.
 """
 
 from __future__ import annotations
