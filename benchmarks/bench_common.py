@@ -28,8 +28,8 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import re
+import shutil
 import statistics
 import time
 from pathlib import Path

@@ -66,7 +66,7 @@ from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.speculative.utils import SEPARATE_MODE, VIEW_MODE
 from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig, QuantConfig
-from tensorrt_llm.llmapi.llm_args import default_attn_backend
+from tensorrt_llm.llmapi.llm_args import CudaGraphConfig, default_attn_backend
 from tensorrt_llm.logger import logger
 from tensorrt_llm.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, build_char_tokenizer
 
@@ -158,13 +158,15 @@ def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
     )
     # room for every request to finish: prompt + generation + the speculative extra positions
     blocks_per_request = math.ceil((s.prompt_len + s.new_tokens + 2 * s.max_draft_len) / 128)
+    max_seq_len = s.prompt_len + s.new_tokens
     return LLM(
         target_dir,
-        # plus the slot of the CUDA graphs' padding sequence
-        kv_cache_config=KvCacheConfig(max_tokens=(batch * blocks_per_request + 1) * 128),
+        kv_cache_config=KvCacheConfig(
+            max_tokens=(batch * blocks_per_request + padding_blocks(batch, max_seq_len, s)) * 128
+        ),
         max_batch_size=batch,
         max_num_tokens=s.max_num_tokens,
-        max_seq_len=s.prompt_len + s.new_tokens,
+        max_seq_len=max_seq_len,
         dtype=s.dtype,
         device=s.device,
         attn_backend=s.attn_backend,
@@ -175,6 +177,16 @@ def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
         quant_config=QuantConfig(quant_algo="FP8_BLOCK_SCALES") if s.quant == "fp8" else None,
         **({} if s.cuda_graphs else {"cuda_graph_config": None}),
     )
+
+
+def padding_blocks(batch: int, max_seq_len: int, s: Settings) -> int:
+    """The slots the CUDA graphs' padding sequence holds: a padded row's step and draft chain, or
+    the largest mixed graph's padding tokens (the LLM's default ``cuda_graph_config``)."""
+    if not s.cuda_graphs or s.device != "cuda":
+        return 0
+    options = CudaGraphConfig().to_runtime(batch, max_seq_len)
+    tokens = max(2 * (1 + s.max_draft_len), options.mixed_prompt_tokens * options.max_prompts)
+    return math.ceil(tokens / 128)
 
 
 class StepReads:

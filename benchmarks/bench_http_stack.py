@@ -101,7 +101,9 @@ def main() -> None:
                 figures[name].append(us)
                 print(f"  round {round_ + 1}, {name}: {us:.1f} µs/token, {tok:.0f} tokens/s")
     base = statistics.median(figures["h11 + asyncio"])
-    print("\n| stack | front CPU µs per output token (median) | / h11 + asyncio |\n| --- | --- | --- |")
+    print(
+        "\n| stack | front CPU µs per output token (median) | / h11 + asyncio |\n| --- | --- | --- |"
+    )
     for name, values in figures.items():
         median = statistics.median(values)
         print(f"| {name} | {median:.1f} | {median / base:.2f} |")

@@ -36,7 +36,7 @@ def per_step_us(length: int, steps: int, read_lists: bool) -> float:
     tracker = OutputTracker(request, None, decode)
     tracker.consume()
     begin = time.perf_counter()
-    for step in range(steps):
+    for _ in range(steps):
         request.output_token_ids.extend([65] * TOKENS_PER_STEP)
         request.py_logprobs.extend([(-0.5, [])] * TOKENS_PER_STEP)
         tracker.consume()

@@ -112,11 +112,13 @@ class CudaGraphConfig(StrictBaseModel):
     enable_padding: bool = True  # run a batch in the smallest captured size that holds it
     # A step with up to ``mixed_max_prompts`` prompts beside the decodes (or alone) replays a
     # graph too when their chunks still to compute fit this many tokens per prompt (the graphs
-    # of 1, 2, 4, ... prompts are padded to as many times this); 0: such steps run eagerly.
+    # of 1, 2, 4, ... prompts are padded to as many times this); 0: such steps run eagerly. The
+    # padding sequence holds the KV of the largest one's padding (this times mixed_max_prompts,
+    # lowered to fit max_seq_len).
     mixed_prompt_tokens: int = Field(default=256, ge=0)
     mixed_max_prompts: int = Field(default=4, ge=1)
 
-    def to_runtime(self, llm_max_batch_size: int) -> CudaGraphOptions:
+    def to_runtime(self, llm_max_batch_size: int, max_seq_len: int) -> CudaGraphOptions:
         limit = self.max_batch_size or llm_max_batch_size
         if self.batch_sizes is not None:
             sizes = sorted(set(self.batch_sizes))
@@ -131,7 +133,10 @@ class CudaGraphConfig(StrictBaseModel):
         return CudaGraphOptions(
             tuple(sizes),
             self.enable_padding,
-            mixed_prompt_tokens=self.mixed_prompt_tokens,
+            # (a mixed graph's padding is a sequence: its tokens fit one sequence's positions)
+            mixed_prompt_tokens=min(
+                self.mixed_prompt_tokens, max_seq_len // self.mixed_max_prompts
+            ),
             max_prompts=self.mixed_max_prompts,
         )
 
@@ -252,7 +257,7 @@ class TorchLlmArgs(StrictBaseModel):
             ),
             attn_backend=attn_backend,
             device=device,
-            cuda_graph=self._cuda_graph_options(attn_backend, device),
+            cuda_graph=self._cuda_graph_options(attn_backend, device, max_seq_len),
             overlap_scheduler=not self.disable_overlap_scheduler,
             mapping=mapping or self.mapping(),
             load_format=self.load_format,
@@ -263,12 +268,14 @@ class TorchLlmArgs(StrictBaseModel):
             ),
         )
 
-    def _cuda_graph_options(self, attn_backend: str, device: str) -> CudaGraphOptions | None:
+    def _cuda_graph_options(
+        self, attn_backend: str, device: str, max_seq_len: int
+    ) -> CudaGraphOptions | None:
         graphs = self.cuda_graph_config
         if graphs is None:
             return None
         if device.startswith("cuda") and attn_backend == "TRITON":
-            return graphs.to_runtime(self.max_batch_size)
+            return graphs.to_runtime(self.max_batch_size, max_seq_len)
         if "cuda_graph_config" in self.model_fields_set:
             raise ValueError(
                 f"cuda_graph_config needs device='cuda' and attn_backend='TRITON'; this LLM runs "

@@ -14,6 +14,7 @@ each one's outputs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
 from collections.abc import AsyncIterator
@@ -106,9 +107,7 @@ class Submission:
                 finished = output.finished
                 out = output.outputs[0]
                 al = out.avg_decoded_tokens_per_iter
-                timer.update(
-                    out.num_tokens, output.admitted_at, finished, al, output.received_at
-                )
+                timer.update(out.num_tokens, output.admitted_at, finished, al, output.received_at)
                 yield output
         finally:  # (the request is ended: the submission's end has nothing left to send)
             self.ids.remove(running.request_id)
@@ -150,10 +149,8 @@ class _Mailbox:
             self.waiting.append((queue, output))
             if len(self.waiting) > 1:  # (a wake-up is already on its way)
                 return
-        try:
+        with contextlib.suppress(RuntimeError):  # (a closed loop: nobody reads these any more)
             self.loop.call_soon_threadsafe(self._deliver)
-        except RuntimeError:  # the loop is closed: nobody reads these any more
-            pass
 
     def _deliver(self) -> None:
         with self.lock:

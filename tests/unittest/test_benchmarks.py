@@ -204,4 +204,3 @@ def test_the_published_width_serving_checkpoint_decodes_every_id_and_renders_cha
     assert tokenizer.decode([last]) == f"<#{last}>"  # a random model's ids all show as text
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "How many?"}])
     assert tokenizer.decode(tokenizer.encode(chat), skip_special_tokens=False) == chat
-

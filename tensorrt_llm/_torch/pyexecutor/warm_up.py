@@ -105,8 +105,29 @@ def _moe_limits(model) -> list[int]:
     return sorted(limits)
 
 
+def kv_room(executor: PyExecutor, room: int) -> int:
+    """The longest prompt, up to ``room``, whose warm-up request the KV cache can hold to its end
+    (a cache sized for a few requests holds no 1,024-token prompt: longer ones never run there)."""
+
+    def fits(length: int) -> bool:
+        probe = _requests([length], 1, FIRST_ID)[0]
+        try:
+            executor.check_request(probe)
+        except ValueError:
+            return False
+        return True
+
+    low, high = 1, room
+    if not fits(low):
+        raise RuntimeError("the KV cache cannot hold even a one-token request")
+    while low < high:  # (``fits`` holds at ``low``)
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
 def _run_warm_up_requests(executor: PyExecutor, vocab_size: int) -> int:
-    room = min(executor.max_seq_len - 8, executor.scheduler.max_num_tokens)
+    room = kv_room(executor, min(executor.max_seq_len - 8, executor.scheduler.max_num_tokens))
     lengths = prompt_lengths(room, _moe_limits(executor.model_engine.model))
     joined = _requests(lengths, vocab_size, FIRST_ID)
     alone = _requests(lengths, vocab_size, FIRST_ID + len(lengths))

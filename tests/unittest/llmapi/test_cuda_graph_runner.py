@@ -269,14 +269,22 @@ def test_padding_sequence_holds_the_mixed_buckets_prompt_tokens_per_manager():
 
 
 def test_cuda_graph_config_sizes():
-    assert CudaGraphConfig().to_runtime(20).batch_sizes == (1, 2, 4, 8, 16, 20)
-    assert CudaGraphConfig().to_runtime(1).batch_sizes == (1,)
-    assert CudaGraphConfig(max_batch_size=8).to_runtime(64).batch_sizes == (1, 2, 4, 8)
-    assert CudaGraphConfig(batch_sizes=[4, 1, 4]).to_runtime(8).batch_sizes == (1, 4)
+    assert CudaGraphConfig().to_runtime(20, 4096).batch_sizes == (1, 2, 4, 8, 16, 20)
+    assert CudaGraphConfig().to_runtime(1, 4096).batch_sizes == (1,)
+    assert CudaGraphConfig(max_batch_size=8).to_runtime(64, 4096).batch_sizes == (1, 2, 4, 8)
+    assert CudaGraphConfig(batch_sizes=[4, 1, 4]).to_runtime(8, 4096).batch_sizes == (1, 4)
     with pytest.raises(ValueError, match="batch_sizes"):
-        CudaGraphConfig(batch_sizes=[16]).to_runtime(8)
+        CudaGraphConfig(batch_sizes=[16]).to_runtime(8, 4096)
     with pytest.raises(ValueError, match="batch_sizes"):
         CudaGraphOptions(())
+
+
+def test_mixed_graph_padding_fits_one_sequence():
+    # the padding sequence holds a mixed graph's padding tokens: with a short max_seq_len the
+    # largest one (4 prompts of 256 tokens by default) would not fit its block table
+    assert CudaGraphConfig().to_runtime(8, 4096).mixed_prompt_tokens == 256
+    options = CudaGraphConfig().to_runtime(8, 256)
+    assert options.mixed_prompt_tokens * options.max_prompts <= 256
 
 
 def test_cuda_graph_config_where_graphs_cannot_run(tiny_checkpoint):

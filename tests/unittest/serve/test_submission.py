@@ -46,6 +46,7 @@ class StandIn:
 def run(llm: StandIn, choices: int, read: int | None = None) -> list[list[int]]:
     """``choices`` jobs through one Submission; each stream read to its end (or ``read``
     outputs), then the submission's end; the token counts each stream saw, in order."""
+
     async def main() -> list[list[int]]:
         timer = _Timer()
         submission = Submission(llm, ["job"] * choices, timer, False, choices, "messages")

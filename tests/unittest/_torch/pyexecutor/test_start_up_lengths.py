@@ -3,8 +3,10 @@ class (a multiple of 16 or not), so a first request after start-up compiles noth
 tile class the step can take was run in both integer classes. Checked on the rule's own terms:
 the power-of-two classes of a prompt, and the MoE's row-block classes (``moe_tiles``)."""
 
+import pytest
+
 from tensorrt_llm._torch.modules.fused_moe.ops import moe_tiles, tile_limits
-from tensorrt_llm._torch.pyexecutor.warm_up import LONGEST, prompt_lengths
+from tensorrt_llm._torch.pyexecutor.warm_up import LONGEST, kv_room, prompt_lengths
 
 
 def test_every_tile_class_is_run_in_both_integer_classes():
@@ -34,3 +36,25 @@ def test_every_tile_class_is_run_in_both_integer_classes():
 def test_lengths_stay_within_a_steps_room():
     assert max(prompt_lengths(100, tile_limits(8, 2))) == 100
     assert min(prompt_lengths(100, [])) == 1
+
+
+class _Cache:
+    """A stand-in executor whose KV cache holds prompts up to ``longest`` tokens."""
+
+    def __init__(self, longest: int) -> None:
+        self.longest = longest
+
+    def check_request(self, request) -> None:
+        if request.prompt_len > self.longest:
+            raise ValueError(f"request {request.request_id} needs more KV slots than the cache has")
+
+
+@pytest.mark.parametrize("longest", [1, 2, 300, 1023, 1024, 5000])
+def test_warm_up_prompts_fit_the_kv_cache(longest):
+    # (a cache sized for a few requests: its warm-up once asked for prompts it could not hold)
+    assert kv_room(_Cache(longest), 1024) == min(longest, 1024)
+
+
+def test_a_cache_without_room_for_one_token_is_named():
+    with pytest.raises(RuntimeError, match="KV cache"):
+        kv_room(_Cache(0), 1024)
