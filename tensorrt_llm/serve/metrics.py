@@ -11,10 +11,12 @@ and per rank) are read when ``/metrics`` is scraped.
 
 from __future__ import annotations
 
+import bisect
+import threading
 import time
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 if TYPE_CHECKING:
@@ -27,8 +29,40 @@ AL_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
 LOAD_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.1, 1.25, 1.5, 2.0, 4.0)  # an expert's tokens / the mean
 
 
+class Histogram:
+    """A Prometheus histogram that takes ``count`` equal observations at once (a step's tokens
+    share its interval: one call, not one per token), with a bucket found by bisection. Observed
+    on the event loop, scraped from a worker thread: one lock keeps a scrape's counts and sum
+    together."""
+
+    def __init__(
+        self, name: str, doc: str, buckets: tuple[float, ...], registry: CollectorRegistry
+    ) -> None:
+        self.name, self.doc, self.bounds = name, doc, tuple(buckets)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+        self.lock = threading.Lock()
+        registry.register(self)
+
+    def observe(self, value: float, count: int = 1) -> None:
+        with self.lock:
+            self.counts[bisect.bisect_left(self.bounds, value)] += count
+            self.sum += value * count
+
+    def collect(self):
+        with self.lock:
+            counts, total = list(self.counts), self.sum
+        family = HistogramMetricFamily(self.name, self.doc)
+        cumulative, buckets = 0, []
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), counts, strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        family.add_metric([], buckets, total)
+        yield family
+
+
 def _seconds(what: str, doc: str, registry: CollectorRegistry) -> Histogram:
-    return Histogram(f"trtllm_{what}_seconds", doc, buckets=LATENCY_BUCKETS, registry=registry)
+    return Histogram(f"trtllm_{what}_seconds", doc, LATENCY_BUCKETS, registry)
 
 
 class ServerMetrics:
@@ -51,8 +85,8 @@ class ServerMetrics:
         self.al = Histogram(
             "trtllm_request_acceptance_length",
             "Tokens emitted per generation step, per finished request",
-            buckets=AL_BUCKETS,
-            registry=r,
+            AL_BUCKETS,
+            r,
         )
         r.register(_ExecutorCollector(llm))
 
@@ -96,8 +130,7 @@ class RequestTimer:
             if self.tokens == 0:  # (tokens that came with the first have no interval to measure)
                 m.ttft.observe(now - self.arrival)
             else:
-                for _ in range(new):
-                    m.itl.observe((now - self.last) / new)
+                m.itl.observe((now - self.last) / new, new)
             self.tokens, self.last = num_tokens, now
         if finished:
             m.e2e.observe(now - self.arrival)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import traceback
 from dataclasses import dataclass, replace
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -45,11 +45,14 @@ from tensorrt_llm.serve.openai_protocol import (
 from tensorrt_llm.serve.submission import Submission
 from tensorrt_llm.serve.waits import (
     EndingStream,
+    Last,
     merged,
     unless_disconnected,
     until_finished,
 )
 from tensorrt_llm.serve.warm_up import warm_up_front
+
+_encode_json = msgspec.json.Encoder().encode  # (compact JSON, UTF-8 as is)
 
 
 class OpenAIServer:
@@ -300,31 +303,44 @@ class OpenAIServer:
         usage: _Usage,
         body,
     ):
+        """The reply's events: a chunk per step that moved a choice; the last choice's last
+        chunk, the usage chunk and ``[DONE]`` go out together with the response's end, in one
+        write."""
         kind = "chat.completion.chunk" if renderer.chat else "text_completion"
         head = {"id": rid, "object": kind, "model": self.model_name}
         choices = [ChoiceStream(renderer, i, params.stop) for i in range(len(streams))]
+        tail, open_ = b"", len(streams)
         try:
             async for index, snap in merged(streams):
                 if snap.outputs[0].finish_reason is FinishReason.ERROR:
                     yield _error_event(self, request_failed(snap.outputs[0].stop_reason))
                     break
                 choice = choices[index].chunk(snap)
+                open_ -= snap.finished
                 if choice is not None:
-                    yield f"data: {json.dumps(head | {'created': now(), 'choices': [choice]})}\n\n"
+                    event = _event(head | {"created": now(), "choices": [choice]})
+                    if open_:
+                        yield event
+                    else:
+                        tail = event  # (the last: with the end)
         except Exception as exc:  # anything unforeseen ends the stream with an error object
             logger.error("a stream failed:\n%s", traceback.format_exc())
             message = f"the server failed this stream ({type(exc).__name__}); it is logged"
             yield _error_event(self, ServerError(500, message, "server_error"))
         if (body.stream_options or {}).get("include_usage"):  # one last chunk: usage, no choices
             tokens = usage.of(sum(c.emitted for c in choices))
-            yield f"data: {json.dumps(head | {'created': now(), 'choices': [], 'usage': tokens})}\n\n"
-        yield "data: [DONE]\n\n"
+            tail += _event(head | {"created": now(), "choices": [], "usage": tokens})
+        yield Last(tail + b"data: [DONE]\n\n")
 
 
-def _error_event(server: OpenAIServer, failed: ServerError) -> str:
+def _event(payload: dict) -> bytes:
+    return b"data: " + _encode_json(payload) + b"\n\n"
+
+
+def _error_event(server: OpenAIServer, failed: ServerError) -> bytes:
     server.metrics.errors.inc()
     error = ErrorInfo(message=failed.message, type=failed.kind, code=failed.status)
-    return f"data: {json.dumps(ErrorResponse(error=error).model_dump())}\n\n"
+    return _event(ErrorResponse(error=error).model_dump())
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,30 @@ from tensorrt_llm.llmapi.outputs import RequestOutput
 DISCONNECT_POLL_S = 0.25  # how often a request waiting on work checks that its client is there
 
 
+class Last(bytes):
+    """An event stream's last piece: sent with the response's end, in one write."""
+
+
 class EndingStream(StreamingResponse):
     """An event stream that calls ``on_end`` (a function or a coroutine function) however it
     ends: also when the client left before its first event, when the stream's own cleanup never
-    runs, so what it drew on (requests, a backend's reply) ends with it."""
+    runs, so what it drew on (requests, a backend's reply) ends with it. A ``Last`` piece ends
+    the response with it (no separate empty end)."""
 
     def __init__(self, content, on_end) -> None:
         super().__init__(content, media_type="text/event-stream")
         self.on_end = on_end
+
+    async def stream_response(self, send) -> None:
+        start = {"type": "http.response.start", "status": self.status_code}
+        await send(start | {"headers": self.raw_headers})
+        ended = False
+        async for chunk in self.body_iterator:
+            ended = isinstance(chunk, Last)
+            body = chunk.encode(self.charset) if isinstance(chunk, str) else bytes(chunk)
+            await send({"type": "http.response.body", "body": body, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope, receive, send) -> None:
         try:
