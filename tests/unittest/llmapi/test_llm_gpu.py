@@ -5,6 +5,7 @@ import torch
 from test_llm import GREEDY, PROMPTS
 
 from tensorrt_llm import LLM
+from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import PADDING_REQUEST_ID
 from tensorrt_llm.llmapi.llm_args import KvCacheConfig
 
 pytestmark = pytest.mark.gpu
@@ -22,9 +23,13 @@ def test_batch_equals_alone_on_gpu(tiny_checkpoint, dtype):
 
     llm = make()
     assert llm.kv_cache_manager.pools[0].is_cuda
-    # before any request: with CUDA graphs (the default here) the padding sequence holds a slot
+    # before any request: with CUDA graphs (the default here) only the padding sequence holds
+    # slots, the positions of the largest mixed graph's padding (within one sequence's)
     held = llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"]
-    assert held == (0 if llm.executor.cuda_graph_runner is None else 1)
+    runner = llm.executor.cuda_graph_runner
+    assert runner is not None
+    padding = llm.kv_cache_manager.get_cache(PADDING_REQUEST_ID).num_blocks
+    assert held == padding == -(-runner.shapes.padding_positions // 8)
     batched = llm.generate(PROMPTS, GREEDY)
     cpu = LLM(
         tiny_checkpoint,
