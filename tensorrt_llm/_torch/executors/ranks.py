@@ -62,13 +62,18 @@ def broadcast_commands(commands: list[RankCommand] | None) -> list[RankCommand]:
     return [cmd.from_json(c) for c in json.loads(received)] if received else []
 
 
+_PARAM_FIELDS = tuple(field.name for field in dataclasses.fields(SamplingParams))
+
+
 def request_to_json(request: LlmRequest) -> dict:
-    """What another rank needs to run ``request`` from its start."""
+    """What another rank needs to run ``request`` from its start (its sampling parameters'
+    fields as they are: plain values, encoded at once)."""
+    params = request.sampling_params
     return {
         "request_id": request.request_id,
         "prompt_token_ids": list(request.prompt_token_ids),
         "max_new_tokens": request.max_new_tokens,
-        "sampling_params": dataclasses.asdict(request.sampling_params),
+        "sampling_params": {name: getattr(params, name) for name in _PARAM_FIELDS},
         "end_ids": list(request.end_ids),
         "cache_salt": request.cache_salt,
         "context_only": request.context_only,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+import math
 import random
+import struct
 from dataclasses import dataclass, field
 
 import torch
@@ -83,17 +85,25 @@ class SamplingRow:
             int(params.top_k or 0),
             seed,
         )
-        floats = torch.tensor([row.temperature, row.top_p], dtype=torch.float32)
-        if not bool(torch.isfinite(floats).all()):
+        if not (_finite_float32(row.temperature) and _finite_float32(row.top_p)):
             raise ValueError(
                 f"temperature={params.temperature!r}, top_p={params.top_p!r}: not finite in float32"
             )
         for name in ("top_k", "seed"):
-            try:
-                torch.tensor(getattr(row, name), dtype=torch.long)
-            except (OverflowError, RuntimeError, ValueError):
-                raise ValueError(f"{name}={getattr(row, name)!r}: out of int64") from None
+            if not INT64_MIN <= getattr(row, name) <= INT64_MAX:
+                raise ValueError(f"{name}={getattr(row, name)!r}: out of int64")
         return row
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _finite_float32(value: float) -> bool:
+    """Whether ``value`` stays finite as a float32 (rounded as the device's tensors round it)."""
+    try:
+        return math.isfinite(struct.unpack("f", struct.pack("f", value))[0])
+    except OverflowError:  # (past float32's range: a tensor would hold inf)
+        return False
 
 
 class LlmRequestState(enum.Enum):
