@@ -226,5 +226,8 @@ class MiniMaxM3ForCausalLM(nn.Module):
                 captured[i] = hidden
         return self.model.norm(hidden), [captured[i] for i in capture_layers]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``[n, V]`` float32 logits; written into ``out`` when given (the CUDA graphs' shared
+        buffer)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if out is None else out.copy_(logits)

@@ -10,7 +10,7 @@ follow the M3 ones:
   token on one rank);
 - model class: ``model_class(config, attn_backend, mapping)``, an ``nn.Module`` (this rank's
   shard) with ``config``, ``attn_backend``, ``model.embed_tokens``, ``forward(input_ids, position_ids=None,
-  attn_metadata=None, capture_layers=())`` -> ``(hidden, captured)`` and ``compute_logits(hidden)``;
+  attn_metadata=None, capture_layers=())`` -> ``(hidden, captured)`` and ``compute_logits(hidden, out=None)``;
 - KV cache manager class: a ``KVCacheManagerV2`` (the creation site builds it).
 """
 

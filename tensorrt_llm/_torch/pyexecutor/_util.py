@@ -187,7 +187,9 @@ def create_py_executor(
     )
     runner = None
     if executor_config.cuda_graph is not None:
-        runner = CUDAGraphRunner(engine, resources, executor_config.cuda_graph, worker)
+        runner = CUDAGraphRunner(
+            engine, resources, executor_config.cuda_graph, config.vocab_size, worker
+        )
     disagg, transceiver = _disaggregation(executor_config, resources, kv_cache_manager)
     executor = PyExecutor(
         engine,

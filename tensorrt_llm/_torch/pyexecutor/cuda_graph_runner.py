@@ -73,6 +73,7 @@ class CUDAGraphRunner:
         engine: PyTorchModelEngine,
         resource_manager: ResourceManager,
         options: CudaGraphOptions,
+        vocab_size: int,
         spec_worker: Eagle3OneModelWorker | None = None,
     ) -> None:
         backend = engine.model.attn_backend
@@ -95,6 +96,14 @@ class CUDAGraphRunner:
         self.kv_len_bound = target.max_blocks_per_seq * target.tokens_per_block
         self._buckets: dict[BucketKey, Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if options.capture else None
+        # every bucket's logits, in one buffer: a graph's outputs outlive its capture, and
+        # logits of the published vocabulary (200K) in each of ~170 buckets would hold GBs. A
+        # bucket's are valid until the next replay (a step that returns them is read first).
+        keys = self.shapes.keys()
+        most_rows = max(shape.num_rows for shape, _, _ in keys)
+        self._logits = torch.empty(
+            most_rows * self.tokens_per_seq, vocab_size, dtype=torch.float32, device=engine.device
+        )
         self.num_replays = 0
         self.num_mixed_replays = 0  # of them, steps with a prompt
         self.num_captures = 0
@@ -299,6 +308,7 @@ class CUDAGraphRunner:
             logits_state=self._logits_state,
             spec_worker=self.spec_worker,
             chain_md=bucket.chain_md,
+            logits_out=self._logits[: bucket.inputs.step.num_rows * self.tokens_per_seq],
         )
 
     @property

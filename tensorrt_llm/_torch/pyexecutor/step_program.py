@@ -62,10 +62,12 @@ def run_step(
     logits_state: LogitsState | None = None,
     spec_worker: Eagle3OneModelWorker | None = None,
     chain_md: AttentionMetadata | None = None,
+    logits_out: torch.Tensor | None = None,
     **forward_extra,
 ) -> StepOutputs:
     """One step on the device. ``md`` is the step's metadata (a bucket's is placed here from its
-    first positions); ``chain_md`` the draft chain's where it is preallocated (a bucket's)."""
+    first positions); ``chain_md`` the draft chain's where it is preallocated (a bucket's);
+    ``logits_out`` where the logits go (a graph's: the buffer every bucket shares), else new."""
     if inputs.first_positions is not None:
         md.place(inputs.first_positions, inputs.cu_seqlens_q)
     hidden, captured = engine.model(
@@ -73,7 +75,7 @@ def run_step(
     )
     if inputs.token_index is not None:
         hidden = hidden[inputs.token_index.flatten()]
-    logits = engine.model.compute_logits(hidden)  # [n * T, V]
+    logits = engine.model.compute_logits(hidden, logits_out)  # [n * T, V]
     if inputs.penalties is not None:
         logits_state.adjust(logits, step_penalty_rows(inputs))
     if spec_worker is None:

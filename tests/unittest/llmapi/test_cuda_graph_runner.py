@@ -55,7 +55,11 @@ def attach_runner(
         batch_sizes, enable_padding, capture=False, mixed_prompt_tokens=mixed_prompt_tokens
     )
     runner = CUDAGraphRunner(
-        executor.model_engine, executor.resource_manager, options, executor.spec_worker
+        executor.model_engine,
+        executor.resource_manager,
+        options,
+        llm.model_config.vocab_size,
+        executor.spec_worker,
     )
     executor.dispatch.runner = runner
     return runner
@@ -112,6 +116,10 @@ def test_graph_step_gives_the_eager_tokens(draft_kv_cache):
         assert eager_overlapped == 0
     # three requests decode in the bucket of 4: one padded row every decode step
     assert runner.num_replays >= GREEDY.max_tokens // 4
+    # every bucket's logits are views of one buffer (a captured graph's outputs outlive it: one
+    # logits tensor per bucket held GBs at the published vocabulary)
+    buffers = {b.outputs.logits.untyped_storage().data_ptr() for b in runner._buckets.values()}
+    assert len(runner._buckets) >= 2 and buffers == {runner._logits.data_ptr()}
     if draft_kv_cache is not None:  # the bundled drafter is accepted: accept paths past 0 ran
         assert max(o.avg_decoded_tokens_per_iter for o in outs) > 1.5
     target = llm.kv_cache_manager
