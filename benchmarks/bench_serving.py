@@ -232,6 +232,7 @@ def measure_server(args, options: dict, bodies: list[dict], levels: list[int]) -
             print(deployment.log("server"), file=sys.stderr)
             raise
         out["startup_s"] = time.perf_counter() - launched
+        print(f"  server start-up (launch to /health): {out['startup_s']:.1f} s", flush=True)
         url = deployment.urls["server"] + "/v1/chat/completions"
         asyncio.run(_warm_client(url))  # (the client's own first-request costs)
         out["first_s"] = asyncio.run(_latency(url, bodies[0]))
