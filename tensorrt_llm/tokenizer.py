@@ -11,6 +11,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 TOKENIZER_FILE = "tokenizer.json"
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # a checkpoint's template, as the hub keeps it
 USER, ASSISTANT, END = "<|user|>", "<|assistant|>", "<|end|>"
 CHAT_SPECIAL_TOKENS = ["<unk>", "<pad>", END, USER, ASSISTANT]
 CHAT_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;?!+-=*/()'\"\n"
@@ -90,10 +91,12 @@ class TransformersTokenizer:
 
     @classmethod
     def from_pretrained(
-        cls, model_dir: str | Path, eos_token: str | None = None
+        cls, model_dir: str | Path, eos_token: str | None = None, chat_template: str | None = None
     ) -> TransformersTokenizer:
-        """``tokenizer.json``, plus the chat template and special tokens of
-        ``tokenizer_config.json`` when there is one (as ``transformers`` reads them)."""
+        """``tokenizer.json``, plus the special tokens of ``tokenizer_config.json`` and the chat
+        template, as ``transformers`` reads them: ``chat_template.jinja`` when the checkpoint has
+        one, else ``tokenizer_config.json``'s. ``chat_template`` (a Jinja file, or a template's
+        text) takes their place."""
         path = Path(model_dir) / TOKENIZER_FILE
         if not path.is_file():
             raise ValueError(f"tokenizer={str(model_dir)!r}: no {TOKENIZER_FILE} there")
@@ -103,10 +106,16 @@ class TransformersTokenizer:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{config_path}: not JSON ({exc})") from None
         special = {k: _token_text(config[k]) for k in _SPECIAL_KEYS if config.get(k)}
+        template = _chat_template(config)
+        jinja = Path(model_dir) / CHAT_TEMPLATE_FILE
+        if jinja.is_file():
+            template = jinja.read_text()
+        if chat_template is not None:
+            template = read_chat_template(chat_template)
         return cls(
             Tokenizer.from_file(str(path)),
             eos_token=eos_token,
-            chat_template=_chat_template(config),
+            chat_template=template,
             special_tokens=special,
             name=str(model_dir),
         )
@@ -152,17 +161,39 @@ class TransformersTokenizer:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self, messages: list[dict], add_generation_prompt: bool = True, /, **template_kwargs
     ) -> str:
-        """``messages`` rendered by the checkpoint's Jinja ``chat_template``."""
+        """``messages`` rendered by the checkpoint's Jinja ``chat_template``, with
+        ``template_kwargs`` (a request's ``chat_template_kwargs``, its ``tools``) among the
+        template's variables."""
         if self.chat_template is None:
             raise ValueError(
-                f"{self.name}: its {TOKENIZER_CONFIG} has no chat_template, so chat messages "
-                "cannot be rendered; send a prompt to /v1/completions instead"
+                f"{self.name}: no {CHAT_TEMPLATE_FILE} and no chat_template in its "
+                f"{TOKENIZER_CONFIG}, so chat messages cannot be rendered; give the LLM a "
+                "chat_template (trtllm-serve --chat_template FILE) or send a prompt to "
+                "/v1/completions"
             )
+        taken = sorted({"messages", "add_generation_prompt"} & template_kwargs.keys())
+        if taken:
+            raise ValueError(f"chat_template_kwargs may not set {taken}: the request sets them")
+        variables = {**self.special_tokens_map, **template_kwargs}
         return render_chat_template(
-            self.chat_template, messages, add_generation_prompt, **self.special_tokens_map
+            self.chat_template, messages, add_generation_prompt, **variables
         )
+
+
+def read_chat_template(value: str) -> str:
+    """A ``chat_template`` option: the text of the Jinja file it names, or the template's text
+    itself."""
+    if "{{" in value or "{%" in value:
+        return value
+    try:
+        return Path(value).read_text()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise ValueError(f"chat_template={value!r}: {exc.strerror}") from None
+    raise ValueError(f"chat_template={value!r}: no such file, and not a Jinja template's text")
 
 
 def _keeps_every_character(spec: dict) -> bool:

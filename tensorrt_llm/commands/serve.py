@@ -33,6 +33,7 @@ FLAG_OPTIONS: dict[str, tuple[str, ...]] = {
     "max_num_tokens": ("max_num_tokens",),
     "max_seq_len": ("max_seq_len",),
     "kv_cache_free_gpu_memory_fraction": ("kv_cache_config", "free_gpu_memory_fraction"),
+    "chat_template": ("chat_template",),
 }
 _HOST = re.compile(r"[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]")  # a name, an IPv4 or [IPv6] address
 
@@ -174,6 +175,11 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="the share of the free GPU memory the KV cache takes (kv_cache_config)",
+    )
+    parser.add_argument(
+        "--chat_template",
+        default=None,
+        help="a Jinja chat template file, in place of the checkpoint's chat_template.jinja",
     )
     parser.add_argument(
         "--api-key",

@@ -63,7 +63,9 @@ class CoreProcess:
         self.tokenizer = (
             None
             if args.skip_tokenizer_init
-            else TransformersTokenizer.from_pretrained(args.tokenizer or args.model)
+            else TransformersTokenizer.from_pretrained(
+                args.tokenizer or args.model, chat_template=args.chat_template
+            )
         )
         self.model = self.executor = self.rank_executor = self.kv_cache_manager = None
         self.loop = None

@@ -156,6 +156,9 @@ class TorchLlmArgs(StrictBaseModel):
 
     model: str | None = None  # None: the bundled M3-tiny checkpoint
     tokenizer: str | None = None
+    # The chat template (a Jinja file, or its text): in place of the checkpoint's
+    # chat_template.jinja or tokenizer_config.json's (trtllm-serve --chat_template).
+    chat_template: str | None = None
     # No tokenizer at all (upstream's key): prompts are token ids and outputs carry no text.
     skip_tokenizer_init: bool = False
     backend: Literal["pytorch"] = "pytorch"

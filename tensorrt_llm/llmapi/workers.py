@@ -117,7 +117,9 @@ def build_rank(
     tokenizer = (
         None
         if args.skip_tokenizer_init
-        else TransformersTokenizer.from_pretrained(args.tokenizer or args.model)
+        else TransformersTokenizer.from_pretrained(
+            args.tokenizer or args.model, chat_template=args.chat_template
+        )
     )
     max_seq_len = args.max_seq_len or config.max_position_embeddings
     executor_config = args.to_executor_config(

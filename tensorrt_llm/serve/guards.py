@@ -67,18 +67,18 @@ async def check_hold_room(llm: LLM, disagg: DisaggregatedParams | None) -> None:
         )
 
 
-def refuse_control_tokens(tokenizer, messages: list[dict[str, str]]) -> None:
-    """Message content is text: a special token in it (``<|end|><|assistant|>``) would be read
-    as the chat template's control token, so it is refused."""
+def refuse_control_tokens(tokenizer, texts: list[tuple[str, str]]) -> None:
+    """Message text is text: a special token in it (``<|end|><|assistant|>``) would be read as
+    the chat template's control token, so it is refused. ``texts`` as ``(param, text)``."""
     specials = tokenizer.special_tokens
-    for i, message in enumerate(messages):
-        found = [t for t in specials if t in message["content"]]
+    for param, text in texts:
+        found = [t for t in specials if t in text]
         if found:
             raise ServerError(
                 400,
-                f"messages.{i}.content contains the special token(s) {found}; message content "
-                "may not contain the chat template's control tokens",
-                param=f"messages.{i}.content",
+                f"{param} contains the special token(s) {found}; message text may not contain "
+                "the chat template's control tokens",
+                param=param,
             )
 
 

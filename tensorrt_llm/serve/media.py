@@ -85,7 +85,7 @@ def image_parts(messages) -> list[tuple[str, str]]:
     """``(param, url)`` of every image part, in order; images only in user messages."""
     out = []
     for i, message in enumerate(messages):
-        if isinstance(message.content, str):
+        if not isinstance(message.content, list):
             continue
         for j, part in enumerate(message.content):
             if part.type != "image_url":
@@ -170,7 +170,7 @@ def _local_file(path: str, where: str, options: MediaOptions) -> bytes:
         raise ServerError(400, message, param=where) from None
 
 
-def short_chat_prompt(llm, messages) -> list[int] | None:
+def short_chat_prompt(llm, messages, variables: dict | None = None) -> list[int] | None:
     """The token ids of a text-only chat of at most ``INLINE_TEXT_CHARS`` characters in at most
     ``INLINE_MESSAGES`` messages, rendered and tokenized on the calling thread (the event
     loop's); None for any other chat. Below that size the work takes a fraction of a
@@ -180,21 +180,26 @@ def short_chat_prompt(llm, messages) -> list[int] | None:
         return None
     if sum(len(m.text()) for m in messages) > INLINE_TEXT_CHARS:
         return None
-    marked = [{"role": m.role, "content": m.text()} for m in messages]
-    return _render(llm.tokenizer, marked, tokenize=True)[1]
+    marked = [m.for_template() for m in messages]
+    return _render(llm.tokenizer, marked, tokenize=True, variables=variables)[1]
 
 
-def _render(tokenizer, marked: list[dict], tokenize: bool) -> tuple[str, list[int] | None]:
-    """The chat's text through the checkpoint's template (tokenized too with ``tokenize``); a
-    conversation the template refuses (``raise_exception``) is a 400."""
+def _render(
+    tokenizer, marked: list[dict], tokenize: bool, variables: dict | None = None
+) -> tuple[str, list[int] | None]:
+    """The chat's text through the checkpoint's template, with the request's template
+    ``variables`` (tokenized too with ``tokenize``); a conversation the template refuses
+    (``raise_exception``) is a 400."""
     try:
-        text = tokenizer.apply_chat_template(marked)
+        text = tokenizer.apply_chat_template(marked, **(variables or {}))
     except ValueError as exc:
         raise ServerError(400, str(exc), param="messages") from None
     return text, tokenizer.encode(text) if tokenize else None
 
 
-async def chat_prompt(llm, messages, pool: MediaPool, known=None) -> list[int] | dict:
+async def chat_prompt(
+    llm, messages, pool: MediaPool, known=None, variables: dict | None = None
+) -> list[int] | dict:
     """The prompt of a chat: its token ids, or (with images) upstream's prompt dict holding the
     expanded token ids and the processed images. Refusals are 400s naming the part.
 
@@ -202,9 +207,9 @@ async def chat_prompt(llm, messages, pool: MediaPool, known=None) -> list[int] |
     processed the images; their token counts and digests are all this server needs (nothing is
     fetched)."""
     parts = image_parts(messages)
-    marked = [{"role": m.role, "content": m.text(IMAGE_TOKEN)} for m in messages]
+    marked = [m.for_template(IMAGE_TOKEN) for m in messages]
     # (text only: tokenized in the same hop)
-    text, token_ids = await asyncio.to_thread(_render, llm.tokenizer, marked, not parts)
+    text, token_ids = await asyncio.to_thread(_render, llm.tokenizer, marked, not parts, variables)
     if token_ids is not None:
         return token_ids
     prompts = llm.multimodal

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Annotated, Literal
@@ -18,6 +19,7 @@ from pydantic import (
 )
 
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
+from tensorrt_llm.llmapi.reasoning_parser import THINKING_MODES
 
 MAX_CHOICES = 16  # choices of one request: prompts times n
 
@@ -171,39 +173,170 @@ class ImageUrlPart(OpenAIBaseModel):
     image_url: ImageUrl
 
 
-class ChatMessage(BaseModel):
-    """A message: text, or a list of text and image parts. Other keys (``name``) are ignored."""
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: Text
+    # what the model passed: clients send it back as JSON text; the template renders an object
+    arguments: Text | dict = "{}"
+
+    @field_validator("arguments")
+    @classmethod
+    def _an_object(cls, value):
+        if isinstance(value, dict):
+            return value
+        try:
+            decoded = json.loads(value or "{}")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"is not JSON ({exc.msg} at {exc.pos})") from None
+        if not isinstance(decoded, dict):
+            raise ValueError("must be a JSON object of the arguments")
+        return decoded
+
+
+class ToolCall(BaseModel):
+    """A call an assistant message made (the history of a tool round trip)."""
 
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "user", "assistant"]
-    content: Text | list[Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]]
+    id: Text | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(BaseModel):
+    """A message: text, or a list of text and image parts. An assistant message may carry its
+    reasoning (``reasoning_content``, kept in the history) and the calls it made
+    (``tool_calls``, its content then optional); a ``tool`` message is a call's result."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]] | None = (
+        None
+    )
+    reasoning_content: Text | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: Text | None = None
+    name: Text | None = None
+
+    @model_validator(mode="after")
+    def _fields_of_its_role(self) -> ChatMessage:
+        if self.role != "assistant":
+            extra = [f for f in ("reasoning_content", "tool_calls") if getattr(self, f)]
+            if extra:
+                raise ValueError(f"{extra[0]} belongs to an assistant message, not {self.role!r}")
+            if self.content is None:
+                raise ValueError(f"a {self.role!r} message needs content")
+        elif self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs content or tool_calls")
+        return self
 
     def text(self, image_mark: str = "") -> str:
         """The content as text, each image part written as ``image_mark``."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text if isinstance(p, TextPart) else image_mark for p in self.content)
 
     def image_urls(self) -> list[str]:
-        if isinstance(self.content, str):
+        if not isinstance(self.content, list):
             return []
         return [p.image_url.url for p in self.content if isinstance(p, ImageUrlPart)]
+
+    def for_template(self, image_mark: str = "") -> dict:
+        """The message as a chat template reads it (tool call arguments as objects)."""
+        out: dict = {"role": self.role, "content": self.text(image_mark)}
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+    def texts(self, index: int) -> list[tuple[str, str]]:
+        """``(param, text)`` of every text of it that reaches the prompt."""
+        where = f"messages.{index}"
+        out = [(f"{where}.content", self.text())]
+        if self.reasoning_content:
+            out.append((f"{where}.reasoning_content", self.reasoning_content))
+        for j, call in enumerate(self.tool_calls or ()):
+            arguments = json.dumps(call.function.arguments, ensure_ascii=False)
+            out.append((f"{where}.tool_calls.{j}.function.name", call.function.name))
+            out.append((f"{where}.tool_calls.{j}.function.arguments", arguments))
+        return out
+
+
+class Thinking(BaseModel):
+    """``thinking: {"type": ...}`` (other keys, such as a token budget, are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["enabled", "disabled", "adaptive", "auto"]
+
+
+# reasoning_effort -> thinking_mode: none and minimal think not at all, low leaves it to the model
+EFFORT_MODES = {
+    "none": "disabled",
+    "minimal": "disabled",
+    "low": "adaptive",
+    "medium": "enabled",
+    "high": "enabled",
+}
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    # the chat template's variables (``thinking_mode``: enabled, disabled or adaptive)
+    chat_template_kwargs: dict | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    thinking: Thinking | None = None
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
+        self.template_kwargs()  # (a conflict between the ways to ask for thinking: a 400)
         return self
 
     def wanted_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def template_kwargs(self) -> dict:
+        """``chat_template_kwargs`` with ``thinking_mode`` set from whichever way the request
+        asks for it (``chat_template_kwargs.thinking_mode`` or ``.enable_thinking``,
+        ``thinking.type``, ``reasoning_effort``; ``adaptive`` when none does); ways that
+        disagree are an error naming them."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        asked: dict[str, str] = {}
+        if "thinking_mode" in kwargs:
+            mode = kwargs["thinking_mode"]
+            if mode not in THINKING_MODES:
+                raise ValueError(
+                    f"chat_template_kwargs.thinking_mode={mode!r}: expected one of "
+                    f"{list(THINKING_MODES)}"
+                )
+            asked["chat_template_kwargs.thinking_mode"] = mode
+        if "enable_thinking" in kwargs:
+            if not isinstance(kwargs["enable_thinking"], bool):
+                raise ValueError("chat_template_kwargs.enable_thinking must be true or false")
+            mode = "enabled" if kwargs["enable_thinking"] else "disabled"
+            asked["chat_template_kwargs.enable_thinking"] = mode
+        if self.thinking is not None:
+            mode = "adaptive" if self.thinking.type == "auto" else self.thinking.type
+            asked["thinking.type"] = mode
+        if self.reasoning_effort is not None:
+            asked["reasoning_effort"] = EFFORT_MODES[self.reasoning_effort]
+        if len(set(asked.values())) > 1:
+            said = ", ".join(f"{k} asks {v}" for k, v in asked.items())
+            raise ValueError(f"the ways to ask for thinking disagree: {said}")
+        kwargs["thinking_mode"] = next(iter(asked.values()), "adaptive")
+        return kwargs
 
 
 class ErrorInfo(BaseModel):

@@ -150,16 +150,16 @@ class OpenAIServer:
         @app.post("/v1/chat/completions")
         async def chat(body: ChatCompletionRequest, request: Request):
             timer = self.metrics.timer()
-            plain = [{"role": m.role, "content": m.text()} for m in body.messages]
-            texts = [(f"messages.{i}.content", m["content"]) for i, m in enumerate(plain)]
-            whole = "".join(m["content"] for m in plain)
+            texts = [text for i, m in enumerate(body.messages) for text in m.texts(i)]
+            whole = "".join(text for _, text in texts)
             guards.check_text_fits(self.llm, [*texts, ("messages", whole)])
-            guards.refuse_control_tokens(self.llm.tokenizer, plain)
+            guards.refuse_control_tokens(self.llm.tokenizer, texts)
             disagg = body.disaggregated_params
             known = disagg.images if disagg and disagg.has_handle else None
-            prompt = media.short_chat_prompt(self.llm, body.messages)
+            variables = body.template_kwargs()
+            prompt = media.short_chat_prompt(self.llm, body.messages, variables)
             if prompt is None:
-                prompt = media.chat_prompt(self.llm, body.messages, self.media, known)
+                prompt = media.chat_prompt(self.llm, body.messages, self.media, known, variables)
                 prompt = await unless_disconnected(prompt, request)
             if prompt is None:  # the client left while its images were fetched
                 return JSONResponse({}, status_code=499)

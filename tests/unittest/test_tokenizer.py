@@ -11,7 +11,12 @@ import pytest
 
 from tensorrt_llm.bundled import bundled_target
 from tensorrt_llm.evaluate.tasks import gsm8k_tiny, long_prompt, multiturn_copy
-from tensorrt_llm.tokenizer import TOKENIZER_CONFIG, TOKENIZER_FILE, TransformersTokenizer
+from tensorrt_llm.tokenizer import (
+    CHAT_TEMPLATE_FILE,
+    TOKENIZER_CONFIG,
+    TOKENIZER_FILE,
+    TransformersTokenizer,
+)
 
 
 def conversations() -> list[list[dict]]:
@@ -35,7 +40,7 @@ def test_transformers_renders_every_evaluation_conversation_as_the_server_does()
     ours = TransformersTokenizer.from_pretrained(bundled_target())
     for conversation in conversations():
         for prompt in (True, False):
-            text = ours.apply_chat_template(conversation, add_generation_prompt=prompt)
+            text = ours.apply_chat_template(conversation, prompt)
             expected = theirs.apply_chat_template(
                 conversation, tokenize=False, add_generation_prompt=prompt
             )
@@ -86,8 +91,38 @@ def test_a_checkpoints_own_template_is_used_and_sandboxed(tmp_path):
 
 def test_a_checkpoint_without_a_template_says_so(tmp_path):
     bare = checkpoint(tmp_path, eos_token="<|end|>")
-    with pytest.raises(ValueError, match="has no chat_template"):
+    with pytest.raises(
+        ValueError, match="no chat_template.jinja and no chat_template.*--chat_template"
+    ):
         bare.apply_chat_template([{"role": "user", "content": "a"}])
+
+
+def test_chat_template_jinja_then_the_option_take_the_configs_place(tmp_path):
+    user = [{"role": "user", "content": "a"}]
+    config_only = checkpoint(tmp_path, chat_template="config:{{ messages[0].content }}")
+    assert config_only.apply_chat_template(user) == "config:a"
+    # the hub keeps the template in its own file: it wins over tokenizer_config.json's
+    (tmp_path / CHAT_TEMPLATE_FILE).write_text(
+        "jinja:{{ messages[0].content }}|{{ thinking_mode }}"
+    )
+    hub = TransformersTokenizer.from_pretrained(tmp_path)
+    assert hub.apply_chat_template(user, thinking_mode="enabled") == "jinja:a|enabled"
+    # the option (trtllm-serve --chat_template): a file, or the template's text
+    own = tmp_path / "own.jinja"
+    own.write_text("file:{{ messages[0].content }}")
+    assert (
+        TransformersTokenizer.from_pretrained(tmp_path, chat_template=str(own)).apply_chat_template(
+            user
+        )
+        == "file:a"
+    )
+    inline = TransformersTokenizer.from_pretrained(tmp_path, chat_template="text:{{ 1 + 1 }}")
+    assert inline.apply_chat_template(user) == "text:2"
+    with pytest.raises(ValueError, match="chat_template='missing.jinja': no such file"):
+        TransformersTokenizer.from_pretrained(tmp_path, chat_template="missing.jinja")
+    # a request's variables may not replace what the request itself sets
+    with pytest.raises(ValueError, match="may not set \\['messages'\\]"):
+        hub.apply_chat_template(user, messages=[])
 
 
 def test_a_long_text_is_tokenized_without_holding_the_gil():

@@ -23,6 +23,8 @@ def test_the_flags_set_the_llm_options_they_name():
             "2",
             "--kv_cache_free_gpu_memory_fraction",
             "0.5",
+            "--chat_template",
+            "own.jinja",
         ]
     )
     options = {"kv_cache_config": {"tokens_per_block": 64}}
@@ -36,6 +38,7 @@ def test_the_flags_set_the_llm_options_they_name():
     assert (llm_args.tensor_parallel_size, llm_args.moe_expert_parallel_size) == (2, 2)
     kv = llm_args.kv_cache_config
     assert (kv.free_gpu_memory_fraction, kv.tokens_per_block) == (0.5, 64)
+    assert llm_args.chat_template == "own.jinja"
 
 
 def test_a_flag_and_the_config_setting_one_option_is_refused():

@@ -142,3 +142,23 @@ def test_a_message_the_checkpoints_template_refuses_is_a_400(client, monkeypatch
     error = reply.json()["error"]
     assert reply.status_code == 400 and error["param"] == "messages", error
     assert "no system role" in error["message"]
+
+
+def test_thinking_asked_two_ways_that_disagree_is_a_400(client):
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "reasoning_effort": "none",
+        "thinking": {"type": "enabled"},
+    }
+    reply = client.post("/v1/chat/completions", json=body)
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and "the ways to ask for thinking disagree" in error["message"]
+
+
+def test_a_tool_result_the_bundled_template_cannot_render_is_a_400_naming_the_role(client):
+    # (the bundled model's template knows system, user and assistant turns only)
+    messages = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "5"}]
+    reply = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["param"] == "messages"
+    assert "messages[1].role=tool" in error["message"]
