@@ -65,12 +65,14 @@ def build_server(
     allowed_local_media_path: Path | None = None,
     allowed_media_domains: list[str] | None = None,
     max_request_tokens: int | None = None,
+    reasoning_parser: str | None = None,
     flags: dict[str, object] | None = None,
 ):
     """The server for ``model`` (default: the bundled one) with the LLM options of ``config``
     and of ``flags`` (``FLAG_OPTIONS``' names; ``tp_size`` too); an option given both ways is a
     ``ValueError``."""
     from tensorrt_llm.llmapi import LLM
+    from tensorrt_llm.llmapi.reasoning_parser import ReasoningParserFactory
     from tensorrt_llm.serve.guards import ServeLimits
     from tensorrt_llm.serve.media import MediaOptions
     from tensorrt_llm.serve.openai_server import OpenAIServer
@@ -97,9 +99,13 @@ def build_server(
     )
     if max_request_tokens is not None and max_request_tokens < 1:
         raise ValueError(f"--max-request-tokens {max_request_tokens}: must be at least 1")
+    if reasoning_parser is not None and reasoning_parser not in ReasoningParserFactory.parsers:
+        known = sorted(ReasoningParserFactory.parsers)
+        raise ValueError(f"--reasoning_parser {reasoning_parser}: expected one of {known}")
     llm = LLM(model, **options)
     limits = ServeLimits(max_request_tokens=max_request_tokens)
-    return OpenAIServer(llm, served_model_name or Path(model).name, api_key, media, limits)
+    name = served_model_name or Path(model).name
+    return OpenAIServer(llm, name, api_key, media, limits, reasoning_parser)
 
 
 def serve_disaggregated(argv: list[str]) -> int:
@@ -177,6 +183,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the share of the free GPU memory the KV cache takes (kv_cache_config)",
     )
     parser.add_argument(
+        "--reasoning_parser",
+        default=None,
+        help="split a chat reply's reasoning into reasoning_content (minimax_m3)",
+    )
+    parser.add_argument(
         "--chat_template",
         default=None,
         help="a Jinja chat template file, in place of the checkpoint's chat_template.jinja",
@@ -228,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             allowed_local_media_path=args.allowed_local_media_path,
             allowed_media_domains=args.allowed_media_domains,
             max_request_tokens=args.max_request_tokens,
+            reasoning_parser=args.reasoning_parser,
             flags={flag: getattr(args, flag) for flag in FLAG_OPTIONS if flag != "tp_size"},
         )
     except ValueError as exc:

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from tensorrt_llm._torch.disaggregation.params import RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
 from tensorrt_llm.llmapi.llm import LLM, GenerationRequest
+from tensorrt_llm.llmapi.reasoning_parser import ReasoningParserFactory
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import MAX_INT64, SamplingParams, SamplingParamsError
 from tensorrt_llm.serve import guards, media
@@ -63,10 +64,15 @@ class OpenAIServer:
         api_key: str | None = None,
         media_options: media.MediaOptions | None = None,
         limits: guards.ServeLimits | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         """``api_key``: when set, every path but ``/health`` needs ``Authorization: Bearer``.
         ``media_options``: where chat images may come from (``serve/media.py``). ``limits``: how
-        much work one request may ask for."""
+        much work one request may ask for. ``reasoning_parser``: the name of the parser that
+        splits a chat reply's reasoning from its content (``reasoning_parser.py``)."""
+        if reasoning_parser is not None:
+            ReasoningParserFactory.create_reasoning_parser(reasoning_parser)  # (a known name)
+        self.reasoning_parser = reasoning_parser
         self.limits = limits or guards.ServeLimits()
         self.llm = llm
         self.media = media.MediaPool(media_options or media.MediaOptions())
@@ -240,7 +246,12 @@ class OpenAIServer:
         self.metrics.requests.inc()
         self.metrics.prompt_tokens.inc(usage.prompt_tokens)
         rid = new_id("chatcmpl" if chat else "cmpl")
-        renderer = Renderer(self.llm.tokenizer, chat)
+        parser = None
+        if chat and self.reasoning_parser is not None:
+            parser = ReasoningParserFactory.create_reasoning_parser(
+                self.reasoning_parser, body.template_kwargs()
+            )
+        renderer = Renderer(self.llm.tokenizer, chat, parser)
         if body.stream:
             return EndingStream(
                 self._sse(rid, streams, renderer, params, usage, body), submission.cancel
