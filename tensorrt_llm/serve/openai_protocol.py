@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -20,25 +19,34 @@ from pydantic import (
 
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 from tensorrt_llm.llmapi.reasoning_parser import THINKING_MODES
+from tensorrt_llm.serve.chat_messages import (  # (re-exported: the protocol's names)
+    ChatCompletionToolsParam,
+    ChatMessage,
+    FunctionDefinition,
+    ImageUrlPart,
+    Text,
+    TextPart,
+    ToolCall,
+    ToolCallFunction,
+)
+
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatCompletionToolsParam",
+    "ChatMessage",
+    "CompletionRequest",
+    "ErrorInfo",
+    "ErrorResponse",
+    "FunctionDefinition",
+    "ImageUrlPart",
+    "TextPart",
+    "ToolCall",
+    "ToolCallFunction",
+    "new_id",
+    "now",
+]
 
 MAX_CHOICES = 16  # choices of one request: prompts times n
-
-
-def _encodable(text: str) -> str:
-    """JSON may carry a lone UTF-16 surrogate (``"\\ud800"``), which no tokenizer can encode."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        code = ord(text[exc.start])
-        raise ValueError(f"holds a lone surrogate (U+{code:04X}) at {exc.start}") from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(_encodable)]  # every string a request carries
-
-
-class OpenAIBaseModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 # Fields clients send that would change the result if ignored: refused (a 400 naming the field)
@@ -47,11 +55,12 @@ _UNSUPPORTED = {
     "best_of": (None, 1),
     "suffix": (None, ""),
     "echo": (None, False),
-    "tools": (None, []),
     "functions": (None, []),
-    "tool_choice": (None, "none"),
     "function_call": (None, "none"),
 }
+_COMPLETIONS_UNSUPPORTED = {"tools": (None, []), "tool_choice": (None, "none")}  # (chat's only)
+MAX_TOOLS = 128  # tools of one request (OpenAI's limit)
+MAX_TOOLS_BYTES = 256 * 1024  # their JSON, all together
 
 
 class _SamplingFields(BaseModel):
@@ -101,20 +110,13 @@ class _SamplingFields(BaseModel):
     best_of: object = None
     suffix: object = None
     echo: object = None
-    tools: object = None
     functions: object = None
-    tool_choice: object = None
     function_call: object = None
 
     @field_validator(*_UNSUPPORTED)
     @classmethod
     def _refuse_unsupported(cls, value, info):
-        if not any(
-            value == default and type(value) is type(default)
-            for default in _UNSUPPORTED[info.field_name]
-        ):
-            raise ValueError(f"{info.field_name} is not supported by this server (yet)")
-        return value
+        return _only_default(value, info.field_name, _UNSUPPORTED)
 
     @field_validator("response_format")
     @classmethod
@@ -129,10 +131,23 @@ class _SamplingFields(BaseModel):
         return sorted(self.model_extra or {})
 
 
+def _only_default(value, name: str, defaults: dict):
+    if not any(value == default and type(value) is type(default) for default in defaults[name]):
+        raise ValueError(f"{name} is not supported by this server (yet)")
+    return value
+
+
 class CompletionRequest(_SamplingFields):
     # one prompt (text or token ids) or a list of them: a choice per prompt (times n)
     prompt: Text | list[StrictInt] | list[Text] | list[list[StrictInt]]
     logprobs: StrictInt | None = Field(default=None, ge=0, le=20)  # top tokens per token
+    tools: object = None
+    tool_choice: object = None
+
+    @field_validator(*_COMPLETIONS_UNSUPPORTED)
+    @classmethod
+    def _no_tools(cls, value, info):
+        return _only_default(value, info.field_name, _COMPLETIONS_UNSUPPORTED)
 
     def wanted_logprobs(self) -> int | None:
         return self.logprobs
@@ -152,122 +167,6 @@ class CompletionRequest(_SamplingFields):
         if num_prompts * n > MAX_CHOICES:
             raise ValueError(f"{num_prompts} prompts times n={n} is over {MAX_CHOICES} choices")
         return prompt
-
-
-class TextPart(OpenAIBaseModel):
-    type: Literal["text"]
-    text: Text
-
-
-class ImageUrl(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # "detail": the processor sizes every image alike
-
-    url: Text
-
-
-class ImageUrlPart(OpenAIBaseModel):
-    """An image: a ``data:`` URL, an ``http(s)`` URL, or ``file://`` under the server's
-    ``--allowed-local-media-path`` (``serve/media.py``)."""
-
-    type: Literal["image_url"]
-    image_url: ImageUrl
-
-
-class ToolCallFunction(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    name: Text
-    # what the model passed: clients send it back as JSON text; the template renders an object
-    arguments: Text | dict = "{}"
-
-    @field_validator("arguments")
-    @classmethod
-    def _an_object(cls, value):
-        if isinstance(value, dict):
-            return value
-        try:
-            decoded = json.loads(value or "{}")
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"is not JSON ({exc.msg} at {exc.pos})") from None
-        if not isinstance(decoded, dict):
-            raise ValueError("must be a JSON object of the arguments")
-        return decoded
-
-
-class ToolCall(BaseModel):
-    """A call an assistant message made (the history of a tool round trip)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    id: Text | None = None
-    type: Literal["function"] = "function"
-    function: ToolCallFunction
-
-
-class ChatMessage(BaseModel):
-    """A message: text, or a list of text and image parts. An assistant message may carry its
-    reasoning (``reasoning_content``, kept in the history) and the calls it made
-    (``tool_calls``, its content then optional); a ``tool`` message is a call's result."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]] | None = (
-        None
-    )
-    reasoning_content: Text | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: Text | None = None
-    name: Text | None = None
-
-    @model_validator(mode="after")
-    def _fields_of_its_role(self) -> ChatMessage:
-        if self.role != "assistant":
-            extra = [f for f in ("reasoning_content", "tool_calls") if getattr(self, f)]
-            if extra:
-                raise ValueError(f"{extra[0]} belongs to an assistant message, not {self.role!r}")
-            if self.content is None:
-                raise ValueError(f"a {self.role!r} message needs content")
-        elif self.content is None and not self.tool_calls:
-            raise ValueError("an assistant message needs content or tool_calls")
-        return self
-
-    def text(self, image_mark: str = "") -> str:
-        """The content as text, each image part written as ``image_mark``."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text if isinstance(p, TextPart) else image_mark for p in self.content)
-
-    def image_urls(self) -> list[str]:
-        if not isinstance(self.content, list):
-            return []
-        return [p.image_url.url for p in self.content if isinstance(p, ImageUrlPart)]
-
-    def for_template(self, image_mark: str = "") -> dict:
-        """The message as a chat template reads it (tool call arguments as objects)."""
-        out: dict = {"role": self.role, "content": self.text(image_mark)}
-        if self.reasoning_content is not None:
-            out["reasoning_content"] = self.reasoning_content
-        if self.tool_calls:
-            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
-        for key in ("tool_call_id", "name"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        return out
-
-    def texts(self, index: int) -> list[tuple[str, str]]:
-        """``(param, text)`` of every text of it that reaches the prompt."""
-        where = f"messages.{index}"
-        out = [(f"{where}.content", self.text())]
-        if self.reasoning_content:
-            out.append((f"{where}.reasoning_content", self.reasoning_content))
-        for j, call in enumerate(self.tool_calls or ()):
-            arguments = json.dumps(call.function.arguments, ensure_ascii=False)
-            out.append((f"{where}.tool_calls.{j}.function.name", call.function.name))
-            out.append((f"{where}.tool_calls.{j}.function.arguments", arguments))
-        return out
 
 
 class Thinking(BaseModel):
@@ -296,6 +195,27 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     thinking: Thinking | None = None
+    tools: list[ChatCompletionToolsParam] | None = Field(default=None, max_length=MAX_TOOLS)
+    # auto (the default with tools) or none; required and a named tool are not taken yet
+    tool_choice: Literal["none", "auto"] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_within_limits(cls, tools):
+        if not tools:
+            return tools
+        names = [tool.function.name for tool in tools]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"tool names must differ; {twice} repeat")
+        size = len(json.dumps([tool.model_dump() for tool in tools]))
+        if size > MAX_TOOLS_BYTES:
+            raise ValueError(f"the tools are {size} bytes of JSON; at most {MAX_TOOLS_BYTES}")
+        return tools
+
+    def calls_tools(self) -> bool:
+        """Whether the reply is read for tool calls."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatCompletionRequest:
@@ -336,6 +256,8 @@ class ChatCompletionRequest(_SamplingFields):
             said = ", ".join(f"{k} asks {v}" for k, v in asked.items())
             raise ValueError(f"the ways to ask for thinking disagree: {said}")
         kwargs["thinking_mode"] = next(iter(asked.values()), "adaptive")
+        if self.tools:
+            kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in self.tools]
         return kwargs
 
 
