@@ -66,6 +66,7 @@ def build_server(
     allowed_media_domains: list[str] | None = None,
     max_request_tokens: int | None = None,
     reasoning_parser: str | None = None,
+    tool_parser: str | None = None,
     flags: dict[str, object] | None = None,
 ):
     """The server for ``model`` (default: the bundled one) with the LLM options of ``config``
@@ -76,6 +77,7 @@ def build_server(
     from tensorrt_llm.serve.guards import ServeLimits
     from tensorrt_llm.serve.media import MediaOptions
     from tensorrt_llm.serve.openai_server import OpenAIServer
+    from tensorrt_llm.serve.tool_parser import ToolParserFactory
 
     options = load_yaml_options(config) if config else {}
     model = model or options.pop("model", None)
@@ -99,13 +101,16 @@ def build_server(
     )
     if max_request_tokens is not None and max_request_tokens < 1:
         raise ValueError(f"--max-request-tokens {max_request_tokens}: must be at least 1")
-    if reasoning_parser is not None and reasoning_parser not in ReasoningParserFactory.parsers:
-        known = sorted(ReasoningParserFactory.parsers)
-        raise ValueError(f"--reasoning_parser {reasoning_parser}: expected one of {known}")
+    for flag, name, known in (
+        ("--reasoning_parser", reasoning_parser, ReasoningParserFactory.parsers),
+        ("--tool_parser", tool_parser, ToolParserFactory.parsers),
+    ):
+        if name is not None and name not in known:
+            raise ValueError(f"{flag} {name}: expected one of {sorted(known)}")
     llm = LLM(model, **options)
     limits = ServeLimits(max_request_tokens=max_request_tokens)
     name = served_model_name or Path(model).name
-    return OpenAIServer(llm, name, api_key, media, limits, reasoning_parser)
+    return OpenAIServer(llm, name, api_key, media, limits, reasoning_parser, tool_parser)
 
 
 def serve_disaggregated(argv: list[str]) -> int:
@@ -188,6 +193,11 @@ def _parser() -> argparse.ArgumentParser:
         help="split a chat reply's reasoning into reasoning_content (minimax_m3)",
     )
     parser.add_argument(
+        "--tool_parser",
+        default=None,
+        help="read a chat reply's tool calls into tool_calls (minimax_m3)",
+    )
+    parser.add_argument(
         "--chat_template",
         default=None,
         help="a Jinja chat template file, in place of the checkpoint's chat_template.jinja",
@@ -240,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             allowed_media_domains=args.allowed_media_domains,
             max_request_tokens=args.max_request_tokens,
             reasoning_parser=args.reasoning_parser,
+            tool_parser=args.tool_parser,
             flags={flag: getattr(args, flag) for flag in FLAG_OPTIONS if flag != "tp_size"},
         )
     except ValueError as exc:

@@ -4,8 +4,8 @@ whole or as stream chunks."""
 from __future__ import annotations
 
 from tensorrt_llm.llmapi.outputs import CompletionOutput, RequestOutput, visible_tokens
-from tensorrt_llm.llmapi.reasoning_parser import BaseReasoningParser
 from tensorrt_llm.serve.logprobs import chat_logprobs, completion_logprobs
+from tensorrt_llm.serve.reply_parsing import ReplyParsing
 from tensorrt_llm.tokenizer import TransformersTokenizer
 
 
@@ -18,12 +18,11 @@ class Renderer:
         self,
         tokenizer: TransformersTokenizer,
         chat: bool,
-        reasoning_parser: BaseReasoningParser | None = None,
+        parsing: ReplyParsing | None = None,
     ) -> None:
-        """``reasoning_parser`` (chat only): the text is split into ``reasoning_content`` and
-        ``content`` (each choice parsed by a fresh copy of it)."""
+        """``parsing`` (chat only): the reply's reasoning and tool calls read out of its text."""
         self.tokenizer, self.chat = tokenizer, chat
-        self.reasoning_parser = reasoning_parser if chat else None
+        self.parsing = parsing if chat else None
 
     def logprobs(self, out: CompletionOutput, start: int) -> dict:
         """The logprobs of the visible tokens from ``start`` on."""
@@ -44,15 +43,12 @@ class Renderer:
         }
         if not self.chat:
             choice["text"] = out.text
-        elif self.reasoning_parser is None:
+        elif self.parsing is None:
             choice["message"] = {"role": "assistant", "content": out.text}
         else:
-            split = self.reasoning_parser.parse(out.text)
-            choice["message"] = {
-                "role": "assistant",
-                "content": split.content,
-                "reasoning_content": split.reasoning_content or None,
-            }
+            choice["message"], choice["finish_reason"] = self.parsing.whole(
+                out.text, out.finish_reason
+            )
         if out.logprobs is not None:
             choice["logprobs"] = self.logprobs(out, 0)
         return choice
@@ -60,16 +56,15 @@ class Renderer:
 
 class ChoiceStream:
     """One choice's stream chunks: the text not sent yet, held back while a stop string may
-    still complete (and, with a reasoning parser, while a marker may); split into
-    ``reasoning_content`` and ``content``; the role on the first chunk; the logprobs of the
-    tokens not sent yet."""
+    still complete (and, with the reply's parsers, while a marker or markup may), read into
+    ``reasoning_content``, ``content`` and ``tool_calls`` (``reply_parsing.py``); the role on the
+    first chunk; the logprobs of the tokens not sent yet."""
 
     def __init__(self, renderer: Renderer, index: int, stop: list[str] | None) -> None:
         self.renderer, self.index = renderer, index
         self.hold = max((len(s) for s in stop or []), default=1) - 1
         self.sent, self.first, self.logprobs_sent, self.emitted = "", True, 0, 0
-        parser = renderer.reasoning_parser
-        self.parser = None if parser is None else parser.fresh()
+        self.split = None if renderer.parsing is None else renderer.parsing.stream()
 
     def chunk(self, snap: RequestOutput) -> dict | None:
         """The choice of the next chunk, or None when there is nothing new to send."""
@@ -78,27 +73,20 @@ class ChoiceStream:
         text = out.text
         shown = text if snap.finished else text[: max(len(self.sent), len(text) - self.hold)]
         delta, self.sent = shown[len(self.sent) :], shown
-        reasoning = ""
-        if self.parser is not None:
-            split = self.parser.parse_delta(delta)
-            if snap.finished:
-                rest = self.parser.finish()
-                split.content += rest.content
-                split.reasoning_content += rest.reasoning_content
-            delta, reasoning = split.content, split.reasoning_content
-        if not delta and not reasoning and not snap.finished and not self.first:
+        parts = {"content": delta} if delta else {}
+        if self.split is not None:
+            parts = self.split.step(delta, snap.finished)
+        if not parts and not snap.finished and not self.first:
             return None
-        choice = {
-            "index": self.index,
-            "finish_reason": out.finish_reason if snap.finished else None,
-        }
+        reason = out.finish_reason if snap.finished else None
+        if reason is not None and self.split is not None:
+            reason = self.split.finish_reason(reason)
+        choice = {"index": self.index, "finish_reason": reason}
         if self.renderer.chat:
             message = {"role": "assistant"} if self.first else {}
-            if reasoning:
-                message["reasoning_content"] = reasoning
-            if delta or not (self.first or reasoning):
-                message["content"] = delta
-            choice["delta"] = message
+            if not parts and not self.first:
+                parts = {"content": ""}  # (the last chunk: its finish reason)
+            choice["delta"] = message | parts
         else:
             choice["text"] = delta
         if out.logprobs is not None:

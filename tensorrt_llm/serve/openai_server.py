@@ -43,7 +43,9 @@ from tensorrt_llm.serve.openai_protocol import (
     new_id,
     now,
 )
+from tensorrt_llm.serve.reply_parsing import ReplyParsing
 from tensorrt_llm.serve.submission import Submission
+from tensorrt_llm.serve.tool_parser import ToolParserFactory
 from tensorrt_llm.serve.waits import (
     EndingStream,
     Last,
@@ -65,14 +67,18 @@ class OpenAIServer:
         media_options: media.MediaOptions | None = None,
         limits: guards.ServeLimits | None = None,
         reasoning_parser: str | None = None,
+        tool_parser: str | None = None,
     ) -> None:
         """``api_key``: when set, every path but ``/health`` needs ``Authorization: Bearer``.
         ``media_options``: where chat images may come from (``serve/media.py``). ``limits``: how
         much work one request may ask for. ``reasoning_parser``: the name of the parser that
-        splits a chat reply's reasoning from its content (``reasoning_parser.py``)."""
+        splits a chat reply's reasoning from its content (``reasoning_parser.py``);
+        ``tool_parser``: of the one that reads its tool calls (``tool_parser/``)."""
         if reasoning_parser is not None:
             ReasoningParserFactory.create_reasoning_parser(reasoning_parser)  # (a known name)
-        self.reasoning_parser = reasoning_parser
+        if tool_parser is not None:
+            ToolParserFactory.create_tool_parser(tool_parser)
+        self.reasoning_parser, self.tool_parser = reasoning_parser, tool_parser
         self.limits = limits or guards.ServeLimits()
         self.llm = llm
         self.media = media.MediaPool(media_options or media.MediaOptions())
@@ -246,12 +252,7 @@ class OpenAIServer:
         self.metrics.requests.inc()
         self.metrics.prompt_tokens.inc(usage.prompt_tokens)
         rid = new_id("chatcmpl" if chat else "cmpl")
-        parser = None
-        if chat and self.reasoning_parser is not None:
-            parser = ReasoningParserFactory.create_reasoning_parser(
-                self.reasoning_parser, body.template_kwargs()
-            )
-        renderer = Renderer(self.llm.tokenizer, chat, parser)
+        renderer = Renderer(self.llm.tokenizer, chat, self._parsing(body) if chat else None)
         if body.stream:
             return EndingStream(
                 self._sse(rid, streams, renderer, params, usage, body), submission.cancel
@@ -277,6 +278,24 @@ class OpenAIServer:
         if lasts[0].disaggregated_params is not None:
             reply["disaggregated_params"] = lasts[0].disaggregated_params.to_json()
         return reply
+
+    def _parsing(self, body) -> ReplyParsing:
+        """How a chat request's reply is read: its reasoning, its tool calls."""
+        reasoning = None
+        if self.reasoning_parser is not None:
+            reasoning = ReasoningParserFactory.create_reasoning_parser(
+                self.reasoning_parser, body.template_kwargs()
+            )
+        if not body.calls_tools():
+            return ReplyParsing(reasoning)
+        if self.tool_parser is None:
+            raise ServerError(
+                400, "this server reads no tool calls: start it with --tool_parser", param="tools"
+            )
+        name = self.tool_parser
+        return ReplyParsing(
+            reasoning, lambda: ToolParserFactory.create_tool_parser(name), body.tools
+        )
 
     def _jobs(self, body, prompts: list[list[int]], params: SamplingParams) -> list:
         """A ``GenerationRequest`` per choice: prompt-major, ``n`` samples each (sample i of a

@@ -162,3 +162,38 @@ def test_a_tool_result_the_bundled_template_cannot_render_is_a_400_naming_the_ro
     error = reply.json()["error"]
     assert reply.status_code == 400 and error["param"] == "messages"
     assert "messages[1].role=tool" in error["message"]
+
+
+def tool(name: str = "add", parameters=None) -> dict:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    return {"type": "function", "function": {"name": name, "parameters": parameters or schema}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "message"),
+    [
+        ({"tools": [tool()]}, "tools", "start it with --tool_parser"),
+        ({"tools": [tool(parameters={"type": "string"})]}, "tools", "schema of an object"),
+        ({"tools": [tool(name="has space")]}, "tools", "pattern"),
+        ({"tools": [tool(), tool()]}, "tools", "repeat"),
+        ({"tools": [tool(f"t{i}") for i in range(129)]}, "tools", "at most 128"),
+        ({"tools": [tool(parameters={"description": "x" * 300_000})]}, "tools", "bytes of JSON"),
+        ({"tools": [tool()], "tool_choice": "required"}, "tool_choice", "none"),
+    ],
+)
+def test_tools_a_server_cannot_take_are_a_400_naming_the_field(client, fields, param, message):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **fields}
+    reply = client.post("/v1/chat/completions", json=body)
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["param"].startswith(param), error
+    assert message in error["message"], error
+
+
+def test_tools_with_tool_choice_none_are_not_read_for_calls(client):
+    # (the bundled template renders no tools; nothing reads the reply for calls either)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    reply = client.post(
+        "/v1/chat/completions", json={**body, "tools": [tool()], "tool_choice": "none"}
+    )
+    assert reply.status_code == 200, reply.text
+    assert "tool_calls" not in reply.json()["choices"][0]["message"]

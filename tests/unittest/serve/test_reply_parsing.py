@@ -1,0 +1,162 @@
+"""A chat reply read by the server's parsers: ``message.reasoning_content`` and
+``message.tool_calls`` whole, ``delta.reasoning_content`` and ``delta.tool_calls`` streamed,
+however the steps cut the markers and the markup; without parsers the text is left as it is."""
+
+import json
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from tensorrt_llm.commands.serve import build_server
+from tensorrt_llm.llmapi.reasoning_parser import ReasoningParserFactory
+from tensorrt_llm.serve.choices import ChoiceStream, Renderer
+from tensorrt_llm.serve.reply_parsing import ReplyParsing
+from tensorrt_llm.serve.tool_parser import ToolParserFactory
+
+TEXT = "<mm:think>2 and 3 make 5.</mm:think>The answer is 5."
+
+
+def snapshot(text: str, finished: bool):
+    """What a step's output gives the stream (the fields it reads)."""
+    out = SimpleNamespace(
+        text=text,
+        num_tokens=len(text),
+        finish_reason="stop" if finished else None,
+        logprobs=None,
+        avg_decoded_tokens_per_iter=1.0,
+    )
+    return SimpleNamespace(outputs=[out], finished=finished)
+
+
+def renderer(mode: str | None = "adaptive") -> Renderer:
+    parser = (
+        None
+        if mode is None
+        else ReasoningParserFactory.create_reasoning_parser("minimax_m3", {"thinking_mode": mode})
+    )
+    return Renderer(
+        tokenizer=None, chat=True, parsing=None if parser is None else ReplyParsing(parser)
+    )
+
+
+def streamed(render: Renderer, text: str, rng: random.Random) -> list[dict]:
+    """The deltas of ``text`` arriving over steps of 1 to 6 characters."""
+    stream, deltas, i = ChoiceStream(render, 0, None), [], 0
+    while True:
+        i = min(len(text), i + rng.randint(1, 6))
+        choice = stream.chunk(snapshot(text[:i], finished=i == len(text)))
+        if choice is not None:
+            deltas.append(choice)
+        if i == len(text):
+            return deltas
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_streamed_reasoning_and_content_join_to_the_whole_replys(seed):
+    render = renderer()
+    whole = render.whole(snapshot(TEXT, finished=True), 0)["message"]
+    assert whole == {
+        "role": "assistant",
+        "content": "The answer is 5.",
+        "reasoning_content": "2 and 3 make 5.",
+    }
+    deltas = streamed(render, TEXT, random.Random(seed))
+    assert deltas[0]["delta"]["role"] == "assistant"
+    assert deltas[-1]["finish_reason"] == "stop"
+    reasoning = "".join(d["delta"].get("reasoning_content", "") for d in deltas)
+    content = "".join(d["delta"].get("content", "") for d in deltas)
+    assert (reasoning, content) == (whole["reasoning_content"], whole["content"])
+    assert not any("mm:think" in str(d["delta"]) for d in deltas)
+
+
+def test_the_prompts_thinking_mode_decides_where_the_reply_starts():
+    render = renderer("enabled")  # (the prompt opened the block)
+    reply = render.whole(snapshot("add them</mm:think>5", finished=True), 0)["message"]
+    assert (reply["reasoning_content"], reply["content"]) == ("add them", "5")
+    no_reasoning = renderer("adaptive").whole(snapshot("5", finished=True), 0)["message"]
+    assert no_reasoning == {"role": "assistant", "content": "5", "reasoning_content": None}
+
+
+def test_without_a_parser_the_markers_stay_in_the_content():
+    render = renderer(None)
+    assert render.whole(snapshot(TEXT, finished=True), 0)["message"] == {
+        "role": "assistant",
+        "content": TEXT,
+    }
+    deltas = streamed(render, TEXT, random.Random(0))
+    assert "".join(d["delta"].get("content", "") for d in deltas) == TEXT
+
+
+def test_an_unknown_reasoning_parser_is_refused_before_the_model_loads():
+    with pytest.raises(ValueError, match="--reasoning_parser deepseek: expected one of"):
+        build_server(None, None, device="cpu", reasoning_parser="deepseek")
+
+
+NS = "]<]minimax[>["
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
+        },
+    }
+]
+CALLING = (
+    "<mm:think>Use the tool.</mm:think>Adding."
+    f'{NS}<tool_call>\n{NS}<invoke name="add">{NS}<a>2{NS}</a>{NS}<b>3{NS}</b>{NS}</invoke>\n'
+    f'{NS}<invoke name="add">{NS}<a>4{NS}</a>{NS}<b>5{NS}</b>{NS}</invoke>\n{NS}</tool_call>'
+)
+
+
+def calling_renderer() -> Renderer:
+    reasoning = ReasoningParserFactory.create_reasoning_parser("minimax_m3")
+    parsing = ReplyParsing(
+        reasoning, lambda: ToolParserFactory.create_tool_parser("minimax_m3"), TOOLS
+    )
+    return Renderer(tokenizer=None, chat=True, parsing=parsing)
+
+
+def test_a_reply_that_calls_tools_whole():
+    choice = calling_renderer().whole(snapshot(CALLING, finished=True), 0)
+    message = choice["message"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert (message["reasoning_content"], message["content"]) == ("Use the tool.", "Adding.")
+    calls = message["tool_calls"]
+    assert [
+        (c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls
+    ] == [
+        ("function", "add", {"a": 2, "b": 3}),
+        ("function", "add", {"a": 4, "b": 5}),
+    ]
+    assert len({c["id"] for c in calls}) == 2 and all(c["id"].startswith("call") for c in calls)
+    # only tools: no content; cut by the token limit: the reason stays
+    only = calling_renderer().whole(snapshot(CALLING[CALLING.index(NS) :], finished=True), 0)
+    assert only["message"]["content"] is None
+    cut = snapshot(CALLING, finished=True)
+    cut.outputs[0].finish_reason = "length"
+    assert calling_renderer().whole(cut, 0)["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_streamed_reply_that_calls_tools_joins_to_the_whole_one(seed):
+    whole = calling_renderer().whole(snapshot(CALLING, finished=True), 0)["message"]
+    deltas = streamed(calling_renderer(), CALLING, random.Random(seed))
+    assert deltas[-1]["finish_reason"] == "tool_calls"
+    assert "".join(d["delta"].get("content", "") for d in deltas) == whole["content"]
+    assert "".join(d["delta"].get("reasoning_content", "") for d in deltas) == "Use the tool."
+    calls: dict[int, dict] = {}
+    for entry in (e for d in deltas for e in d["delta"].get("tool_calls", [])):
+        if "id" in entry:  # a call's first entry: its id, type and name
+            assert entry["index"] not in calls and entry["type"] == "function"
+            calls[entry["index"]] = {"name": entry["function"]["name"], "arguments": ""}
+        calls[entry["index"]]["arguments"] += entry["function"]["arguments"]
+    assert [calls[i] for i in sorted(calls)] == [
+        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+        for c in whole["tool_calls"]
+    ]
+    assert not any(NS in str(d) for d in deltas)
