@@ -232,10 +232,12 @@ def _types(schema) -> list[str]:
 
 
 def coerce(text: str, schema: dict | None):
-    """``text`` as the first of ``schema``'s types it can be; the text itself when none fits or
-    there is no schema."""
+    """``text`` as the first of ``schema``'s types it can be (``null`` tried first: a value that
+    may be a string or null written ``null`` is null); the text itself when none fits or there
+    is no schema."""
     word = text.strip()
-    for kind in _types(schema):
+    kinds = _types(schema)
+    for kind in sorted(kinds, key=lambda k: k != "null"):
         if kind == "string":
             return text
         if kind == "integer" and re.fullmatch(r"[-+]?\d+", word):
@@ -249,7 +251,7 @@ def coerce(text: str, schema: dict | None):
                 return int(word) if re.fullmatch(r"[-+]?\d+", word) else number
         if kind == "boolean" and word.lower() in ("true", "false"):
             return word.lower() == "true"
-        if kind == "null" and word.lower() in ("null", "none", ""):
+        if kind == "null" and word.lower() in ("null", "none"):
             return None
         if kind in ("object", "array"):
             try:
