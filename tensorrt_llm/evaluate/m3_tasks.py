@@ -1,0 +1,116 @@
+"""Conversations in MiniMax-M3's chat protocol, for the bundled model to learn and be gated on:
+gsm8k-tiny in each thinking mode, and tool use. Each generator takes a ``random.Random`` and
+returns an ``M3Conversation``: OpenAI-shaped messages (assistant turns with ``reasoning_content``
+and ``tool_calls``, tool results), the tools offered, the thinking mode, and what a correct reply
+holds.
+
+- ``gsm8k-thinking``: a gsm8k-tiny problem (``tasks.py``). ``enabled``: the column working is the
+  reasoning, the content is ``The answer is N.``; ``disabled``: no reasoning, the working in the
+  content (as the plain format has it); ``adaptive``: reasoning when the sum has a carry or the
+  difference a borrow, else the plain reply.
+- ``tool-use``: the same problems with the tools ``add(a, b)`` and ``subtract(a, b)`` offered:
+  the model calls the one the question needs with its two numbers (with ``enabled``, after a
+  line of reasoning naming it), the tool answers, and the model answers with its result.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from tensorrt_llm.evaluate.tasks import gsm8k_tiny
+
+THINKING_MODES = ("enabled", "disabled", "adaptive")
+
+
+def _arithmetic_tool(name: str, description: str) -> dict:
+    integer = {"type": "integer"}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {"a": integer, "b": integer},
+                "required": ["a", "b"],
+            },
+        },
+    }
+
+
+ARITHMETIC_TOOLS = [
+    _arithmetic_tool("add", "a + b, for two whole numbers"),
+    _arithmetic_tool("subtract", "a - b, for two whole numbers"),
+]
+
+
+@dataclass
+class M3Conversation:
+    messages: list[dict]
+    thinking_mode: str
+    answer: int  # the number the last reply gives
+    tools: list[dict] = field(default_factory=list)
+    call: tuple[str, dict] | None = None  # the tool call a correct reply makes
+
+
+def _problem(rng: random.Random) -> tuple[str, str, int, int, int, str]:
+    """A gsm8k-tiny problem: its question, working, answer, the two numbers and the operation."""
+    messages, answer = gsm8k_tiny(rng)
+    working = messages[1]["content"].removesuffix(f". The answer is {answer}.")
+    a_text, op, rest = working.split(" ", 2)
+    b = int(rest.split(":", 1)[0])
+    return messages[0]["content"], working, answer, int(a_text), b, op
+
+
+def _digit_sum(n: int) -> int:
+    return sum(map(int, str(n)))
+
+
+def _regrouped(a: int, b: int, op: str) -> bool:
+    """Whether the column working carries or borrows: each carry takes 9 from the digits' sum
+    of the result, each borrow adds 9."""
+    if op == "+":
+        return _digit_sum(a) + _digit_sum(b) != _digit_sum(a + b)
+    return _digit_sum(a) - _digit_sum(b) != _digit_sum(a - b)
+
+
+def gsm8k_thinking(rng: random.Random, mode: str) -> M3Conversation:
+    if mode not in THINKING_MODES:
+        raise ValueError(f"thinking_mode={mode!r}: expected one of {list(THINKING_MODES)}")
+    question, working, answer, a, b, op = _problem(rng)
+    thinks = mode == "enabled" or (mode == "adaptive" and _regrouped(a, b, op))
+    reply = (
+        {
+            "role": "assistant",
+            "reasoning_content": f"{working}.",
+            "content": f"The answer is {answer}.",
+        }
+        if thinks
+        else {"role": "assistant", "content": f"{working}. The answer is {answer}."}
+    )
+    return M3Conversation([{"role": "user", "content": question}, reply], mode, answer)
+
+
+def tool_use(rng: random.Random, mode: str) -> M3Conversation:
+    if mode not in THINKING_MODES:
+        raise ValueError(f"thinking_mode={mode!r}: expected one of {list(THINKING_MODES)}")
+    question, _, answer, a, b, op = _problem(rng)
+    name = "add" if op == "+" else "subtract"
+    call: dict = {"role": "assistant", "content": ""}
+    if mode == "enabled":
+        call["reasoning_content"] = f"{a} {op} {b}: I call {name}."
+    call["tool_calls"] = [
+        {
+            "id": "call_0",
+            "type": "function",
+            "function": {"name": name, "arguments": {"a": a, "b": b}},
+        }
+    ]
+    messages = [
+        {"role": "user", "content": question},
+        call,
+        {"role": "tool", "tool_call_id": "call_0", "content": str(answer)},
+        {"role": "assistant", "content": f"The answer is {answer}."},
+    ]
+    return M3Conversation(messages, mode, answer, ARITHMETIC_TOOLS, (name, {"a": a, "b": b}))
