@@ -280,13 +280,17 @@ class OpenAIServer:
         return reply
 
     def _parsing(self, body) -> ReplyParsing:
-        """How a chat request's reply is read: its reasoning, its tool calls."""
+        """How a chat request's reply is read: its reasoning, its tool calls. A context server
+        without a tool parser takes a context-only request with tools all the same: its reply
+        is the first token, and the generation server reads the rest."""
         reasoning = None
         if self.reasoning_parser is not None:
             reasoning = ReasoningParserFactory.create_reasoning_parser(
                 self.reasoning_parser, body.template_kwargs()
             )
-        if not body.calls_tools():
+        disagg = body.disaggregated_params
+        context_only = disagg is not None and disagg.request_type is RequestType.CONTEXT_ONLY
+        if not body.calls_tools() or (context_only and self.tool_parser is None):
             return ReplyParsing(reasoning)
         if self.tool_parser is None:
             raise ServerError(

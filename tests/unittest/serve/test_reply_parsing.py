@@ -160,3 +160,20 @@ def test_a_streamed_reply_that_calls_tools_joins_to_the_whole_one(seed):
         for c in whole["tool_calls"]
     ]
     assert not any(NS in str(d) for d in deltas)
+
+
+def test_a_context_server_without_a_tool_parser_takes_a_context_only_request_with_tools():
+    # (its reply is the first token; the generation server reads the rest for calls)
+    from tensorrt_llm.serve.errors import ServerError
+    from tensorrt_llm.serve.openai_protocol import ChatCompletionRequest
+    from tensorrt_llm.serve.openai_server import OpenAIServer
+
+    server = SimpleNamespace(reasoning_parser="minimax_m3", tool_parser=None)
+    fields = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
+    context_only = ChatCompletionRequest(
+        **fields, disaggregated_params={"request_type": "context_only"}
+    )
+    parsing = OpenAIServer._parsing(server, context_only)
+    assert parsing.tool_parser is None and parsing.reasoning is not None
+    with pytest.raises(ServerError, match="--tool_parser"):
+        OpenAIServer._parsing(server, ChatCompletionRequest(**fields))
