@@ -140,9 +140,7 @@ def read_block(body: str, final: bool) -> BlockRead:
         while k < len(tokens):
             token = tokens[k]
             if isinstance(token, _Text):
-                if token.text.strip():
-                    raise Malformed(token.start)
-                k += 1
+                k = _between(token, k)
             elif token.closing and token.name == "tool_call":
                 read.closed, read.end = True, token.end
                 return read
@@ -157,13 +155,19 @@ def read_block(body: str, final: bool) -> BlockRead:
     return read
 
 
+def _between(token: _Text, k: int) -> int:
+    """Text between elements: whitespace is passed over (the index after it); any other text
+    there is malformed."""
+    if token.text.strip():
+        raise Malformed(token.start)
+    return k + 1
+
+
 def _arguments(tokens: list, k: int, invoke: Invoke) -> int:
     while k < len(tokens):
         token = tokens[k]
         if isinstance(token, _Text):
-            if token.text.strip():
-                raise Malformed(token.start)
-            k += 1
+            k = _between(token, k)
         elif token.closing:
             if token.name != "invoke":
                 raise Malformed(token.start)
