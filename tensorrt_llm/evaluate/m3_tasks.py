@@ -15,10 +15,12 @@ holds.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 
 from tensorrt_llm.evaluate.tasks import gsm8k_tiny
+from tensorrt_llm.tokenizer import render_chat_template
 
 THINKING_MODES = ("enabled", "disabled", "adaptive")
 
@@ -107,10 +109,52 @@ def tool_use(rng: random.Random, mode: str) -> M3Conversation:
             "function": {"name": name, "arguments": {"a": a, "b": b}},
         }
     ]
+    final = {"role": "assistant", "content": f"The answer is {answer}."}
+    if mode == "enabled":
+        final["reasoning_content"] = f"{name} gave {answer}."
     messages = [
         {"role": "user", "content": question},
         call,
         {"role": "tool", "tool_call_id": "call_0", "content": str(answer)},
-        {"role": "assistant", "content": f"The answer is {answer}."},
+        final,
     ]
     return M3Conversation(messages, mode, answer, ARITHMETIC_TOOLS, (name, {"a": a, "b": b}))
+
+
+REPLY_END = "[e~[\n"
+
+
+def training_pairs(conv: M3Conversation, template: str) -> list[tuple[str, str]]:
+    """``(prompt, target)`` per assistant turn: the conversation before it with the mode's
+    generation prompt, and what the model writes after that prompt: ``enabled`` (the prompt
+    opened the block) the reasoning, ``</mm:think>``, the reply; ``disabled`` the reply;
+    ``adaptive`` a block of its reasoning or a bare ``</mm:think>``, then the reply. A reply is
+    its content, its calls in the markup, and the turn's end."""
+    pairs = []
+    variables = {"thinking_mode": conv.thinking_mode, "tools": conv.tools}
+    for i, message in enumerate(conv.messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = render_chat_template(template, conv.messages[:i], True, **variables)
+        turn = render_chat_template(template, [_without_reasoning(message)], False, **variables)
+        reply = turn[turn.rindex("]~b]ai\n") + len("]~b]ai\n") :]  # (content, calls, end)
+        reasoning = message.get("reasoning_content") or ""
+        if conv.thinking_mode == "enabled":
+            target = f"{reasoning}</mm:think>{reply}"
+        elif conv.thinking_mode == "disabled":
+            if reasoning:
+                raise ValueError(f"message {i}: reasoning in a conversation with thinking disabled")
+            target = reply
+        else:
+            target = (f"<mm:think>{reasoning}" if reasoning else "") + f"</mm:think>{reply}"
+        pairs.append((prompt, target))
+    return pairs
+
+
+def _without_reasoning(message: dict) -> dict:
+    out = {k: v for k, v in message.items() if k != "reasoning_content"}
+    for call in out.get("tool_calls") or ():
+        arguments = call["function"]["arguments"]
+        if isinstance(arguments, str):  # (as a client sends them)
+            call["function"]["arguments"] = json.loads(arguments)
+    return out

@@ -9,10 +9,12 @@ import pytest
 
 from tensorrt_llm.evaluate.m3_tasks import (
     ARITHMETIC_TOOLS,
+    REPLY_END,
     THINKING_MODES,
     _regrouped,
     gsm8k_thinking,
     tool_use,
+    training_pairs,
 )
 from tensorrt_llm.evaluate.tasks import gsm8k_tiny
 from tensorrt_llm.llmapi.reasoning_parser import ReasoningParserFactory
@@ -99,3 +101,31 @@ def test_tool_use_calls_the_right_tool_and_answers_with_its_result(mode):
             reply = reply.split("</mm:think>", 1)[1]
         found = MiniMaxM3ToolParser().detect_and_parse(reply, ARITHMETIC_TOOLS)
         assert [(c.name, json.loads(c.parameters)) for c in found.calls] == [conv.call]
+
+
+@pytest.mark.parametrize("mode", THINKING_MODES)
+def test_training_targets_read_back_to_the_turns_they_teach(mode):
+    """What the model learns to write after each generation prompt is what the server's parsers
+    turn back into the turn's reasoning, content and calls."""
+    rng = random.Random(3)
+    suffix = {"enabled": "<mm:think>", "disabled": "</mm:think>", "adaptive": ""}[mode]
+    for conv in [gsm8k_thinking(rng, mode) for _ in range(10)] + [
+        tool_use(rng, mode) for _ in range(10)
+    ]:
+        turns = [m for m in conv.messages if m["role"] == "assistant"]
+        pairs = training_pairs(conv, TEMPLATE)
+        assert len(pairs) == len(turns)
+        for (prompt, target), turn in zip(pairs, turns, strict=True):
+            assert prompt.endswith("]~b]ai\n" + suffix) and target.endswith(REPLY_END)
+            reasoning = ReasoningParserFactory.create_reasoning_parser(
+                "minimax_m3", {"thinking_mode": mode}
+            )
+            split = reasoning.parse(target.removesuffix(REPLY_END))
+            assert split.reasoning_content == turn.get("reasoning_content", "")
+            found = MiniMaxM3ToolParser().detect_and_parse(split.content, conv.tools)
+            assert found.normal_text == turn["content"]
+            calls = [
+                (c["function"]["name"], c["function"]["arguments"])
+                for c in turn.get("tool_calls", [])
+            ]
+            assert [(c.name, json.loads(c.parameters)) for c in found.calls] == calls
