@@ -15,6 +15,12 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"  # a checkpoint's template, as the hu
 USER, ASSISTANT, END = "<|user|>", "<|assistant|>", "<|end|>"
 CHAT_SPECIAL_TOKENS = ["<unk>", "<pad>", END, USER, ASSISTANT]
 CHAT_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;?!+-=*/()'\"\n"
+# MiniMax-M3's chat protocol in a character tokenizer: the turn markers are control tokens; the
+# reasoning and tool-call markers single tokens that decode to their text (the parsers read
+# them); the alphabet writes JSON and XML too.
+M3_SPECIAL_TOKENS = ["<unk>", "<pad>", "]~!b[", "]~b]", "[e~["]
+M3_TEXT_TOKENS = ["<mm:think>", "</mm:think>", "]<]minimax[>["]
+M3_ALPHABET = CHAT_ALPHABET + "{}[]<>_&%#@~^|\\`$\t"
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
@@ -211,12 +217,17 @@ def _keeps_every_character(spec: dict) -> bool:
 
 
 def build_char_tokenizer(
-    alphabet: str, special_tokens: list[str], vocab_size: int | None = None
+    alphabet: str,
+    special_tokens: list[str],
+    vocab_size: int | None = None,
+    text_tokens: list[str] = (),
 ) -> Tokenizer:
-    """A character-level tokenizer: each special token, then each character of ``alphabet``;
-    with ``vocab_size``, filler tokens (``<#N>``, never produced by encoding) up to that size,
-    so that every id a model of that vocabulary emits decodes to some text."""
-    vocab = {tok: i for i, tok in enumerate(special_tokens)}
+    """A character-level tokenizer: each special token, each text token, then each character of
+    ``alphabet``; with ``vocab_size``, filler tokens (``<#N>``, never produced by encoding) up to
+    that size, so that every id a model of that vocabulary emits decodes to some text. Special
+    tokens (control tokens) are left out of decoded text; ``text_tokens`` are single tokens that
+    decode to their text (markers a reply's parsers read: ``<mm:think>``)."""
+    vocab = {tok: i for i, tok in enumerate([*special_tokens, *text_tokens])}
     for ch in alphabet:
         vocab.setdefault(ch, len(vocab))
     for i in range(len(vocab), vocab_size or 0):
@@ -225,4 +236,6 @@ def build_char_tokenizer(
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(special_tokens)
+    if text_tokens:
+        tok.add_tokens(list(text_tokens))
     return tok

@@ -171,3 +171,34 @@ def test_the_length_bound_is_claimed_only_where_no_character_can_vanish():
     words.pre_tokenizer = pre_tokenizers.Whitespace()  # spaces vanish; a long word is one <unk>
     assert TransformersTokenizer(words).max_chars_per_token is None
     TransformersTokenizer(words).check_fits("a " * 10_000, 10)  # no bound: nothing refused
+
+
+def test_the_m3_character_tokenizer_keeps_the_parsers_markers_as_text():
+    from tensorrt_llm.evaluate.m3_tasks import tool_use
+    from tensorrt_llm.tokenizer import (
+        M3_ALPHABET,
+        M3_SPECIAL_TOKENS,
+        M3_TEXT_TOKENS,
+        build_char_tokenizer,
+        render_chat_template,
+    )
+
+    tokenizer = build_char_tokenizer(M3_ALPHABET, M3_SPECIAL_TOKENS, text_tokens=M3_TEXT_TOKENS)
+    template = (
+        Path(__file__).resolve().parents[2] / "examples/templates/minimax_m3.jinja"
+    ).read_text()
+    conv = tool_use(random.Random(0), "enabled")
+    text = render_chat_template(
+        template, conv.messages, False, tools=conv.tools, thinking_mode="enabled"
+    )
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    assert tokenizer.token_to_id("<unk>") not in ids  # (every character of the format written)
+    assert tokenizer.decode(ids, skip_special_tokens=False) == text
+    for marker in M3_SPECIAL_TOKENS[2:] + M3_TEXT_TOKENS:  # one token each
+        assert tokenizer.encode(marker, add_special_tokens=False).ids == [
+            tokenizer.token_to_id(marker)
+        ]
+    # decoded as a server decodes a reply: the turn markers go, the reasoning and call markers stay
+    shown = tokenizer.decode(ids, skip_special_tokens=True)
+    assert not any(m in shown for m in M3_SPECIAL_TOKENS[2:])
+    assert all(shown.count(m) == text.count(m) for m in M3_TEXT_TOKENS)
