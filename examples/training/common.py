@@ -44,11 +44,20 @@ def render(messages: list[dict], add_generation_prompt: bool = True) -> str:
     return render_chat_template(CHAT_TEMPLATE, messages, add_generation_prompt, eos_token=END)
 
 
-def build_tokenizer() -> Tokenizer:
+def build_tokenizer(chat_format: str = "plain") -> Tokenizer:
+    if chat_format == "m3":
+        from m3_format import build_m3_tokenizer
+
+        return build_m3_tokenizer()
     return build_char_tokenizer(CHAT_ALPHABET, CHAT_SPECIAL_TOKENS)
 
 
-def save_tokenizer(tokenizer: Tokenizer, model_dir: Path) -> None:
+def save_tokenizer(tokenizer: Tokenizer, model_dir: Path, chat_format: str = "plain") -> None:
+    if chat_format == "m3":
+        from m3_format import save_m3_tokenizer
+
+        save_m3_tokenizer(tokenizer, model_dir)
+        return
     model_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(model_dir / "tokenizer.json"))
     config = {
@@ -89,18 +98,33 @@ class Batches:
         batch_tokens: int,
         long_min_chars: int,
         mix: tuple[float, float, float] = TRAINING_MIX,
+        chat_format: str = "plain",
     ):
-        convs, skipped = training_conversations(
-            corpus_seed, num_conversations, long_min_chars, evaluation_questions(), mix
-        )
+        """``chat_format``: ``plain`` (the ``<|user|>`` format) or ``m3`` (MiniMax-M3's
+        protocol, ``m3_format.py``: its own mix)."""
+        if chat_format == "m3":
+            from m3_format import M3_MIX, encode_m3, m3_conversations
+
+            m3_convs, skipped = m3_conversations(
+                corpus_seed, num_conversations, evaluation_questions(), long_min_chars
+            )
+            names = ("gsm8k-thinking", "tool-use", "multiturn-copy", "long-prompt")
+            shares = dict(zip(names, M3_MIX))
+            self.examples = [e for c in m3_convs for e in encode_m3(tokenizer, c)]
+        else:
+            convs, skipped = training_conversations(
+                corpus_seed, num_conversations, long_min_chars, evaluation_questions(), mix
+            )
+            shares = dict(zip(("gsm8k-tiny", "multiturn-copy", "long-prompt"), mix))
+            self.examples = [encode_conversation(tokenizer, c) for c in convs]
         self.record = {
             "corpus_seed": corpus_seed,
             "conversations": num_conversations,
-            "mix": dict(zip(("gsm8k-tiny", "multiturn-copy", "long-prompt"), mix)),
+            "chat_format": chat_format,
+            "mix": shares,
             "long_min_chars": long_min_chars,
             "held_out": {**held_out_record(), "conversations_skipped": skipped},
         }
-        self.examples = [encode_conversation(tokenizer, c) for c in convs]
         self.examples.sort(key=lambda e: len(e[0]))
         self.pad_id = tokenizer.token_to_id("<pad>")
         self.batch_tokens = batch_tokens

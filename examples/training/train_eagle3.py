@@ -81,7 +81,10 @@ def main() -> None:
         "--mix",
         type=lambda text: tuple(float(x) for x in text.split(",")),
         default=TRAINING_MIX,
-        help="shares of gsm8k-tiny, multiturn-copy and long-prompt in the corpus",
+        help="shares of gsm8k-tiny, multiturn-copy and long-prompt in the corpus (plain format)",
+    )
+    parser.add_argument(
+        "--format", default="plain", choices=["plain", "m3"], help="the target's chat protocol"
     )
     args = parser.parse_args()
     device = apply_preset(args, {"cpu": (300, 8192, 10000), "gpu": (6000, 8192, 40000)})
@@ -101,12 +104,13 @@ def main() -> None:
         f"eagle3: {sum(p.numel() for p in draft.parameters() if p.requires_grad) / 1e6:.2f}M parameters on {device}"
     )
     batches = Batches(
-        build_tokenizer(),
+        build_tokenizer(args.format),
         args.seed + 100,
         args.conversations,
         args.batch_tokens,
         long_min_chars=700,
         mix=args.mix,
+        chat_format=args.format,
     )
     # fc starts at unit scale on the target's features: the published architecture's residual
     # stream is large (RMS ~60 on m3-tiny), and fc(features) is the drafter's residual, so at the

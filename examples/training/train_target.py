@@ -123,16 +123,25 @@ def main() -> None:
     parser.add_argument("--indexer-loss-weight", type=float, default=0.1)
     parser.add_argument("--bias-rate", type=float, default=1e-3)
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--format", default="plain", choices=["plain", "m3"], help="the chat protocol taught"
+    )
     args = parser.parse_args()
     device = apply_preset(args, {"cpu": (320, 8192, 20000), "gpu": (5000, 12288, 80000)})
 
     torch.manual_seed(args.seed)
-    tokenizer = build_tokenizer()
-    config = target_config(tokenizer.get_vocab_size(), tokenizer.token_to_id("<|end|>"), args)
+    tokenizer = build_tokenizer(args.format)
+    eos = "[e~[" if args.format == "m3" else "<|end|>"
+    config = target_config(tokenizer.get_vocab_size(), tokenizer.token_to_id(eos), args)
     model = random_model(config, seed=args.seed, std=0.02).to(device).train()
     print(f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {device}")
     batches = Batches(
-        tokenizer, args.seed, args.conversations, args.batch_tokens, long_min_chars=700
+        tokenizer,
+        args.seed,
+        args.conversations,
+        args.batch_tokens,
+        long_min_chars=700,
+        chat_format=args.format,
     )
     balance = ExpertBalance(model, args.bias_rate)
     optimizer = torch.optim.AdamW(
@@ -175,7 +184,7 @@ def main() -> None:
     model.eval()
     save_pretrained(model.to(torch.bfloat16), config, args.out)
     write_training_record(args, device, "train_target.py", batches)
-    save_tokenizer(tokenizer, args.out)
+    save_tokenizer(tokenizer, args.out, args.format)
     print(
         f"saved {args.out} after {args.steps} steps in {time.time() - start:.0f}s (final loss {loss.item():.4f})"
     )
