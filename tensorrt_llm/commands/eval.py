@@ -4,6 +4,12 @@
     trtllm-eval multiturn-copy  [--num-samples 32]
     trtllm-eval long-prompt     [--num-samples 50]
     trtllm-eval al-table        [--num-samples 200 --num-conversations 32] [--out-dir eval_out]
+    trtllm-eval gsm8k-thinking  [--num-samples 200] [--thinking-mode enabled|disabled|adaptive]
+    trtllm-eval tool-use        [--num-samples 200] [--thinking-mode ...]
+
+The last two need a checkpoint that speaks MiniMax-M3's chat protocol (its
+``chat_template.jinja``; ``evaluate/m3_runner.py``); without ``--thinking-mode`` they run each
+mode.
 
 ``--model`` / ``--speculative-model`` default to the bundled checkpoint; ``--draft-kv-cache``
 picks unified (default), separate or none (target only) for the single tasks; ``--quant fp8``
@@ -20,6 +26,7 @@ from pathlib import Path
 
 from tensorrt_llm.bundled import BUNDLED_DRAFT, bundled_target
 from tensorrt_llm.evaluate.al_table import build_al_table
+from tensorrt_llm.evaluate.m3_runner import run_gsm8k_thinking, run_tool_use
 from tensorrt_llm.evaluate.runner import (
     run_gsm8k,
     run_long_prompt,
@@ -27,7 +34,7 @@ from tensorrt_llm.evaluate.runner import (
     warn_unless_held_out,
 )
 
-TASKS = ("gsm8k-tiny", "multiturn-copy", "long-prompt", "al-table")
+TASKS = ("gsm8k-tiny", "multiturn-copy", "long-prompt", "al-table", "gsm8k-thinking", "tool-use")
 
 
 def make_llm_factory(args):
@@ -106,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quant", choices=["fp8"], help="quantize the target at load")
     parser.add_argument("--out-dir", type=Path, default=Path("eval_out"))
     parser.add_argument(
+        "--thinking-mode",
+        choices=["enabled", "disabled", "adaptive"],
+        default=None,
+        help="gsm8k-thinking and tool-use: this mode only (default: each)",
+    )
+    parser.add_argument(
         "--no-disaggregated",
         action="store_true",
         help="al-table: skip the disaggregated deployments",
@@ -137,7 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out_dir}/al_table.md, al_table.json, al_per_turn.png")
         return 0 if summary["outputs_identical_in_every_mode"] else 1
     llm = make(None if args.draft_kv_cache == "none" else args.draft_kv_cache)
-    if args.task == "gsm8k-tiny":
+    if args.task in ("gsm8k-thinking", "tool-use"):
+        run = run_gsm8k_thinking if args.task == "gsm8k-thinking" else run_tool_use
+        modes = [args.thinking_mode] if args.thinking_mode else ["enabled", "disabled", "adaptive"]
+        result = {"modes": [run(llm, args.num_samples or 200, m, progress) for m in modes]}
+        for entry in result["modes"]:
+            entry.pop("texts", None)
+    elif args.task == "gsm8k-tiny":
         result = run_gsm8k(llm, args.num_samples or 200, progress)
     elif args.task == "long-prompt":
         result = run_long_prompt(llm, args.num_samples or 50, progress)

@@ -275,6 +275,8 @@ class LLM:
 
     def _run(self, jobs: list[_Job]) -> list[RequestOutput]:
         """Run ``jobs`` to their end: on this thread, or through the engine loop's while it runs."""
+        if not jobs:
+            return []  # (nothing would ever end the wait)
         results: dict[int, RequestOutput] = {}
         done = threading.Event()
 

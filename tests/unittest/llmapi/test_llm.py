@@ -100,6 +100,7 @@ def test_stop_conditions(tiny_checkpoint):
     assert eos.outputs[0].token_ids == ids[: first + 1] and eos.outputs[
         0
     ].text == llm.tokenizer.decode(ids[:first])
+    assert llm.generate([], SamplingParams(max_tokens=4)) == []  # (it once waited forever)
 
 
 def test_seeded_sampling_is_reproducible_and_differs_from_greedy(tiny_checkpoint):
