@@ -95,6 +95,15 @@ class ThinkBlockParser(BaseReasoningParser):
     def fresh(self) -> ThinkBlockParser:
         return type(self)(self.thinking_mode)
 
+    @classmethod
+    def mode_of_prompt(cls, prompt: str) -> str:
+        """The thinking mode a rendered prompt shows: it opened the block (``enabled``), closed
+        it (``disabled``), or left it to the model."""
+        end = prompt.rstrip()
+        if end.endswith(cls.START):
+            return "enabled"
+        return "disabled" if end.endswith(cls.END) else "adaptive"
+
     def parse_delta(self, delta_text: str) -> ReasoningParserResult:
         self._pending += delta_text
         return self._advance(final=False)
@@ -155,12 +164,16 @@ class ReasoningParserFactory:
 
     @classmethod
     def create_reasoning_parser(
-        cls, name: str, chat_template_kwargs: dict | None = None
+        cls, name: str, chat_template_kwargs: dict | None = None, prompt: str | None = None
     ) -> BaseReasoningParser:
         """The parser ``name`` for a request rendered with ``chat_template_kwargs`` (its
-        ``thinking_mode``, ``adaptive`` when absent)."""
+        ``thinking_mode``, ``adaptive`` when absent). With the rendered ``prompt`` (its end is
+        enough), where the reply starts is read from it instead: a template that ignores
+        ``thinking_mode`` opens no block, whatever the request asked."""
         parser = cls.parsers.get(name)
         if parser is None:
             raise ValueError(f"reasoning parser {name!r}: expected one of {sorted(cls.parsers)}")
+        if prompt is not None:
+            return parser(parser.mode_of_prompt(prompt))
         mode = (chat_template_kwargs or {}).get("thinking_mode", "adaptive")
         return parser(mode)

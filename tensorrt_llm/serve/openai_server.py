@@ -252,7 +252,8 @@ class OpenAIServer:
         self.metrics.requests.inc()
         self.metrics.prompt_tokens.inc(usage.prompt_tokens)
         rid = new_id("chatcmpl" if chat else "cmpl")
-        renderer = Renderer(self.llm.tokenizer, chat, self._parsing(body) if chat else None)
+        parsing = self._parsing(body, prompts[0]) if chat else None
+        renderer = Renderer(self.llm.tokenizer, chat, parsing)
         if body.stream:
             return EndingStream(
                 self._sse(rid, streams, renderer, params, usage, body), submission.cancel
@@ -279,14 +280,17 @@ class OpenAIServer:
             reply["disaggregated_params"] = lasts[0].disaggregated_params.to_json()
         return reply
 
-    def _parsing(self, body) -> ReplyParsing:
-        """How a chat request's reply is read: its reasoning, its tool calls. A context server
-        without a tool parser takes a context-only request with tools all the same: its reply
-        is the first token, and the generation server reads the rest."""
+    def _parsing(self, body, prompt: list[int] | dict) -> ReplyParsing:
+        """How a chat request's reply is read: its reasoning (from where its rendered
+        ``prompt`` leaves the model: inside a reasoning block or not), its tool calls. A context
+        server without a tool parser takes a context-only request with tools all the same: its
+        reply is the first token, and the generation server reads the rest."""
         reasoning = None
         if self.reasoning_parser is not None:
+            ids = prompt if isinstance(prompt, list) else prompt["prompt_token_ids"]
+            end = self.llm.tokenizer.decode(ids[-16:], skip_special_tokens=False)
             reasoning = ReasoningParserFactory.create_reasoning_parser(
-                self.reasoning_parser, body.template_kwargs()
+                self.reasoning_parser, prompt=end
             )
         disagg = body.disaggregated_params
         context_only = disagg is not None and disagg.request_type is RequestType.CONTEXT_ONLY

@@ -117,3 +117,12 @@ def test_any_split_of_any_output_gives_the_whole_outputs_result(mode, text, seed
     assert streamed(parser.fresh(), text, random.Random(seed)) == whole
     # nothing is lost but markers: the two fields hold every other character, in order
     assert len(whole.content) + len(whole.reasoning_content) <= len(text)
+
+
+def test_the_mode_is_read_from_where_the_prompt_leaves_the_model():
+    create = ReasoningParserFactory.create_reasoning_parser
+    assert create("minimax_m3", prompt="]~b]ai\n<mm:think>").thinking_mode == "enabled"
+    assert create("minimax_m3", prompt="]~b]ai\n</mm:think>\n").thinking_mode == "disabled"
+    # the prompt wins over what the request asked: this template opened no block
+    asked = {"thinking_mode": "enabled"}
+    assert create("minimax_m3", asked, prompt="<|assistant|>").thinking_mode == "adaptive"

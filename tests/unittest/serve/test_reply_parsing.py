@@ -168,12 +168,40 @@ def test_a_context_server_without_a_tool_parser_takes_a_context_only_request_wit
     from tensorrt_llm.serve.openai_protocol import ChatCompletionRequest
     from tensorrt_llm.serve.openai_server import OpenAIServer
 
-    server = SimpleNamespace(reasoning_parser="minimax_m3", tool_parser=None)
+    server = SimpleNamespace(reasoning_parser="minimax_m3", tool_parser=None, llm=prompt_ending(""))
     fields = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
     context_only = ChatCompletionRequest(
         **fields, disaggregated_params={"request_type": "context_only"}
     )
-    parsing = OpenAIServer._parsing(server, context_only)
+    parsing = OpenAIServer._parsing(server, context_only, [1, 2])
     assert parsing.tool_parser is None and parsing.reasoning is not None
     with pytest.raises(ServerError, match="--tool_parser"):
-        OpenAIServer._parsing(server, ChatCompletionRequest(**fields))
+        OpenAIServer._parsing(server, ChatCompletionRequest(**fields), [1, 2])
+
+
+def prompt_ending(text: str):
+    """A stand-in LLM whose prompts decode to ``text`` at their end."""
+    return SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids, skip_special_tokens: text))
+
+
+@pytest.mark.parametrize(
+    ("end", "mode"),
+    [
+        ("]~b]ai\n<mm:think>", "enabled"),
+        ("]~b]ai\n</mm:think>", "disabled"),
+        ("]~b]ai\n", "adaptive"),
+        ("<|assistant|>", "adaptive"),  # a template that ignores thinking_mode opens no block
+    ],
+)
+def test_where_the_reply_starts_is_read_from_the_rendered_prompt(end, mode):
+    from tensorrt_llm.serve.openai_protocol import ChatCompletionRequest
+    from tensorrt_llm.serve.openai_server import OpenAIServer
+
+    server = SimpleNamespace(
+        reasoning_parser="minimax_m3", tool_parser=None, llm=prompt_ending(end)
+    )
+    body = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi"}], reasoning_effort="high"
+    )
+    parsing = OpenAIServer._parsing(server, body, {"prompt_token_ids": [1, 2, 3]})
+    assert parsing.reasoning.thinking_mode == mode
