@@ -33,10 +33,8 @@ def _replies(llm, conversations: list[list[dict]], mode: str, tools: list | None
     prompts = [llm.tokenizer.apply_chat_template(c, **variables) for c in conversations]
     outputs = llm.generate(prompts, GREEDY) if prompts else []
     out = []
-    for output in outputs:
-        reasoning = ReasoningParserFactory.create_reasoning_parser(
-            "minimax_m3", {"thinking_mode": mode}
-        )
+    for prompt, output in zip(prompts, outputs, strict=True):
+        reasoning = ReasoningParserFactory.create_reasoning_parser("minimax_m3", prompt=prompt)
         split = reasoning.parse(output.outputs[0].text)
         calls = ToolParserFactory.create_tool_parser("minimax_m3").detect_and_parse(
             split.content, tools or []
