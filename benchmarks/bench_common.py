@@ -254,3 +254,15 @@ def parallel_options(layout: str) -> dict:
     if ep is not None:
         options["moe_expert_parallel_size"] = int(ep)
     return options
+
+
+def streamed_chat_bodies(num_requests: int, output_len: int) -> list[dict]:
+    """The README workload as streamed chat request bodies: gsm8k-style questions, greedy,
+    ``output_len`` tokens each (``ignore_eos``), the usage at the end (the tokens counted, not
+    the chunks)."""
+    from tensorrt_llm.bench.serving import Workload
+
+    extra = {"max_tokens": output_len, "temperature": 0, "ignore_eos": True, "stream": True}
+    extra["stream_options"] = {"include_usage": True}
+    workload = Workload("gsm8k", num_requests, output_len=output_len)
+    return [{**body, **extra} for body in workload.requests()]

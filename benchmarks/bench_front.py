@@ -21,10 +21,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench_common import machine_name
+from bench_common import machine_name, streamed_chat_bodies
 from bench_http_stack import front_cpu_per_token
-
-from tensorrt_llm.bench.serving import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,10 +46,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--client-processes", type=int, default=2)
     args = p.parse_args()
-    workload = Workload("gsm8k", args.num_requests, output_len=args.output_len)
-    extra = {"max_tokens": args.output_len, "temperature": 0, "ignore_eos": True, "stream": True}
-    extra["stream_options"] = {"include_usage": True}  # (the tokens counted, not the chunks)
-    bodies = [{**body, **extra} for body in workload.requests()]
+    bodies = streamed_chat_bodies(args.num_requests, args.output_len)
     print(f"machine: {machine_name(args.device)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-front-") as folder:
         other = worktree(args.against, Path(folder) / "ref")

@@ -23,10 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import machine_name
+from bench_common import machine_name, streamed_chat_bodies
 from bench_serving import thread_cpu_seconds
 
-from tensorrt_llm.bench.serving import Workload, run_spread, summarize
+from tensorrt_llm.bench.serving import run_spread, summarize
 from tensorrt_llm.bundled import bundled_eagle3
 from tensorrt_llm.evaluate.deployment import running
 
@@ -87,10 +87,7 @@ def main() -> None:
             __import__(name)
         except ImportError:
             sys.exit(f"{name} is not installed here: pip install httptools uvloop")
-    workload = Workload("gsm8k", args.num_requests, output_len=args.output_len)
-    extra = {"max_tokens": args.output_len, "temperature": 0, "ignore_eos": True, "stream": True}
-    extra["stream_options"] = {"include_usage": True}  # (the tokens counted, not the chunks)
-    bodies = [{**body, **extra} for body in workload.requests()]
+    bodies = streamed_chat_bodies(args.num_requests, args.output_len)
     print(f"machine: {machine_name(args.device)}", flush=True)
     figures: dict[str, list[float]] = {name: [] for name in STACKS}
     with tempfile.TemporaryDirectory(prefix="http-stack-") as folder:

@@ -47,9 +47,9 @@ from pathlib import Path
 
 import httpx
 import yaml
-from bench_common import machine_name, write_dummy_checkpoints
+from bench_common import machine_name, streamed_chat_bodies, write_dummy_checkpoints
 
-from tensorrt_llm.bench.serving import Workload, one_request, run_spread, summarize
+from tensorrt_llm.bench.serving import one_request, run_spread, summarize
 from tensorrt_llm.bundled import bundled_eagle3
 from tensorrt_llm.evaluate.deployment import running
 from tensorrt_llm.llmapi import LLM, GenerationRequest
@@ -350,10 +350,7 @@ def run(args, folder: Path) -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     options = {**model_options(args, folder), "max_batch_size": max(levels), "device": args.device}
     num_requests = args.num_requests or max(192, 10 * max(levels))
-    workload = Workload("gsm8k", num_requests, output_len=args.output_len)
-    extra = {"max_tokens": args.output_len, "temperature": 0, "ignore_eos": True, "stream": True}
-    extra["stream_options"] = {"include_usage": True}
-    bodies = [{**body, **extra} for body in workload.requests()]
+    bodies = streamed_chat_bodies(num_requests, args.output_len)
     print(f"machine: {machine_name(args.device)}", flush=True)
     server = measure_server(args, options, bodies, levels)
     engine = measure_engine(options, bodies, levels, args.output_len)

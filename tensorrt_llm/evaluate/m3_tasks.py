@@ -20,9 +20,8 @@ import random
 from dataclasses import dataclass, field
 
 from tensorrt_llm.evaluate.tasks import gsm8k_tiny
+from tensorrt_llm.llmapi.reasoning_parser import THINKING_MODES
 from tensorrt_llm.tokenizer import render_chat_template
-
-THINKING_MODES = ("enabled", "disabled", "adaptive")
 
 
 def _arithmetic_tool(name: str, description: str) -> dict:
@@ -77,9 +76,13 @@ def _regrouped(a: int, b: int, op: str) -> bool:
     return _digit_sum(a) - _digit_sum(b) != _digit_sum(a - b)
 
 
-def gsm8k_thinking(rng: random.Random, mode: str) -> M3Conversation:
+def _check_mode(mode: str) -> None:
     if mode not in THINKING_MODES:
         raise ValueError(f"thinking_mode={mode!r}: expected one of {list(THINKING_MODES)}")
+
+
+def gsm8k_thinking(rng: random.Random, mode: str) -> M3Conversation:
+    _check_mode(mode)
     question, working, answer, a, b, op = _problem(rng)
     thinks = mode == "enabled" or (mode == "adaptive" and _regrouped(a, b, op))
     reply = (
@@ -95,8 +98,7 @@ def gsm8k_thinking(rng: random.Random, mode: str) -> M3Conversation:
 
 
 def tool_use(rng: random.Random, mode: str) -> M3Conversation:
-    if mode not in THINKING_MODES:
-        raise ValueError(f"thinking_mode={mode!r}: expected one of {list(THINKING_MODES)}")
+    _check_mode(mode)
     question, _, answer, a, b, op = _problem(rng)
     name = "add" if op == "+" else "subtract"
     call: dict = {"role": "assistant", "content": ""}

@@ -66,7 +66,7 @@ class BaseReasoningParser(ABC):
         )
 
 
-def _held(text: str, markers: tuple[str, ...]) -> int:
+def held_back(text: str, markers: tuple[str, ...]) -> int:
     """How many characters at the end of ``text`` could begin one of ``markers``."""
     for size in range(min(len(text), max(map(len, markers)) - 1), 0, -1):
         if any(marker.startswith(text[-size:]) for marker in markers):
@@ -128,7 +128,7 @@ class ThinkBlockParser(BaseReasoningParser):
                 if marker == self.END and self._state == self._REASONING:
                     self._state = self._CONTENT
                 continue
-            keep = 0 if final else _held(text, markers)
+            keep = 0 if final else held_back(text, markers)
             setattr(out, field, getattr(out, field) + text[: len(text) - keep])
             self._pending = text[len(text) - keep :]
             return out

@@ -23,6 +23,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from tensorrt_llm.llmapi.reasoning_parser import held_back
+
 NS = "]<]minimax[>["
 BLOCK_OPEN, BLOCK_CLOSE = f"{NS}<tool_call>", f"{NS}</tool_call>"
 _TAG = re.compile(r'<(/?)([A-Za-z_][\w.\-]*)((?:\s+[A-Za-z_][\w.\-]*="[^"]*")*)\s*>')
@@ -33,14 +35,6 @@ class Malformed(Exception):
     def __init__(self, at: int) -> None:
         super().__init__(f"malformed tool-call markup at {at}")
         self.at = at
-
-
-def held(text: str, marker: str) -> int:
-    """How many characters at the end of ``text`` could begin ``marker``."""
-    for size in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
-    return 0
 
 
 @dataclass
@@ -66,7 +60,7 @@ def _tokens(body: str, final: bool) -> list[_Tag | _Text]:
     while i < len(body):
         j = body.find(NS, i)
         if j < 0:
-            end = len(body) - (0 if final else held(body[i:], NS))
+            end = len(body) - (0 if final else held_back(body[i:], (NS,)))
             if end > i:
                 out.append(_Text(body[i:end], i))
             return out

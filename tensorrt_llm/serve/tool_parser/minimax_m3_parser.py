@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 
+from tensorrt_llm.llmapi.reasoning_parser import held_back
 from tensorrt_llm.serve.tool_parser.base_tool_parser import BaseToolParser
 from tensorrt_llm.serve.tool_parser.core_types import StreamingParseResult, ToolCallItem
 from tensorrt_llm.serve.tool_parser.minimax_m3_markup import (
@@ -23,7 +24,6 @@ from tensorrt_llm.serve.tool_parser.minimax_m3_markup import (
     BlockRead,
     Malformed,
     arguments,
-    held,
     read_block,
 )
 
@@ -75,7 +75,7 @@ class MiniMaxM3ToolParser(BaseToolParser):
             if not self._in_block:
                 at = self._buffer.find(BLOCK_OPEN)
                 if at < 0:
-                    keep = 0 if final else held(self._buffer, BLOCK_OPEN)
+                    keep = 0 if final else held_back(self._buffer, (BLOCK_OPEN,))
                     out.normal_text += self._buffer[: len(self._buffer) - keep]
                     self._buffer = self._buffer[len(self._buffer) - keep :]
                     return out
@@ -104,6 +104,8 @@ class MiniMaxM3ToolParser(BaseToolParser):
             if read.malformed_at is not None and not invoke.closed:
                 break  # (the fault is in it: it is not a call)
             call = self._first_call + index
+            if call < len(self._complete) and self._complete[call]:
+                continue  # (given out whole)
             schema = schemas.get(invoke.name)
             ready = len(invoke.params)
             last = invoke.params[-1].name if invoke.params else None
