@@ -192,13 +192,19 @@ class CUDAGraphRunner:
         if self.spec_worker is not None:
             self._store.allocate()
         self._logits_state.allocate()
-        keys = self.shapes.keys()
+        # the largest steps first: the shared pool's blocks a larger graph freed hold every
+        # smaller one's (smallest first, each capture would need blocks a little larger than
+        # any free one, and the pool would grow by about every bucket's activations)
+        keys = sorted(self.shapes.keys(), key=self._step_tokens, reverse=True)
+        # one side stream for every warm-up run: the allocator caches a stream's freed blocks
+        # for that stream only, so a new stream per capture would cache one step's worth each
+        stream = torch.cuda.Stream(self.engine.device)
         start = time.perf_counter()
         for key in tqdm(keys, desc="capturing CUDA graphs", unit="graph", leave=False):
             if key not in self._buckets:
                 bucket = self._new_bucket(key)
                 self._write_rows(bucket, key[0], [], [])  # padding rows
-                self._capture(bucket)
+                self._capture(bucket, stream)
         logger.info(
             "captured %d CUDA graphs (batch sizes %s; greedy, top-p and top-k sampling; with and "
             "without penalties and logprobs; %s) in %.1f s",
@@ -315,8 +321,12 @@ class CUDAGraphRunner:
     def _logits_state(self) -> LogitsState:
         return self.resource_manager.get_resource_manager(ResourceManagerType.LOGITS_STATE)
 
-    def _capture(self, bucket: Bucket) -> None:
-        stream = torch.cuda.Stream(self.engine.device)
+    def _step_tokens(self, key: BucketKey) -> int:
+        """The tokens a bucket's step runs: its size in activations."""
+        shape = key[0]
+        return shape.prompt_tokens + shape.batch_size * self.tokens_per_seq
+
+    def _capture(self, bucket: Bucket, stream: torch.cuda.Stream) -> None:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # compiles the kernels (padding rows: the scratch slots)
             self._run_step(bucket)

@@ -340,3 +340,43 @@ def test_mixed_graph_shapes():
     off = GraphShapes(CudaGraphOptions((1, 2)), 3)  # mixed_prompt_tokens 0: no mixed graphs
     assert off.prompt_slots == () and off.shape(batch([prompt(10)], 1)) is None
     assert len(off.keys()) == 2 * 3 * 2 and len(shapes.keys()) == 3 * 3 * 2 + 4 * 3 * 3
+
+
+def test_a_wave_of_prompts_beside_decoding_rows_runs_in_graph_steps():
+    """More prompts than a mixed bucket takes, beside decoding requests: the first that fit run
+    in a graph now, the rest wait a step (``step_plan.choose_bucket``); without decoding rows, or
+    when even the first prompt fits no bucket, the batch stays whole (and runs eagerly)."""
+    from types import SimpleNamespace
+
+    from tensorrt_llm._torch.pyexecutor.graph_shapes import GraphShapes
+    from tensorrt_llm._torch.pyexecutor.mixed_bucket import GraphShape
+    from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
+    from tensorrt_llm._torch.pyexecutor.step_plan import plan_step
+
+    def prompt(length, last=True):
+        return SimpleNamespace(
+            context_chunk=list(range(length)), is_last_context_chunk=last, multimodal=None
+        )
+
+    shapes = GraphShapes(CudaGraphOptions((1, 2, 4), mixed_prompt_tokens=100, max_prompts=4), 3)
+    runner = SimpleNamespace(shape_of=shapes.shape)
+    decoding = [SimpleNamespace(py_draft_tokens=[0] * 3) for _ in range(2)]
+
+    wave = [prompt(80) for _ in range(6)]
+    plan = plan_step(ScheduledRequests(wave, list(decoding)), runner, None)
+    assert plan.bucket == GraphShape(2, 400, 4)
+    assert plan.batch.context_requests == wave[:4] and plan.batch.paused_requests == wave[4:]
+    assert plan.batch.generation_requests == decoding
+    # the token budget too: 90 + 90 + 250 (+ a padding row's 1) do not fit 400, 90 + 90 fit 200
+    wave = [prompt(90), prompt(90), prompt(250), prompt(10)]
+    plan = plan_step(ScheduledRequests(list(wave), list(decoding)), runner, None)
+    assert plan.bucket == GraphShape(2, 200, 2) and plan.batch.paused_requests == wave[2:]
+    # kept whole: prompts alone, a first prompt no bucket takes
+    for prompts, rows in (
+        (wave, []),
+        ([prompt(80, last=False), *wave], decoding),
+        ([prompt(350), *wave], decoding),
+    ):
+        plan = plan_step(ScheduledRequests(list(prompts), list(rows)), runner, None)
+        assert plan.bucket is None and not plan.batch.paused_requests
+        assert len(plan.batch.context_requests) == len(prompts)
