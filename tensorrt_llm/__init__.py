@@ -1,7 +1,7 @@
 """tensorrt_llm: a compact PyTorch-only TensorRT-LLM fork with a unified KV cache for MiniMax-M3 + Eagle3."""
 
 from tensorrt_llm.logger import logger
-from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
 __version__ = "0.1.0"
 
@@ -30,6 +30,7 @@ __all__ = [
     "CudaGraphConfig",
     "Eagle3DecodingConfig",
     "GenerationRequest",
+    "GuidedDecodingParams",
     "KvCacheConfig",
     "QuantConfig",
     "SamplingParams",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 MAX_LOGPROBS = 20
 MAX_INT64 = 2**63 - 1  # seeds, top-k and token ids travel to the device as int64
@@ -24,6 +24,71 @@ def _is_int(value) -> bool:
 def _is_number(value, low: float, high: float) -> bool:
     """A real number (not a bool) in ``[low, high]``; NaN and infinities are not."""
     return isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
+
+
+GUIDE_KINDS = ("json", "regex", "grammar", "json_object", "structural_tag")
+MAX_GUIDE_BYTES = 256 * 1024  # a schema, regex or grammar's text
+
+
+@dataclass
+class GuidedDecodingParams:
+    """A constraint on what a request writes (upstream's names; exactly one is set): ``json``, a
+    JSON schema (a dict, its JSON text, or a pydantic model class); ``regex``; ``grammar``, an
+    EBNF grammar (GBNF, as xgrammar reads it); ``json_object``, any JSON object; and
+    ``structural_tag``, an xgrammar structural tag (its JSON text). The engine builds it with the
+    ``guided_decoding_backend`` of the ``LLM`` (``xgrammar``)."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    structural_tag: str | dict | None = None
+
+    def __post_init__(self) -> None:
+        import json
+
+        if hasattr(self.json, "model_json_schema"):  # a pydantic model (class)
+            self.json = self.json.model_json_schema()
+        for name in ("json", "structural_tag"):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, json.dumps(value, sort_keys=True))
+        given = [k for k in GUIDE_KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise SamplingParamsError(
+                "guided_decoding",
+                f"GuidedDecodingParams takes exactly one of {', '.join(GUIDE_KINDS)}; got "
+                f"{', '.join(given) or 'none'}",
+            )
+        kind = given[0]
+        value = getattr(self, kind)
+        if kind == "json_object":
+            if value is not True:
+                raise SamplingParamsError("guided_decoding", "json_object must be True or False")
+            return
+        if not isinstance(value, str) or not value:
+            raise SamplingParamsError(
+                "guided_decoding", f"GuidedDecodingParams.{kind} must be a non-empty string"
+            )
+        if len(value.encode()) > MAX_GUIDE_BYTES:
+            raise SamplingParamsError(
+                "guided_decoding",
+                f"GuidedDecodingParams.{kind} is {len(value.encode())} bytes: over "
+                f"{MAX_GUIDE_BYTES}",
+            )
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set (one of ``GUIDE_KINDS``)."""
+        return next(k for k in GUIDE_KINDS if getattr(self, k) not in (None, False))
+
+    @property
+    def text(self) -> str:
+        """The constraint's text (a schema's JSON; ``""`` for ``json_object``)."""
+        return "" if self.kind == "json_object" else getattr(self, self.kind)
 
 
 @dataclass
@@ -56,6 +121,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
+    # what the output must match (a JSON schema, regex, grammar, ...): masked at every step
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> SamplingParamsError:
@@ -101,6 +168,12 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         if self.end_id is not None and (not _is_int(self.end_id) or self.end_id < 0):
             raise bad("end_id", "must be a token id (an int >= 0)")
+        if isinstance(self.guided_decoding, dict):  # (as it travels between processes)
+            self.guided_decoding = GuidedDecodingParams(**self.guided_decoding)
+        if self.guided_decoding is not None and not isinstance(
+            self.guided_decoding, GuidedDecodingParams
+        ):
+            raise bad("guided_decoding", "must be a GuidedDecodingParams")
 
     @property
     def processes_logits(self) -> bool:

@@ -13,6 +13,7 @@ from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 from tensorrt_llm._torch.models.config_utils import read_generation_config
 from tensorrt_llm._torch.pyexecutor.engine_loop import Submit
 from tensorrt_llm._torch.pyexecutor.executor import Executor
+from tensorrt_llm._torch.pyexecutor.grammar_matcher import check_guide
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.bundled import bundled_target
@@ -220,6 +221,12 @@ class LLM:
                 f"prompt of {len(token_ids)} tokens exceeds max_seq_len={self.max_seq_len} (leaving no room to generate)"
             )
         params = self.generation_defaults.apply(request.sampling_params)
+        if params.guided_decoding is not None:  # (a bad constraint fails here, not in a step)
+            if self.args.guided_decoding_backend is None:
+                raise ValueError(
+                    "SamplingParams.guided_decoding needs LLM(guided_decoding_backend='xgrammar')"
+                )
+            check_guide(params.guided_decoding)
         if self.tokenizer is None:
             if params.stop:
                 raise ValueError("skip_tokenizer_init=True: stop strings need a tokenizer")

@@ -20,6 +20,7 @@ from tensorrt_llm._torch.pyexecutor.config import (
     KvCacheOptions,
     PyExecutorConfig,
 )
+from tensorrt_llm._torch.pyexecutor.grammar_matcher import check_backend
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 from tensorrt_llm.quantization import QuantAlgo
 
@@ -204,10 +205,15 @@ class TorchLlmArgs(StrictBaseModel):
     # rank under TP attention and EP over every rank under attention DP.
     moe_expert_parallel_size: int | None = None
     moe_tensor_parallel_size: int | None = None
+    # Guided decoding (upstream's key): requests' SamplingParams.guided_decoding (JSON schemas,
+    # regexes, grammars) and the server's response_format are built with this backend; None:
+    # requests that ask for one are refused.
+    guided_decoding_backend: Literal["xgrammar"] | None = None
 
     @model_validator(mode="after")
     def _check_mapping(self) -> TorchLlmArgs:
         self.mapping()  # a layout that cannot be served fails here, naming the options
+        check_backend(self.guided_decoding_backend)  # (its package installed)
         return self
 
     def mapping(self, rank: int = 0) -> Mapping:
@@ -269,6 +275,7 @@ class TorchLlmArgs(StrictBaseModel):
                 if self.cache_transceiver_config is None
                 else self.cache_transceiver_config.transfer_timeout_s
             ),
+            guided_decoding_backend=self.guided_decoding_backend,
         )
 
     def _cuda_graph_options(

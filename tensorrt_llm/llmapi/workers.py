@@ -125,7 +125,7 @@ def build_rank(
     executor_config = args.to_executor_config(
         max_seq_len, str(dtype).removeprefix("torch."), str(device), mapping
     )
-    executor = create_py_executor(model, executor_config, rank_sync)
+    executor = create_py_executor(model, executor_config, rank_sync, tokenizer)
     return RankEngine(
         config, model, dtype, device, tokenizer, max_seq_len, executor, executor.transceiver
     )

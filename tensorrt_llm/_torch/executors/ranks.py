@@ -73,7 +73,8 @@ def request_to_json(request: LlmRequest) -> dict:
         "request_id": request.request_id,
         "prompt_token_ids": list(request.prompt_token_ids),
         "max_new_tokens": request.max_new_tokens,
-        "sampling_params": {name: getattr(params, name) for name in _PARAM_FIELDS},
+        "sampling_params": {name: getattr(params, name) for name in _PARAM_FIELDS}
+        | {"guided_decoding": guide.to_json() if (guide := params.guided_decoding) else None},
         "end_ids": list(request.end_ids),
         "cache_salt": request.cache_salt,
         "context_only": request.context_only,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,8 @@ from tensorrt_llm._torch.pyexecutor.config import (
 )
 from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
 from tensorrt_llm._torch.pyexecutor.executor import RankSync
+from tensorrt_llm._torch.pyexecutor.grammar_matcher import GrammarCompiler
+from tensorrt_llm._torch.pyexecutor.guided_decoder import GuidedDecoder
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine, exchanging_moe
@@ -42,6 +45,9 @@ from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
 from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 from tensorrt_llm._torch.speculative.utils import _should_create_separate_draft_kv_cache
 from tensorrt_llm.logger import logger
+
+if TYPE_CHECKING:
+    from tensorrt_llm.tokenizer import TransformersTokenizer
 
 
 def create_kv_cache_managers(
@@ -128,27 +134,19 @@ def _bytes_per_block(manager: KVCacheManagerV2) -> int:
 
 
 def create_py_executor(
-    model: torch.nn.Module, executor_config: PyExecutorConfig, rank_sync: RankSync | None = None
+    model: torch.nn.Module,
+    executor_config: PyExecutorConfig,
+    rank_sync: RankSync | None = None,
+    tokenizer: TransformersTokenizer | None = None,
 ) -> PyExecutor:
     """The rank's executor, built whole: its KV managers, engine, scheduler, drafter, CUDA graphs
-    (captured here on CUDA), and a disaggregated server's KV transceiver. ``rank_sync``: rank 0's
-    under tensor parallelism (``executors/ranks.py``)."""
+    (captured here on CUDA), grammars' compiler, and a disaggregated server's KV transceiver.
+    ``rank_sync``: rank 0's under tensor parallelism (``executors/ranks.py``); ``tokenizer``:
+    the model's (guided decoding reads its vocabulary)."""
     config = model.config
     spec = executor_config.speculative
     device = torch.device(executor_config.device)
-    draft_model = None
-    if spec is not None:
-        dtype = next(model.parameters()).dtype
-        draft_model = load_eagle3(
-            spec.speculative_model,
-            model,
-            config.num_hidden_layers,
-            dtype,
-            device,
-            executor_config.attn_backend,
-            executor_config.mapping,
-            executor_config.load_format,
-        )
+    draft_model = _load_drafter(model, executor_config)
     geometry = None
     if draft_model is not None:
         attention = draft_model.midlayer.self_attn  # this rank's heads
@@ -191,6 +189,7 @@ def create_py_executor(
             engine, resources, executor_config.cuda_graph, config.vocab_size, worker
         )
     disagg, transceiver = _disaggregation(executor_config, resources, kv_cache_manager)
+    guided = _guided_decoder(executor_config, tokenizer, config.vocab_size, config.eos_token_ids)
     executor = PyExecutor(
         engine,
         resources,
@@ -203,9 +202,42 @@ def create_py_executor(
         transceiver=transceiver,
         rank_sync=rank_sync,
         lockstep=in_lockstep(executor_config.mapping),
+        guided=guided,
     )
     start_up(executor, config.vocab_size)  # (on CUDA: kernels compiled, every graph captured)
     return executor
+
+
+def _load_drafter(model: torch.nn.Module, executor_config: PyExecutorConfig):
+    """The Eagle3 drafter of ``executor_config.speculative`` (None without one)."""
+    spec = executor_config.speculative
+    if spec is None:
+        return None
+    return load_eagle3(
+        spec.speculative_model,
+        model,
+        model.config.num_hidden_layers,
+        next(model.parameters()).dtype,
+        torch.device(executor_config.device),
+        executor_config.attn_backend,
+        executor_config.mapping,
+        executor_config.load_format,
+    )
+
+
+def _guided_decoder(
+    executor_config: PyExecutorConfig,
+    tokenizer: TransformersTokenizer | None,
+    vocab_size: int,
+    eos_token_ids: list[int],
+) -> GuidedDecoder | None:
+    """The grammars' decoder of ``guided_decoding_backend`` (None without one)."""
+    if executor_config.guided_decoding_backend is None:
+        return None
+    if tokenizer is None:
+        raise ValueError("guided_decoding_backend needs a tokenizer (skip_tokenizer_init=False)")
+    compiler = GrammarCompiler(tokenizer.tokenizer, vocab_size, list(eos_token_ids))
+    return GuidedDecoder(compiler)
 
 
 def _disaggregation(

@@ -196,3 +196,4 @@ class PyExecutorConfig:
     # a disaggregated server's: its KV transceiver, and how long held KV waits for a pull (None:
     # no transceiver)
     kv_transfer_timeout_s: float | None = None
+    guided_decoding_backend: str | None = None  # (``grammar_matcher.BACKENDS``; None: none)

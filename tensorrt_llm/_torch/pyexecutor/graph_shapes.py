@@ -66,6 +66,8 @@ class GraphShapes:
         requests, prompts = batch.generation_requests, batch.context_requests
         if any(len(r.py_draft_tokens) != self.max_draft_len for r in requests):
             return None
+        if any(r.sampling_params.guided_decoding for r in (*prompts, *requests)):
+            return None  # (a grammar's mask: eager steps)
         padding = self.options.enable_padding
         sizes, slots = self.options.batch_sizes, 0
         if prompts:

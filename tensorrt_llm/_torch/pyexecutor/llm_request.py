@@ -107,6 +107,8 @@ def _finite_float32(value: float) -> bool:
 
 
 class LlmRequestState(enum.Enum):
+    # its guided decoding's grammar compiling (``guided_decoder.py``): the scheduler passes it over
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"
     CONTEXT_INIT = "context_init"  # prompt (or part of it) still to prefill
     # a generation-only request admitted, its prompt's KV being pulled from a context server
     DISAGG_GENERATION_TRANS_IN_PROGRESS = "disagg_generation_trans_in_progress"

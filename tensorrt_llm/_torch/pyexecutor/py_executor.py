@@ -24,6 +24,7 @@ from tensorrt_llm._torch.pyexecutor.scheduler import (
     GuaranteedNoEvictScheduler,
     ScheduledRequests,
     admit,
+    check_fits,
     owed_to_admitted,
 )
 from tensorrt_llm._torch.pyexecutor.step_dispatch import StepDispatch
@@ -32,6 +33,7 @@ from tensorrt_llm.logger import logger
 if TYPE_CHECKING:
     from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
     from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
+    from tensorrt_llm._torch.pyexecutor.guided_decoder import GuidedDecoder
     from tensorrt_llm._torch.pyexecutor.seq_slot_manager import SeqSlotManager
     from tensorrt_llm._torch.pyexecutor.step_plan import StepPlan
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
@@ -51,14 +53,16 @@ class PyExecutor:
         transceiver: KvCacheTransceiver | None = None,
         rank_sync: RankSync | None = None,
         lockstep: bool = False,
+        guided: GuidedDecoder | None = None,
     ) -> None:
         """``disagg``: held KV and requests pulling theirs (a disaggregated server's, with its
         ``transceiver``); ``rank_sync``: rank 0's under tensor parallelism, telling the other
         ranks of every submit, cancel and release at the start of every step
         (``executors/ranks.py``); ``lockstep``: every rank under tensor parallelism, where
         generation-only requests are admitted (and pull their KV) inside a step only, at the same
-        point on every rank."""
+        point on every rank. ``guided``: the requests' grammars (guided decoding)."""
         self.spec_worker = spec_worker
+        self.guided = guided
         # The overlap scheduler: step n+1 is launched before step n is read (``step``).
         self.overlap = overlap
         self._unread: list[LaunchedStep] = []  # launched steps not yet read, oldest first
@@ -67,7 +71,7 @@ class PyExecutor:
         self.scheduler = scheduler
         self.max_seq_len = max_seq_len
         self.dispatch = StepDispatch(
-            model_engine, resource_manager, spec_worker, cuda_graph_runner, overlap
+            model_engine, resource_manager, spec_worker, cuda_graph_runner, overlap, guided
         )
         self.active: list[LlmRequest] = []
         self.disagg = disagg or DisaggCoordinator(resource_manager)
@@ -95,26 +99,18 @@ class PyExecutor:
 
     def enqueue_request(self, request: LlmRequest) -> None:
         self.check_request(request)
+        if self.guided is not None:
+            self.guided.submit(request)  # (it waits for its grammar)
         self.active.append(request)
         if self.rank_sync is not None:
             self.rank_sync.submitted(request)
 
     def check_request(self, request: LlmRequest) -> None:
-        """Raise ``ValueError`` if ``request`` can never run here (its prompt, or its KV)."""
-        where = f"request {request.request_id}"
-        if request.prompt_len == 0:
-            raise ValueError(f"{where}: the prompt is empty")
-        if request.prompt_len >= self.max_seq_len:
+        """``ValueError`` if ``request`` can never run here (its prompt, KV or grammar)."""
+        check_fits(request, self.kv_cache_manager, self.max_seq_len)
+        if request.sampling_params.guided_decoding is not None and self.guided is None:
             raise ValueError(
-                f"{where}: a prompt of {request.prompt_len} tokens leaves no room to generate "
-                f"within max_seq_len={self.max_seq_len}"
-            )
-        kv = self.kv_cache_manager
-        need, total = kv.get_needed_resource_to_completion(request), kv.get_max_resource_count()
-        if need > total:
-            raise ValueError(
-                f"request {request.request_id} needs {need} KV slots to complete but the cache has {total}; "
-                f"raise kv_cache_config.max_tokens or lower max_tokens"
+                "SamplingParams.guided_decoding needs LLM(guided_decoding_backend=...)"
             )
 
     def cancel_request(self, request_id: int) -> bool:
@@ -209,6 +205,8 @@ class PyExecutor:
                 self.end_all(RequestError(ErrorKind.RANK_LOST, f"a rank is gone ({describe(exc)})"))
                 raise
         self._admit_generation_only()
+        for req in self.guided.poll() if self.guided is not None else ():
+            self._release(req)  # (its grammar could not be built)
         batch = self.scheduler.schedule(self.active, self.seq_slots, not self._alone)
         finished: list[LlmRequest] = []
         if self._unread and batch.batch_size:
@@ -390,6 +388,8 @@ class PyExecutor:
             self._free(req)
         self.seq_slots.release(req)
         self.isolation.forget(req)
+        if self.guided is not None:
+            self.guided.forget(req)
         if req in self.active:
             self.active.remove(req)
 

@@ -94,6 +94,26 @@ class ScheduledRequests:
         self.paused_requests.extend(requests)
 
 
+def check_fits(request: LlmRequest, kv_cache_manager, max_seq_len: int) -> None:
+    """Raise ``ValueError`` if ``request`` can never run: an empty prompt, one that leaves no room
+    within ``max_seq_len``, or more KV to complete than the cache has."""
+    where = f"request {request.request_id}"
+    if request.prompt_len == 0:
+        raise ValueError(f"{where}: the prompt is empty")
+    if request.prompt_len >= max_seq_len:
+        raise ValueError(
+            f"{where}: a prompt of {request.prompt_len} tokens leaves no room to generate "
+            f"within max_seq_len={max_seq_len}"
+        )
+    need = kv_cache_manager.get_needed_resource_to_completion(request)
+    total = kv_cache_manager.get_max_resource_count()
+    if need > total:
+        raise ValueError(
+            f"{where} needs {need} KV slots to complete but the cache has {total}; "
+            f"raise kv_cache_config.max_tokens or lower max_tokens"
+        )
+
+
 def owed_to_admitted(kv_cache_manager, active: list[LlmRequest], admitted: Admitted) -> int:
     """KV blocks the admitted requests of ``active`` still need to complete: what admission keeps
     in reserve before it grants a new request its KV."""

@@ -17,6 +17,7 @@ from tensorrt_llm._torch.pyexecutor.step_program import run_step
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
+    from tensorrt_llm._torch.pyexecutor.guided_decoder import GuidedDecoder
     from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
     from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
@@ -30,19 +31,22 @@ class StepDispatch:
         spec_worker: Eagle3OneModelWorker | None,
         runner: CUDAGraphRunner | None,
         overlap: bool,
+        guided: GuidedDecoder | None = None,
     ) -> None:
         """``overlap``: a launched step may be read after the next one launches (the overlap
-        scheduler)."""
+        scheduler); ``guided``: the requests' grammars, whose masks a step applies."""
         self.engine = engine
         self.spec_worker = spec_worker
         self.runner = runner
         self.overlap = overlap
+        self.guided = guided
         self.logits_state = resource_manager.get_resource_manager(ResourceManagerType.LOGITS_STATE)
         self._inputs = StepInputsBuilder(  # an eager step's inputs
             engine.device,
             spec_worker.max_draft_len if spec_worker is not None else 0,
             self.logits_state,
             spec_worker.draft_probs if spec_worker is not None else None,
+            guided,
         )
 
     def plan(self, batch: ScheduledRequests, agreed: StepPlan | None = None) -> StepPlan:
@@ -54,6 +58,8 @@ class StepDispatch:
         device."""
         batch = plan.batch
         fed = [r for r in batch.generation_requests if batch.pending_tokens(r)]
+        if self.guided is not None and any(map(self.guided.guided, fed)):
+            return False  # a grammar's mask follows the tokens: they must be read first
         if not fed or self.spec_worker is None:
             return True
         return plan.bucket is not None  # Eagle3 moves the positions on the device: graphs

@@ -33,6 +33,7 @@ from tensorrt_llm.runtime.staging import PinnedStaging
 from tensorrt_llm.sampling_params import MAX_LOGPROBS
 
 if TYPE_CHECKING:
+    from tensorrt_llm._torch.pyexecutor.guided_decoder import GuidedDecoder
     from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
     from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
     from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
@@ -90,6 +91,8 @@ class StepInputs:
     penalties: PenaltyInputs | None = None
     top_logprobs: int | None = None  # the top logprobs computed per token (None: none)
     request_ids: Sequence[int] = ()  # (host) each row's request (an eager draft chain's metadata)
+    # [n * T, ceil(V / 32)] int32 the tokens each logits row allows (guided decoding; None: all)
+    bitmask: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -181,12 +184,15 @@ class StepInputsBuilder:
         max_draft_len: int,
         logits_state: LogitsState | None,
         draft_probs: DraftProbStore | None,
+        guided: GuidedDecoder | None = None,
     ) -> None:
+        """``guided``: the requests' grammars, whose mask rows the step applies."""
         self.device = device
         self.max_draft_len = max_draft_len
         self.logits_state = logits_state
         self.draft_probs = draft_probs
-        self._staging = (PinnedStaging(), PinnedStaging())
+        self.guided = guided
+        self._staging = (PinnedStaging(), PinnedStaging(), PinnedStaging())
 
     def build(
         self, batch: ScheduledRequests, input_ids: torch.Tensor, seq_lens: Sequence[int]
@@ -240,6 +246,9 @@ class StepInputsBuilder:
         st, q_slots, penalties = row_views(
             row_ints, device_floats, n, layout, all_greedy=not sampled, top_k=uses_top_k(reqs)
         )
+        mask = self.guided.fill(reqs, width) if self.guided is not None else None
+        if mask is not None:
+            mask = self._staging[2].upload(torch.empty_like(mask, device=self.device), mask)
         return StepInputs(
             input_ids=input_ids,
             drafts=drafts_t.view(n, k),
@@ -253,6 +262,7 @@ class StepInputsBuilder:
             penalties=penalties,
             top_logprobs=logprobs_top(requests),
             request_ids=[r.request_id for r in reqs],
+            bitmask=mask,
         )
 
 

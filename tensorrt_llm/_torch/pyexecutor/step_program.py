@@ -1,8 +1,8 @@
 """run_step: the one program of a step, on device tensors only. Eager steps call it on the
 ``StepInputs`` their batch was built into; the CUDA graph runner captures it on a bucket's.
 
-forward -> logits of each row's positions -> penalties and bias -> the tokens (sampled, or the
-speculative worker's accept and draft chain) -> the penalties' counts -> logprobs.
+forward -> logits of each row's positions -> penalties and bias -> the grammars' mask -> the tokens
+(sampled, or the speculative worker's accept and draft chain) -> the penalties' counts -> logprobs.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState, Penalt
 from tensorrt_llm._torch.pyexecutor.nucleus import row_logprobs
 from tensorrt_llm._torch.pyexecutor.sampler import sample
 from tensorrt_llm._torch.pyexecutor.step_inputs import StepInputs
+from tensorrt_llm._torch.pyexecutor.token_bitmask import apply_token_bitmask
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
@@ -78,6 +79,8 @@ def run_step(
     logits = engine.model.compute_logits(hidden, logits_out)  # [n * T, V]
     if inputs.penalties is not None:
         logits_state.adjust(logits, step_penalty_rows(inputs))
+    if inputs.bitmask is not None:  # (after the penalties: a refused token stays refused)
+        apply_token_bitmask(logits, inputs.bitmask)
     if spec_worker is None:
         tokens = logits.argmax(dim=-1) if inputs.st is None else sample(logits, inputs.st)
         tokens, accepted, drafts = tokens[:, None], None, None

@@ -16,8 +16,10 @@ ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 +-*=?.,:\n"
 SPECIALS = ["<unk>", "<eos>"]
 
 
-def write_tiny_checkpoint(model_dir: Path, seed: int = 0, **overrides) -> Path:
-    tokenizer = build_char_tokenizer(ALPHABET, SPECIALS)
+def write_tiny_checkpoint(
+    model_dir: Path, seed: int = 0, alphabet: str = ALPHABET, **overrides
+) -> Path:
+    tokenizer = build_char_tokenizer(alphabet, SPECIALS)
     config = MiniMaxM3Config.from_dict(
         {
             **TINY,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from llm_helpers import staggered_outputs  # noqa: E402  (the tests' folder)
 
-from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm import LLM, GuidedDecodingParams, SamplingParams
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
 from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import PADDING_REQUEST_ID, CUDAGraphRunner
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
@@ -313,11 +313,17 @@ def test_mixed_graph_shapes():
 
     def prompt(length, last=True, image=None):
         return SimpleNamespace(
-            context_chunk=list(range(length)), is_last_context_chunk=last, multimodal=image
+            context_chunk=list(range(length)),
+            is_last_context_chunk=last,
+            multimodal=image,
+            sampling_params=GREEDY,
         )
 
     def batch(prompts, decoding, drafts=3):
-        decode = [SimpleNamespace(py_draft_tokens=[0] * drafts) for _ in range(decoding)]
+        decode = [
+            SimpleNamespace(py_draft_tokens=[0] * drafts, sampling_params=GREEDY)
+            for _ in range(decoding)
+        ]
         return SimpleNamespace(context_requests=prompts, generation_requests=decode)
 
     shapes = GraphShapes(CudaGraphOptions((1, 2, 4), mixed_prompt_tokens=100, max_prompts=4), 3)
@@ -334,6 +340,11 @@ def test_mixed_graph_shapes():
     assert shapes.shape(batch([prompt(80, image=object())], 1)) is None
     assert shapes.shape(batch([], 2, drafts=1)) is None  # a request without all its drafts
     assert shapes.shape(batch([], 5)) is None  # larger than every bucket
+    guided = batch([prompt(10)], 1)
+    guided.context_requests[0].sampling_params = SamplingParams(
+        guided_decoding=GuidedDecodingParams(regex="a")
+    )
+    assert shapes.shape(guided) is None  # a grammar's mask: eager steps (for now)
     exact = GraphShapes(CudaGraphOptions((1, 2), False, mixed_prompt_tokens=100), 3)
     assert exact.shape(batch([prompt(10)] * 3, 1)) is None  # no padding: no graph of 3 prompts
     assert exact.shape(batch([prompt(10)] * 2, 2)) == GraphShape(2, 200, 2)
@@ -355,12 +366,15 @@ def test_a_wave_of_prompts_beside_decoding_rows_runs_in_graph_steps():
 
     def prompt(length, last=True):
         return SimpleNamespace(
-            context_chunk=list(range(length)), is_last_context_chunk=last, multimodal=None
+            context_chunk=list(range(length)),
+            is_last_context_chunk=last,
+            multimodal=None,
+            sampling_params=GREEDY,
         )
 
     shapes = GraphShapes(CudaGraphOptions((1, 2, 4), mixed_prompt_tokens=100, max_prompts=4), 3)
     runner = SimpleNamespace(shape_of=shapes.shape)
-    decoding = [SimpleNamespace(py_draft_tokens=[0] * 3) for _ in range(2)]
+    decoding = [SimpleNamespace(py_draft_tokens=[0] * 3, sampling_params=GREEDY) for _ in range(2)]
 
     wave = [prompt(80) for _ in range(6)]
     plan = plan_step(ScheduledRequests(wave, list(decoding)), runner, None)

@@ -1,0 +1,160 @@
+"""Grammars for guided decoding, with xgrammar: the tokenizer's vocabulary as xgrammar reads it, a
+compiler that works off the step (one worker thread, compiled grammars cached by their text), a
+matcher per request, and the check a front end runs on a constraint before it submits one.
+
+A token's bit in a mask row is set when the grammar allows it next. Control (special) tokens
+are never allowed, save the stop tokens once the grammar is complete; ids past the tokenizer's
+vocabulary (a model's padded rows) never."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+BACKENDS = ("xgrammar",)
+CACHED_GRAMMARS = 256  # compiled grammars kept, the most recently used
+COMPILE_TIMEOUT_S = 30.0  # a request whose grammar takes longer ends with an error
+# JSON's whitespace between tokens, at most this many characters in a row: room for indented
+# output, and no endless run of blanks from a model that scores them high
+MAX_WHITESPACE = 16
+ANY_OBJECT = '{"type": "object"}'  # json_object
+
+
+def _xgrammar():
+    try:
+        import xgrammar
+    except ImportError:
+        raise ValueError(
+            "guided_decoding_backend='xgrammar' needs the xgrammar package (pip install xgrammar)"
+        ) from None
+    return xgrammar
+
+
+def check_backend(backend: str | None) -> None:
+    """A ``ValueError`` for a backend this engine does not have."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(
+            f"guided_decoding_backend={backend!r}: expected one of {', '.join(BACKENDS)} (or None)"
+        )
+    if backend is not None:
+        _xgrammar()
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+def check_guide(guide: GuidedDecodingParams) -> None:
+    """Raise ``SamplingParamsError`` (field ``guided_decoding``) when ``guide``'s schema, regex,
+    grammar or structural tag cannot be built, saying why; no tokenizer is needed, so a front
+    end can refuse a bad constraint before it reaches the engine."""
+    xgr = _xgrammar()
+    kind, text = guide.kind, guide.text
+    try:
+        if kind == "json":
+            schema = json.loads(text)
+            if not isinstance(schema, dict | bool):
+                raise ValueError("a JSON schema is an object (or true/false)")
+            xgr.Grammar.from_json_schema(text, max_whitespace_cnt=MAX_WHITESPACE)
+        elif kind == "regex":
+            xgr.Grammar.from_regex(text)
+        elif kind == "grammar":
+            xgr.Grammar.from_ebnf(text)
+        elif kind == "structural_tag":
+            xgr.Grammar.from_structural_tag(text)
+    except Exception as exc:
+        raise SamplingParamsError(
+            "guided_decoding", f"GuidedDecodingParams.{kind}: {_first_line(exc)}"
+        ) from None
+
+
+def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[int]):
+    """``xgrammar.TokenizerInfo`` of a ``tokenizers.Tokenizer`` for a model of ``vocab_size``
+    logits: its kind (byte-level, byte-fallback or raw text) read as xgrammar reads a Hugging Face
+    tokenizer, each token's own text, control tokens as none (never allowed)."""
+    xgr = _xgrammar()
+    from transformers import PreTrainedTokenizerFast
+
+    detected = xgr.TokenizerInfo.from_huggingface(
+        PreTrainedTokenizerFast(tokenizer_object=tokenizer),
+        vocab_size=vocab_size,
+        stop_token_ids=stop_token_ids or None,  # (none: as xgrammar finds them)
+    )
+    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    size = tokenizer.get_vocab_size()
+    vocab = [tokenizer.id_to_token(i) or "" for i in range(size)]
+    vocab = ["" if t in special else t for t in vocab]
+    return xgr.TokenizerInfo(
+        vocab,
+        detected.vocab_type,
+        vocab_size=max(vocab_size, size),
+        stop_token_ids=stop_token_ids or detected.stop_token_ids,
+        add_prefix_space=detected.add_prefix_space,
+    )
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer on a worker thread; the same constraint compiles
+    once (``CACHED_GRAMMARS`` kept)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
+        xgr = _xgrammar()
+        self.info = tokenizer_info(tokenizer, vocab_size, stop_token_ids)
+        self.vocab_size = vocab_size
+        self._compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
+
+    def submit(self, guide: GuidedDecodingParams) -> Future:
+        """The compiled grammar of ``guide``, as a future (done at once when cached)."""
+        key = (guide.kind, guide.text)
+        future = self._cache.get(key)
+        if future is not None and not (future.done() and future.exception() is not None):
+            self._cache.move_to_end(key)
+            return future
+        future = self._pool.submit(self._compile, *key)
+        self._cache[key] = future
+        while len(self._cache) > CACHED_GRAMMARS:
+            self._cache.popitem(last=False)
+        return future
+
+    def _compile(self, kind: str, text: str):
+        compiler = self._compiler
+        if kind in ("json", "json_object"):
+            schema = text if kind == "json" else ANY_OBJECT
+            return compiler.compile_json_schema(schema, max_whitespace_cnt=MAX_WHITESPACE)
+        if kind == "regex":
+            return compiler.compile_regex(text)
+        if kind == "grammar":
+            return compiler.compile_grammar(text)
+        return compiler.compile_structural_tag(text)
+
+    def matcher(self, compiled, stop_token_ids: list[int]):
+        """A new matcher of a compiled grammar, which ends at one of ``stop_token_ids`` (it takes
+        back any number of tokens: a step's drafts)."""
+        xgr = _xgrammar()
+        return xgr.GrammarMatcher(compiled, override_stop_tokens=stop_token_ids)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Pending:
+    """A request's grammar being compiled, and since when."""
+
+    def __init__(self, future: Future) -> None:
+        self.future = future
+        self.started = time.monotonic()
+
+    @property
+    def timed_out(self) -> bool:
+        return not self.future.done() and time.monotonic() - self.started > COMPILE_TIMEOUT_S

@@ -1,0 +1,128 @@
+"""GuidedDecoder: the requests' grammars, from submission to the mask rows of each step.
+
+A request with ``guided_decoding`` waits (``WAITING_FOR_GRAMMAR``, passed over by the scheduler,
+never blocking the requests behind it) while its grammar compiles on the compiler's thread; once
+compiled it gets a matcher and joins the queue (``poll``). A grammar that cannot be built, or
+takes longer than ``COMPILE_TIMEOUT_S``, ends its request with an error naming it.
+
+Each step the host fills one mask row per logits row (``fill``): a row's first position from
+the matcher's state after the tokens the request has, then one position per draft, the matcher
+advanced through the drafts the grammar allows and rolled back afterwards. A draft the grammar
+refuses is refused by its own position's mask too (the target cannot accept it), so the rows
+after it are never read; they, and the rows of requests without a grammar, allow everything.
+The matcher takes the tokens a request emitted since its last step as the next is filled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from tensorrt_llm._torch.pyexecutor.grammar_matcher import GrammarCompiler, Pending
+from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, LlmRequest, LlmRequestState
+
+
+@dataclass
+class _Guide:
+    matcher: object  # xgrammar.GrammarMatcher
+    consumed: int = 0  # the request's output tokens the matcher has taken
+
+
+class GuidedDecoder:
+    def __init__(self, compiler: GrammarCompiler) -> None:
+        self.compiler = compiler
+        self.words = math.ceil(compiler.vocab_size / 32)  # int32 words of a mask row
+        self._pending: dict[int, tuple[LlmRequest, Pending]] = {}
+        self._guides: dict[int, _Guide] = {}
+
+    def submit(self, request: LlmRequest) -> None:
+        """Start compiling ``request``'s grammar; it waits for it."""
+        guide = request.sampling_params.guided_decoding
+        if guide is None:
+            return
+        request.state = LlmRequestState.WAITING_FOR_GRAMMAR
+        self._pending[request.request_id] = (request, Pending(self.compiler.submit(guide)))
+
+    @property
+    def compiling(self) -> bool:
+        return bool(self._pending)
+
+    def guided(self, request: LlmRequest) -> bool:
+        return request.request_id in self._guides
+
+    def poll(self) -> list[LlmRequest]:
+        """Requests whose grammar is ready join the queue; returns those whose grammar failed
+        (ended with an error)."""
+        failed = []
+        for request_id, (request, pending) in list(self._pending.items()):
+            future = pending.future
+            if not future.done() and not pending.timed_out:
+                continue
+            del self._pending[request_id]
+            if request.is_finished:  # (cancelled while it waited)
+                continue
+            error = future.exception() if future.done() else TimeoutError("compiling took too long")
+            if error is not None:
+                kind = request.sampling_params.guided_decoding.kind
+                request.fail(
+                    ErrorKind.INVALID_REQUEST,
+                    f"guided_decoding: the {kind} constraint cannot be used: "
+                    f"{str(error).strip().splitlines()[0] if str(error).strip() else error!r}",
+                )
+                failed.append(request)
+                continue
+            params = request.sampling_params
+            stops = [] if params.ignore_eos else list(request.end_ids)
+            stops = sorted({*stops, *params.stop_token_ids})
+            matcher = self.compiler.matcher(future.result(), stops)
+            self._guides[request_id] = _Guide(matcher)
+            request.state = LlmRequestState.CONTEXT_INIT
+        return failed
+
+    def fill(self, requests: list[LlmRequest], width: int) -> torch.Tensor | None:
+        """``[len(requests) * width, words]`` int32 mask rows for a step's rows (``requests`` in
+        row order, ``width`` positions each); None when no request has a grammar."""
+        if not any(r.request_id in self._guides for r in requests):
+            return None
+        mask = torch.full((len(requests) * width, self.words), -1, dtype=torch.int32)
+        for r, request in enumerate(requests):
+            guide = self._guides.get(request.request_id)
+            if guide is None:
+                continue
+            _catch_up(request, guide)
+            if guide.matcher.is_terminated():
+                continue
+            matcher, row = guide.matcher, r * width
+            matcher.fill_next_token_bitmask(mask, row)
+            advanced = 0
+            for j, draft in enumerate(request.py_draft_tokens[: width - 1]):
+                if not matcher.accept_token(draft):
+                    break
+                advanced += 1
+                if matcher.is_terminated():
+                    break
+                matcher.fill_next_token_bitmask(mask, row + j + 1)
+            if advanced:
+                matcher.rollback(advanced)
+        return mask
+
+    def forget(self, request: LlmRequest) -> None:
+        self._pending.pop(request.request_id, None)
+        self._guides.pop(request.request_id, None)
+
+
+def _catch_up(request: LlmRequest, guide: _Guide) -> None:
+    """The tokens ``request`` emitted since into its matcher (a generation-only request's first
+    one came from the context server). Each was sampled under the grammar's mask, so a refusal
+    is the engine's fault: the step fails (and its requests are retried one at a time)."""
+    tokens = request.output_token_ids
+    for token in tokens[guide.consumed :]:
+        if guide.matcher.is_terminated():
+            break
+        if not guide.matcher.accept_token(token):
+            raise RuntimeError(
+                f"request {request.request_id}: its grammar refuses token {token}, which it emitted"
+            )
+    guide.consumed = len(tokens)

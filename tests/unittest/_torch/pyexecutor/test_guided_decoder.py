@@ -1,0 +1,130 @@
+"""The guided decoder's host side: the mask rows of a step with drafts (one per draft position,
+the matcher walked through the drafts the grammar allows and rolled back), a refused draft's
+later rows, requests waiting for their grammar, and the logits masking itself (torch and the
+Triton kernel, against xgrammar's own)."""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tensorrt_llm._torch.pyexecutor.grammar_matcher import GrammarCompiler
+from tensorrt_llm._torch.pyexecutor.guided_decoder import GuidedDecoder
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequestState
+from tensorrt_llm._torch.pyexecutor.token_bitmask import apply_token_bitmask, token_allowed
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
+from tensorrt_llm.tokenizer import build_char_tokenizer
+
+TOKENIZER = build_char_tokenizer("abc0123456789-", ["<unk>", "<eos>"])
+EOS = 1
+VOCAB = 40  # (the model's rows past the tokenizer's 16: never allowed)
+
+
+def ids(text: str) -> list[int]:
+    return [TOKENIZER.token_to_id(c) for c in text]
+
+
+def request(request_id: int, guide: GuidedDecodingParams | None, out="", drafts=""):
+    return SimpleNamespace(
+        request_id=request_id,
+        sampling_params=SamplingParams(guided_decoding=guide),
+        end_ids=(EOS,),
+        output_token_ids=ids(out),
+        py_draft_tokens=ids(drafts),
+        state=LlmRequestState.CONTEXT_INIT,
+        is_finished=False,
+        fail=lambda kind, message: None,
+    )
+
+
+def allowed(mask: torch.Tensor, row: int) -> str:
+    tokens = token_allowed(mask[row : row + 1], VOCAB)[0].nonzero().flatten().tolist()
+    return "".join("$" if t == EOS else TOKENIZER.id_to_token(t) for t in tokens)
+
+
+@pytest.fixture
+def decoder():
+    return GuidedDecoder(GrammarCompiler(TOKENIZER, VOCAB, [EOS]))
+
+
+def ready(decoder: GuidedDecoder, *requests) -> None:
+    for r in requests:
+        decoder.submit(r)
+        assert (
+            r.state is LlmRequestState.WAITING_FOR_GRAMMAR
+            or r.sampling_params.guided_decoding is None
+        )
+    deadline = time.monotonic() + 30
+    while decoder.compiling and time.monotonic() < deadline:
+        assert decoder.poll() == []
+        time.sleep(0.01)
+    assert all(r.state is LlmRequestState.CONTEXT_INIT for r in requests)
+
+
+def test_a_rows_positions_follow_its_drafts_and_the_matcher_comes_back(decoder):
+    guide = GuidedDecodingParams(regex="a-[0-9]{2}c")
+    walked = request(1, guide, out="a", drafts="-4b")  # (b: refused)
+    free = request(2, None, drafts="abc")
+    ready(decoder, walked, free)
+    mask = decoder.fill([walked, free], width=4)
+    assert mask.shape == (8, 2) and mask.dtype == torch.int32  # 40 tokens: two words a row
+    assert [allowed(mask, r) for r in range(3)] == ["-", "0123456789", "0123456789"]
+    assert (mask[3] == -1).all()  # after the refused "b": never read
+    assert (mask[4:] == -1).all()  # a request without a grammar: every token
+    # the matcher is where the emitted tokens left it: the same rows again
+    assert torch.equal(decoder.fill([walked, free], width=4), mask)
+    # the step's tokens are emitted; the next step catches up with them
+    walked.output_token_ids += ids("-4")
+    walked.py_draft_tokens = ids("2c")
+    mask = decoder.fill([walked], width=3)
+    assert [allowed(mask, r) for r in range(3)] == ["0123456789", "c", "$"]
+
+
+def test_a_refused_draft_leaves_the_rows_after_it_unconstrained(decoder):
+    walked = request(1, GuidedDecodingParams(regex="abc"), drafts="ab3")
+    ready(decoder, walked)
+    mask = decoder.fill([walked], width=4)
+    assert [allowed(mask, r) for r in range(3)] == ["a", "b", "c"]
+    assert (mask[3] == -1).all()  # after the refused "3": never read
+
+
+def test_a_grammar_that_fails_to_compile_ends_its_request_alone(decoder):
+    bad = request(1, GuidedDecodingParams(grammar="root ::= nowhere"))
+    good = request(2, GuidedDecodingParams(regex="a"))
+    errors = []
+    bad.fail = lambda kind, message: errors.append((kind, message))
+    decoder.submit(bad)
+    decoder.submit(good)
+    failed = []
+    deadline = time.monotonic() + 30
+    while decoder.compiling and time.monotonic() < deadline:
+        failed += decoder.poll()
+        time.sleep(0.01)
+    assert failed == [bad] and errors[0][0] == "invalid_request"
+    assert "guided_decoding" in errors[0][1]
+    assert good.state is LlmRequestState.CONTEXT_INIT and decoder.guided(good)
+
+
+def test_the_same_constraint_compiles_once(decoder):
+    guide = GuidedDecodingParams(regex="a+")
+    first = decoder.compiler.submit(guide)
+    assert decoder.compiler.submit(GuidedDecodingParams(regex="a+")) is first
+    assert decoder.compiler.submit(GuidedDecodingParams(regex="b+")) is not first
+
+
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masking_the_logits_matches_xgrammar(kernel, dtype):
+    """(The kernel on a CPU: under Triton's interpreter, as ``conftest.py`` sets it.)"""
+    import xgrammar as xgr
+
+    generator = torch.Generator().manual_seed(0)
+    vocab, rows = 5000, 3
+    mask = torch.randint(-(2**31), 2**31 - 1, (rows, (vocab + 31) // 32), generator=generator)
+    mask = mask.to(torch.int32)
+    logits = torch.randn(rows, vocab, generator=generator).to(dtype)
+    want = logits.float()
+    xgr.apply_token_bitmask_inplace(want, mask)
+    apply_token_bitmask(logits, mask, kernel=kernel)
+    assert torch.equal(logits.float(), want)

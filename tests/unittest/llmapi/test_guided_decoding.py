@@ -1,0 +1,176 @@
+"""Guided decoding through ``LLM``: every output of a random tiny model (a character tokenizer that
+can write JSON) matches its constraint and ends at the end token, greedy and sampled, constrained
+and unconstrained requests in one batch; bad constraints are refused naming the field, and a
+request whose grammar cannot be built ends alone."""
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+from llm_helpers import ALPHABET, write_tiny_checkpoint
+
+from tensorrt_llm import LLM, GuidedDecodingParams, SamplingParams
+from tensorrt_llm.llmapi.llm_args import KvCacheConfig
+
+JSON_ALPHABET = ALPHABET + '{}[]"_'
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "mode": {"enum": ["on", "off"]},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tags": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2},
+        "note": {"type": ["null", "boolean"]},
+        "inner": {
+            "type": "object",
+            "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9}},
+            "required": ["x"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["mode", "n", "tags", "note", "inner"],
+    "additionalProperties": False,
+}
+REGEX = r"(yes|no)-[0-9]{2}"
+EBNF = 'root ::= "sum:" [0-9] [0-9]? " " ("ok" | "bad")'
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    model = write_tiny_checkpoint(
+        tmp_path_factory.mktemp("tiny_json"), alphabet=JSON_ALPHABET, max_position_embeddings=1024
+    )
+    llm = LLM(
+        str(model),
+        device="cpu",
+        guided_decoding_backend="xgrammar",
+        max_batch_size=8,
+        kv_cache_config=KvCacheConfig(max_tokens=8 * 768),
+    )
+    yield llm
+    llm.shutdown()
+
+
+def params(guide: GuidedDecodingParams | None, sampled: bool) -> SamplingParams:
+    sampling = {"temperature": 1.0, "top_p": 0.95, "seed": 3} if sampled else {"temperature": 0}
+    return SamplingParams(max_tokens=600, guided_decoding=guide, **sampling)
+
+
+def check_json_schema(text: str) -> bool:
+    jsonschema.validate(json.loads(text), SCHEMA)  # (raises when it does not)
+    return True
+
+
+CASES = [  # constraints a random model must finish (each of finite length)
+    (GuidedDecodingParams(json=SCHEMA), check_json_schema),
+    (GuidedDecodingParams(regex=REGEX), lambda t: re.fullmatch(REGEX, t)),
+    (GuidedDecodingParams(grammar=EBNF), lambda t: re.fullmatch(r"sum:\d\d? (ok|bad)", t)),
+]
+ANY_OBJECT = GuidedDecodingParams(json_object=True)  # (a random model may never close it)
+
+
+def accepted(llm, guide: GuidedDecodingParams, token_ids: list[int]) -> bool:
+    """Whether a fresh matcher of ``guide`` takes every token."""
+    from tensorrt_llm._torch.pyexecutor.grammar_matcher import GrammarCompiler
+
+    compiler = GrammarCompiler(llm.tokenizer.tokenizer, llm.model_config.vocab_size, [1])
+    matcher = compiler.matcher(compiler.submit(guide).result(), [1])
+    return all(matcher.accept_token(t) for t in token_ids)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_every_output_matches_its_constraint_in_a_mixed_batch(llm, sampled):
+    prompts = ["give json: ", "yes or no ", "sum 4+5 ", "an object "]
+    free = params(None, sampled)
+    guides = [g for g, _ in CASES] + [ANY_OBJECT]
+    outs = llm.generate(
+        [*prompts, "plain 1", "plain 2"], [params(g, sampled) for g in guides] + [free, free]
+    )
+    for (guide, check), out in zip(CASES, outs, strict=False):
+        reply = out.outputs[0]
+        assert reply.finish_reason == "stop", (guide.kind, reply.text)
+        assert check(reply.text), (guide.kind, reply.text)
+    obj = outs[len(CASES)].outputs[0]
+    assert obj.text.startswith("{") and accepted(llm, ANY_OBJECT, obj.token_ids)
+    if obj.finish_reason == "stop":
+        assert isinstance(json.loads(obj.text), dict)
+    # the unconstrained requests beside them are what they are alone
+    alone = llm.generate(["plain 1", "plain 2"], free)
+    assert [o.outputs[0].token_ids for o in outs[len(guides) :]] == [
+        o.outputs[0].token_ids for o in alone
+    ]
+    # a random model left alone writes no such thing
+    unguided = llm.generate(prompts[:1], free)[0].outputs[0].text
+    with pytest.raises(ValueError):
+        check_json_schema(unguided)
+
+
+@pytest.mark.parametrize(
+    ("guide", "message"),
+    [
+        ({"json": '{"type": "object", "properties": 5}'}, "GuidedDecodingParams.json"),
+        ({"json": "not json"}, "GuidedDecodingParams.json"),
+        ({"regex": "(unclosed"}, "GuidedDecodingParams.regex"),
+        ({"grammar": "root ::= missing_rule"}, "GuidedDecodingParams.grammar"),
+    ],
+)
+def test_a_constraint_that_cannot_be_built_is_refused_naming_it(llm, guide, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate(["x"], SamplingParams(guided_decoding=GuidedDecodingParams(**guide)))
+    # the engine goes on
+    assert (
+        llm.generate(["x"], params(GuidedDecodingParams(regex="ab"), False))[0].outputs[0].text
+        == "ab"
+    )
+
+
+def test_guided_decoding_without_a_backend_is_refused(tiny_checkpoint):
+    plain = LLM(str(tiny_checkpoint), device="cpu", max_batch_size=2)
+    try:
+        with pytest.raises(ValueError, match="guided_decoding_backend"):
+            plain.generate(["x"], SamplingParams(guided_decoding=GuidedDecodingParams(regex="a")))
+    finally:
+        plain.shutdown()
+
+
+def test_guided_decoding_params_take_one_constraint():
+    with pytest.raises(ValueError, match="exactly one of"):
+        GuidedDecodingParams(regex="a", json_object=True)
+    with pytest.raises(ValueError, match="exactly one of"):
+        GuidedDecodingParams()
+    guide = GuidedDecodingParams(json={"type": "object"})
+    assert guide.kind == "json" and json.loads(guide.text) == {"type": "object"}
+    with pytest.raises(ValueError, match="over"):
+        GuidedDecodingParams(regex="a" * 300_000)
+
+
+def test_eagle3_under_a_grammar_gives_the_target_only_tokens(llm, tmp_path):
+    """Greedy Eagle3 (unified KV) under each constraint makes the target-only tokens: a draft
+    the grammar refuses is refused by its position's mask, the matcher rolled back after the
+    drafts it walked through."""
+    from llm_helpers import write_tiny_eagle3
+
+    from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig
+
+    target = llm.args.model
+    drafter = write_tiny_eagle3(tmp_path / "draft", Path(target))
+    spec = LLM(
+        target,
+        device="cpu",
+        guided_decoding_backend="xgrammar",
+        max_batch_size=8,
+        kv_cache_config=KvCacheConfig(max_tokens=8 * 768),
+        speculative_config=Eagle3DecodingConfig(
+            max_draft_len=3, speculative_model=str(drafter), draft_kv_cache="unified"
+        ),
+    )
+    try:
+        prompts = ["give json: ", "yes or no ", "sum 4+5 ", "plain"]
+        sampling = [params(g, False) for g, _ in CASES] + [params(None, False)]
+        want = [o.outputs[0].token_ids for o in llm.generate(prompts, sampling)]
+        got = spec.generate(prompts, sampling)
+        assert [o.outputs[0].token_ids for o in got] == want
+        assert spec.get_stats()["num_decode_iterations"] > 0
+    finally:
+        spec.shutdown()
