@@ -34,6 +34,7 @@ FLAG_OPTIONS: dict[str, tuple[str, ...]] = {
     "max_seq_len": ("max_seq_len",),
     "kv_cache_free_gpu_memory_fraction": ("kv_cache_config", "free_gpu_memory_fraction"),
     "chat_template": ("chat_template",),
+    "guided_decoding_backend": ("guided_decoding_backend",),
 }
 _HOST = re.compile(r"[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]")  # a name, an IPv4 or [IPv6] address
 
@@ -196,6 +197,12 @@ def _parser() -> argparse.ArgumentParser:
         "--tool_parser",
         default=None,
         help="read a chat reply's tool calls into tool_calls (minimax_m3)",
+    )
+    parser.add_argument(
+        "--guided_decoding_backend",
+        default=None,
+        choices=["xgrammar"],
+        help="hold replies to response_format and tool_choice required/named (guided decoding)",
     )
     parser.add_argument(
         "--chat_template",

@@ -173,3 +173,14 @@ class ChatCompletionToolsParam(BaseModel):
 
     type: Literal["function"] = "function"
     function: FunctionDefinition
+
+
+class _ToolName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice`` naming the one function the reply must call."""
+
+    type: Literal["function"] = "function"
+    function: _ToolName

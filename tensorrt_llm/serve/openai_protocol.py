@@ -19,16 +19,19 @@ from pydantic import (
 
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 from tensorrt_llm.llmapi.reasoning_parser import THINKING_MODES
+from tensorrt_llm.sampling_params import GuidedDecodingParams
 from tensorrt_llm.serve.chat_messages import (  # (re-exported: the protocol's names)
     ChatCompletionToolsParam,
     ChatMessage,
     FunctionDefinition,
     ImageUrlPart,
+    NamedToolChoice,
     Text,
     TextPart,
     ToolCall,
     ToolCallFunction,
 )
+from tensorrt_llm.serve.structured_output import response_guide
 
 __all__ = [
     "ChatCompletionRequest",
@@ -39,6 +42,7 @@ __all__ = [
     "ErrorResponse",
     "FunctionDefinition",
     "ImageUrlPart",
+    "NamedToolChoice",
     "TextPart",
     "ToolCall",
     "ToolCallFunction",
@@ -120,12 +124,13 @@ class _SamplingFields(BaseModel):
 
     @field_validator("response_format")
     @classmethod
-    def _text_only(cls, value):
-        if value is not None and value.get("type", "text") != "text":
-            raise ValueError(
-                "only {'type': 'text'} is supported (no json_object or json_schema output)"
-            )
+    def _a_known_format(cls, value):
+        response_guide(value)  # (its FormatError is a ValueError: a 400 naming the field)
         return value
+
+    def response_guide(self) -> GuidedDecodingParams | None:
+        """What ``response_format`` holds the output to (None: text)."""
+        return response_guide(self.response_format)
 
     def ignored_fields(self) -> list[str]:
         return sorted(self.model_extra or {})
@@ -196,8 +201,8 @@ class ChatCompletionRequest(_SamplingFields):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     thinking: Thinking | None = None
     tools: list[ChatCompletionToolsParam] | None = Field(default=None, max_length=MAX_TOOLS)
-    # auto (the default with tools) or none; required and a named tool are not taken yet
-    tool_choice: Literal["none", "auto"] | None = None
+    # auto (the default with tools), none, required (some call), or a named function
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     @field_validator("tools")
     @classmethod
@@ -216,6 +221,19 @@ class ChatCompletionRequest(_SamplingFields):
     def calls_tools(self) -> bool:
         """Whether the reply is read for tool calls."""
         return bool(self.tools) and self.tool_choice != "none"
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _a_choice_of_the_tools(cls, choice, info):
+        if choice in (None, "none", "auto"):
+            return choice
+        tools = info.data.get("tools")
+        if not tools:
+            raise ValueError(f"{choice!r} needs tools")
+        names = [tool.function.name for tool in tools]
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"names {choice.function.name!r}, not one of the tools")
+        return choice
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatCompletionRequest:

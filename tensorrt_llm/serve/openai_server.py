@@ -21,10 +21,10 @@ from fastapi.responses import JSONResponse, Response
 from tensorrt_llm._torch.disaggregation.params import RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
 from tensorrt_llm.llmapi.llm import LLM, GenerationRequest
-from tensorrt_llm.llmapi.reasoning_parser import ReasoningParserFactory
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import MAX_INT64, SamplingParams, SamplingParamsError
 from tensorrt_llm.serve import guards, media
+from tensorrt_llm.serve.chat_protocol import ChatProtocol
 from tensorrt_llm.serve.choices import ChoiceStream, Renderer
 from tensorrt_llm.serve.errors import (
     ServerError,
@@ -43,9 +43,7 @@ from tensorrt_llm.serve.openai_protocol import (
     new_id,
     now,
 )
-from tensorrt_llm.serve.reply_parsing import ReplyParsing
 from tensorrt_llm.serve.submission import Submission
-from tensorrt_llm.serve.tool_parser import ToolParserFactory
 from tensorrt_llm.serve.waits import (
     EndingStream,
     Last,
@@ -74,11 +72,9 @@ class OpenAIServer:
         much work one request may ask for. ``reasoning_parser``: the name of the parser that
         splits a chat reply's reasoning from its content (``reasoning_parser.py``);
         ``tool_parser``: of the one that reads its tool calls (``tool_parser/``)."""
-        if reasoning_parser is not None:
-            ReasoningParserFactory.create_reasoning_parser(reasoning_parser)  # (a known name)
-        if tool_parser is not None:
-            ToolParserFactory.create_tool_parser(tool_parser)
-        self.reasoning_parser, self.tool_parser = reasoning_parser, tool_parser
+        self.protocol = ChatProtocol(
+            llm.tokenizer, reasoning_parser, tool_parser, llm.args.guided_decoding_backend
+        )
         self.limits = limits or guards.ServeLimits()
         self.llm = llm
         self.media = media.MediaPool(media_options or media.MediaOptions())
@@ -178,7 +174,7 @@ class OpenAIServer:
             return await self._serve(body, [prompt], request, timer, chat=True)
 
     # ---- generation ---------------------------------------------------------------------------
-    def _params(self, body, prompt_lengths: list[int]) -> SamplingParams:
+    def _params(self, body, prompt_lengths: list[int], guide=None) -> SamplingParams:
         if body.model is not None and body.model != self.model_name:
             raise ServerError(
                 404,
@@ -200,6 +196,7 @@ class OpenAIServer:
                 presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty,
                 logit_bias=self._logit_bias(body.logit_bias),
+                guided_decoding=guide,
             )
         except SamplingParamsError as exc:
             raise ServerError(400, str(exc), param=exc.field) from None
@@ -234,7 +231,8 @@ class OpenAIServer:
                 "%s: ignoring unknown field(s) %s", request.url.path, body.ignored_fields()
             )
         lengths = [len(p["prompt_token_ids"] if isinstance(p, dict) else p) for p in prompts]
-        params = self._params(body, lengths)
+        guide = self.protocol.guide(body, prompts[0], chat)
+        params = self._params(body, lengths, guide)
         await guards.check_hold_room(self.llm, body.disaggregated_params)
         jobs = self._jobs(body, prompts, params)
         param = (
@@ -252,7 +250,7 @@ class OpenAIServer:
         self.metrics.requests.inc()
         self.metrics.prompt_tokens.inc(usage.prompt_tokens)
         rid = new_id("chatcmpl" if chat else "cmpl")
-        parsing = self._parsing(body, prompts[0]) if chat else None
+        parsing = self.protocol.parsing(body, prompts[0]) if chat else None
         renderer = Renderer(self.llm.tokenizer, chat, parsing)
         if body.stream:
             return EndingStream(
@@ -279,31 +277,6 @@ class OpenAIServer:
         if lasts[0].disaggregated_params is not None:
             reply["disaggregated_params"] = lasts[0].disaggregated_params.to_json()
         return reply
-
-    def _parsing(self, body, prompt: list[int] | dict) -> ReplyParsing:
-        """How a chat request's reply is read: its reasoning (from where its rendered
-        ``prompt`` leaves the model: inside a reasoning block or not), its tool calls. A context
-        server without a tool parser takes a context-only request with tools all the same: its
-        reply is the first token, and the generation server reads the rest."""
-        reasoning = None
-        if self.reasoning_parser is not None:
-            ids = prompt if isinstance(prompt, list) else prompt["prompt_token_ids"]
-            end = self.llm.tokenizer.decode(ids[-16:], skip_special_tokens=False)
-            reasoning = ReasoningParserFactory.create_reasoning_parser(
-                self.reasoning_parser, prompt=end
-            )
-        disagg = body.disaggregated_params
-        context_only = disagg is not None and disagg.request_type is RequestType.CONTEXT_ONLY
-        if not body.calls_tools() or (context_only and self.tool_parser is None):
-            return ReplyParsing(reasoning)
-        if self.tool_parser is None:
-            raise ServerError(
-                400, "this server reads no tool calls: start it with --tool_parser", param="tools"
-            )
-        name = self.tool_parser
-        return ReplyParsing(
-            reasoning, lambda: ToolParserFactory.create_tool_parser(name), body.tools
-        )
 
     def _jobs(self, body, prompts: list[list[int]], params: SamplingParams) -> list:
         """A ``GenerationRequest`` per choice: prompt-major, ``n`` samples each (sample i of a

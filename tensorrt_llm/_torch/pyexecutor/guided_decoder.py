@@ -10,7 +10,13 @@ the matcher's state after the tokens the request has, then one position per draf
 advanced through the drafts the grammar allows and rolled back afterwards. A draft the grammar
 refuses is refused by its own position's mask too (the target cannot accept it), so the rows
 after it are never read; they, and the rows of requests without a grammar, allow everything.
-The matcher takes the tokens a request emitted since its last step as the next is filled.
+The matcher takes the tokens a request emitted since its last step as the next is filled. A
+constraint that no token of the vocabulary can continue (a character the tokenizer cannot
+write) ends its request with an error, never a row that allows nothing.
+
+Under the overlap scheduler a request with a grammar is not fed from the device: the step it
+was in is read before its next is launched (its mask follows its tokens). CUDA graphs do not
+take steps with a grammar yet (``GraphShapes.shape``): they run eagerly.
 """
 
 from __future__ import annotations
@@ -20,7 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
-from tensorrt_llm._torch.pyexecutor.grammar_matcher import GrammarCompiler, Pending
+from tensorrt_llm._torch.pyexecutor.grammar_matcher import (
+    COMPILE_TIMEOUT_S,
+    GrammarCompiler,
+    Pending,
+)
 from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, LlmRequest, LlmRequestState
 
 
@@ -36,14 +46,26 @@ class GuidedDecoder:
         self.words = math.ceil(compiler.vocab_size / 32)  # int32 words of a mask row
         self._pending: dict[int, tuple[LlmRequest, Pending]] = {}
         self._guides: dict[int, _Guide] = {}
+        self._dead: list[LlmRequest] = []  # ended by ``fill``, freed after ``poll``
 
-    def submit(self, request: LlmRequest) -> None:
-        """Start compiling ``request``'s grammar; it waits for it."""
+    def submit(self, request: LlmRequest, wait: bool = False) -> None:
+        """Start compiling ``request``'s grammar; it waits for it in the queue. ``wait``: compile
+        it now, the request's state untouched (a generation-only request, whose first token
+        came from the context server: it joins the batch once its KV is loaded); a grammar
+        that cannot be built is then a ``ValueError``."""
         guide = request.sampling_params.guided_decoding
         if guide is None:
             return
-        request.state = LlmRequestState.WAITING_FOR_GRAMMAR
-        self._pending[request.request_id] = (request, Pending(self.compiler.submit(guide)))
+        future = self.compiler.submit(guide)
+        if not wait:
+            request.state = LlmRequestState.WAITING_FOR_GRAMMAR
+            self._pending[request.request_id] = (request, Pending(future))
+            return
+        try:
+            compiled = future.result(timeout=COMPILE_TIMEOUT_S)
+        except Exception as exc:
+            raise ValueError(_cannot_use(guide.kind, exc)) from None
+        self._guides[request.request_id] = _Guide(self._matcher(request, compiled))
 
     @property
     def compiling(self) -> bool:
@@ -53,9 +75,9 @@ class GuidedDecoder:
         return request.request_id in self._guides
 
     def poll(self) -> list[LlmRequest]:
-        """Requests whose grammar is ready join the queue; returns those whose grammar failed
-        (ended with an error)."""
-        failed = []
+        """Requests whose grammar is ready join the queue; returns those that ended with an
+        error: their grammar failed, or (in an earlier ``fill``) it allowed no token at all."""
+        failed, self._dead = self._dead, []
         for request_id, (request, pending) in list(self._pending.items()):
             future = pending.future
             if not future.done() and not pending.timed_out:
@@ -66,18 +88,10 @@ class GuidedDecoder:
             error = future.exception() if future.done() else TimeoutError("compiling took too long")
             if error is not None:
                 kind = request.sampling_params.guided_decoding.kind
-                request.fail(
-                    ErrorKind.INVALID_REQUEST,
-                    f"guided_decoding: the {kind} constraint cannot be used: "
-                    f"{str(error).strip().splitlines()[0] if str(error).strip() else error!r}",
-                )
+                request.fail(ErrorKind.INVALID_REQUEST, _cannot_use(kind, error))
                 failed.append(request)
                 continue
-            params = request.sampling_params
-            stops = [] if params.ignore_eos else list(request.end_ids)
-            stops = sorted({*stops, *params.stop_token_ids})
-            matcher = self.compiler.matcher(future.result(), stops)
-            self._guides[request_id] = _Guide(matcher)
+            self._guides[request_id] = _Guide(self._matcher(request, future.result()))
             request.state = LlmRequestState.CONTEXT_INIT
         return failed
 
@@ -96,6 +110,15 @@ class GuidedDecoder:
                 continue
             matcher, row = guide.matcher, r * width
             matcher.fill_next_token_bitmask(mask, row)
+            if not mask[row].any():  # no token of the vocabulary goes on: it ends (``poll``)
+                request.fail(
+                    ErrorKind.INVALID_REQUEST,
+                    "guided_decoding: no token of this model's vocabulary can continue the "
+                    f"{request.sampling_params.guided_decoding.kind} constraint here",
+                )
+                self._dead.append(request)
+                mask[row : row + width] = -1
+                continue
             advanced = 0
             for j, draft in enumerate(request.py_draft_tokens[: width - 1]):
                 if not matcher.accept_token(draft):
@@ -107,6 +130,12 @@ class GuidedDecoder:
             if advanced:
                 matcher.rollback(advanced)
         return mask
+
+    def _matcher(self, request: LlmRequest, compiled):
+        """A matcher that ends at the request's end and stop tokens."""
+        params = request.sampling_params
+        stops = [] if params.ignore_eos else list(request.end_ids)
+        return self.compiler.matcher(compiled, sorted({*stops, *params.stop_token_ids}))
 
     def forget(self, request: LlmRequest) -> None:
         self._pending.pop(request.request_id, None)
@@ -126,3 +155,9 @@ def _catch_up(request: LlmRequest, guide: _Guide) -> None:
                 f"request {request.request_id}: its grammar refuses token {token}, which it emitted"
             )
     guide.consumed = len(tokens)
+
+
+def _cannot_use(kind: str, error: BaseException) -> str:
+    text = str(error).strip()
+    reason = text.splitlines()[0] if text else type(error).__name__
+    return f"guided_decoding: the {kind} constraint cannot be used: {reason}"

@@ -109,9 +109,7 @@ class PyExecutor:
         """``ValueError`` if ``request`` can never run here (its prompt, KV or grammar)."""
         check_fits(request, self.kv_cache_manager, self.max_seq_len)
         if request.sampling_params.guided_decoding is not None and self.guided is None:
-            raise ValueError(
-                "SamplingParams.guided_decoding needs LLM(guided_decoding_backend=...)"
-            )
+            raise ValueError("guided_decoding needs LLM(guided_decoding_backend='xgrammar')")
 
     def cancel_request(self, request_id: int) -> bool:
         """Finish a request now and free its KV. Returns False if it is not active or waiting."""
@@ -154,6 +152,8 @@ class PyExecutor:
         ``load_kv`` between steps (``DisaggCoordinator``), it joins the batch once loaded."""
         try:
             self.check_request(request)  # it joins ``active`` once admitted
+            if self.guided is not None:
+                self.guided.submit(request, wait=True)
         except ValueError:
             load_kv.abandon()
             raise

@@ -129,3 +129,36 @@ def staggered_outputs(llm, texts: list[str], params) -> list:
     start(0)
     assert done.wait(600), f"{len(texts) - len(outs)} of {len(texts)} requests did not finish"
     return [outs[i] for i in range(len(texts))]
+
+
+def write_tiny_m3_chat_checkpoint(model_dir: Path, seed: int = 0) -> Path:
+    """A random-init tiny MiniMax-M3 whose tokenizer and chat template are M3's (the markers as
+    single tokens, JSON and XML characters, ``examples/templates/minimax_m3.jinja``): what the
+    chat protocol and guided decoding tests serve when the output's form, not its sense, is
+    under test."""
+    import json
+
+    from tensorrt_llm.tokenizer import (
+        CHAT_TEMPLATE_FILE,
+        M3_ALPHABET,
+        M3_SPECIAL_TOKENS,
+        M3_TEXT_TOKENS,
+    )
+
+    tokenizer = build_char_tokenizer(M3_ALPHABET, M3_SPECIAL_TOKENS, text_tokens=M3_TEXT_TOKENS)
+    config = MiniMaxM3Config.from_dict(
+        {
+            **TINY,
+            "vocab_size": tokenizer.get_vocab_size(),
+            "max_position_embeddings": 4096,
+            "index_block_size": 16,
+            "eos_token_id": tokenizer.token_to_id("[e~["),
+        }
+    )
+    save_pretrained(random_model(config, seed=seed, std=0.15), config, model_dir)
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+    special = {"eos_token": "[e~[", "pad_token": "<pad>", "unk_token": "<unk>"}
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(special))
+    template = Path(__file__).parents[3] / "examples" / "templates" / "minimax_m3.jinja"
+    (model_dir / CHAT_TEMPLATE_FILE).write_text(template.read_text())
+    return model_dir

@@ -178,7 +178,16 @@ def tool(name: str = "add", parameters=None) -> dict:
         ({"tools": [tool(), tool()]}, "tools", "repeat"),
         ({"tools": [tool(f"t{i}") for i in range(129)]}, "tools", "at most 128"),
         ({"tools": [tool(parameters={"description": "x" * 300_000})]}, "tools", "bytes of JSON"),
-        ({"tools": [tool()], "tool_choice": "required"}, "tool_choice", "none"),
+        ({"tools": [tool()], "tool_choice": "required"}, "tool_choice", "--tool_parser"),
+        (
+            {"tools": [tool()], "tool_choice": {"type": "function", "function": {"name": "b"}}},
+            "tool_choice",
+            "not one of the tools",
+        ),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format", "--guided_decoding"),
+        ({"response_format": {"type": "xml"}}, "response_format", "expected one of"),
+        ({"response_format": {"type": "regex"}}, "response_format", "needs response_format.regex"),
     ],
 )
 def test_tools_a_server_cannot_take_are_a_400_naming_the_field(client, fields, param, message):

@@ -164,24 +164,24 @@ def test_a_streamed_reply_that_calls_tools_joins_to_the_whole_one(seed):
 
 def test_a_context_server_without_a_tool_parser_takes_a_context_only_request_with_tools():
     # (its reply is the first token; the generation server reads the rest for calls)
+    from tensorrt_llm.serve.chat_protocol import ChatProtocol
     from tensorrt_llm.serve.errors import ServerError
     from tensorrt_llm.serve.openai_protocol import ChatCompletionRequest
-    from tensorrt_llm.serve.openai_server import OpenAIServer
 
-    server = SimpleNamespace(reasoning_parser="minimax_m3", tool_parser=None, llm=prompt_ending(""))
+    protocol = ChatProtocol(prompt_ending(""), "minimax_m3", None)
     fields = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
     context_only = ChatCompletionRequest(
         **fields, disaggregated_params={"request_type": "context_only"}
     )
-    parsing = OpenAIServer._parsing(server, context_only, [1, 2])
+    parsing = protocol.parsing(context_only, [1, 2])
     assert parsing.tool_parser is None and parsing.reasoning is not None
     with pytest.raises(ServerError, match="--tool_parser"):
-        OpenAIServer._parsing(server, ChatCompletionRequest(**fields), [1, 2])
+        protocol.parsing(ChatCompletionRequest(**fields), [1, 2])
 
 
 def prompt_ending(text: str):
-    """A stand-in LLM whose prompts decode to ``text`` at their end."""
-    return SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids, skip_special_tokens: text))
+    """A stand-in tokenizer whose prompts decode to ``text`` at their end."""
+    return SimpleNamespace(decode=lambda ids, skip_special_tokens: text)
 
 
 @pytest.mark.parametrize(
@@ -194,14 +194,12 @@ def prompt_ending(text: str):
     ],
 )
 def test_where_the_reply_starts_is_read_from_the_rendered_prompt(end, mode):
+    from tensorrt_llm.serve.chat_protocol import ChatProtocol
     from tensorrt_llm.serve.openai_protocol import ChatCompletionRequest
-    from tensorrt_llm.serve.openai_server import OpenAIServer
 
-    server = SimpleNamespace(
-        reasoning_parser="minimax_m3", tool_parser=None, llm=prompt_ending(end)
-    )
+    protocol = ChatProtocol(prompt_ending(end), "minimax_m3", None)
     body = ChatCompletionRequest(
         messages=[{"role": "user", "content": "hi"}], reasoning_effort="high"
     )
-    parsing = OpenAIServer._parsing(server, body, {"prompt_token_ids": [1, 2, 3]})
+    parsing = protocol.parsing(body, {"prompt_token_ids": [1, 2, 3]})
     assert parsing.reasoning.thinking_mode == mode

@@ -128,3 +128,15 @@ def test_masking_the_logits_matches_xgrammar(kernel, dtype):
     xgr.apply_token_bitmask_inplace(want, mask)
     apply_token_bitmask(logits, mask, kernel=kernel)
     assert torch.equal(logits.float(), want)
+
+
+def test_a_constraint_the_vocabulary_cannot_write_ends_its_request(decoder):
+    """(The tokenizer has no "x": a row allowing nothing would sample garbage.)"""
+    stuck = request(1, GuidedDecodingParams(regex="ax"), out="a")
+    errors = []
+    stuck.fail = lambda kind, message: errors.append((kind, message))
+    ready(decoder, stuck)
+    mask = decoder.fill([stuck], width=2)
+    assert (mask == -1).all() and errors[0][0] == "invalid_request"
+    assert "no token of this model's vocabulary" in errors[0][1]
+    assert decoder.poll() == [stuck] and decoder.poll() == []

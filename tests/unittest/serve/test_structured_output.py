@@ -1,0 +1,187 @@
+"""Structured output through the server: ``response_format`` and ``tool_choice`` as grammars
+(``serve/structured_output.py``), walked over M3's markup with a matcher, then through the
+``openai`` client against ``trtllm-serve --guided_decoding_backend xgrammar`` on a random tiny
+M3 (its tokenizer and chat template): whatever the model's weights, every reply is what the
+request asked for."""
+
+import json
+import sys
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+
+from tensorrt_llm._torch.pyexecutor.grammar_matcher import GrammarCompiler
+from tensorrt_llm.llmapi.reasoning_parser import MiniMaxM3ReasoningParser
+from tensorrt_llm.serve.structured_output import after_reasoning, response_guide, tool_guide
+from tensorrt_llm.tokenizer import (
+    M3_ALPHABET,
+    M3_SPECIAL_TOKENS,
+    M3_TEXT_TOKENS,
+    build_char_tokenizer,
+)
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "llmapi"))
+from llm_helpers import write_tiny_m3_chat_checkpoint  # noqa: E402
+
+NS = "]<]minimax[>["
+TOKENIZER = build_char_tokenizer(M3_ALPHABET, M3_SPECIAL_TOKENS, text_tokens=M3_TEXT_TOKENS)
+EOS = TOKENIZER.token_to_id("[e~[")
+NUMBER = {"type": "integer", "minimum": 0, "maximum": 99}
+PAIR = {"type": "object", "properties": {"a": NUMBER, "b": NUMBER}, "required": ["a", "b"]}
+TOOLS = [
+    {"type": "function", "function": {"name": name, "parameters": PAIR}}
+    for name in ("add", "subtract")
+]
+CALL = (
+    f'{NS}<tool_call>\n{NS}<invoke name="add">{NS}<a>2{NS}</a>{NS}<b>3{NS}</b>{NS}</invoke>\n'
+    f"{NS}</tool_call>"
+)
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Rome"]},
+        "days": {"type": "array", "items": NUMBER, "maxItems": 3},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    return GrammarCompiler(TOKENIZER, TOKENIZER.get_vocab_size(), [EOS])
+
+
+def writes(compiler, guide, text: str) -> bool:
+    """Whether a matcher of ``guide`` takes ``text`` whole, then the end token."""
+    matcher = compiler.matcher(compiler.submit(guide).result(), [EOS])
+    ids = TOKENIZER.encode(text, add_special_tokens=False).ids
+    return all(matcher.accept_token(t) for t in ids) and matcher.accept_token(EOS)
+
+
+@pytest.mark.parametrize(
+    ("mode", "text", "taken"),
+    [
+        ("enabled", 'Paris, then.</mm:think>{"city": "Paris", "days": [1]}', True),
+        ("enabled", '{"city": "Paris", "days": [1]}', False),  # the block is open: close it
+        ("adaptive", '<mm:think>hm</mm:think>{"city": "Rome", "days": []}', True),
+        ("adaptive", '</mm:think>{"city": "Rome", "days": []}', True),
+        ("adaptive", '{"city": "Rome", "days": []}', True),
+        ("disabled", '{"city": "Rome", "days": []}', True),
+        ("disabled", '<mm:think>hm</mm:think>{"city": "Rome", "days": []}', False),
+        ("enabled", 'x</mm:think>{"city": "Oslo", "days": []}', False),  # the schema still holds
+    ],
+)
+def test_a_response_format_holds_after_the_reasoning(compiler, mode, text, taken):
+    guide = response_guide({"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}})
+    assert writes(compiler, after_reasoning(guide, MiniMaxM3ReasoningParser, mode), text) is taken
+
+
+@pytest.mark.parametrize(
+    ("choice", "mode", "text", "taken"),
+    [
+        ("required", "disabled", CALL, True),
+        ("required", "enabled", f"2 + 3: add.</mm:think>{CALL}", True),
+        ("required", "adaptive", f"</mm:think>{CALL}", True),
+        ("required", "disabled", "The answer is 5.", False),  # no call
+        ("required", "disabled", f"Sure. {CALL}", False),  # the call at once
+        ("required", "disabled", CALL.replace("<a>2", "<a>x"), False),  # an argument off schema
+        ({"type": "function", "function": {"name": "subtract"}}, "disabled", CALL, False),
+        (
+            {"type": "function", "function": {"name": "subtract"}},
+            "disabled",
+            CALL.replace("add", "subtract"),
+            True,
+        ),
+    ],
+)
+def test_tool_choice_holds_the_reply_to_a_call_of_the_tools(compiler, choice, mode, text, taken):
+    assert writes(compiler, tool_guide(TOOLS, choice, mode), text) is taken
+
+
+def test_strict_tools_under_auto_hold_a_call_once_opened(compiler):
+    strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+    guide = tool_guide(strict, "auto", "disabled")
+    assert writes(compiler, guide, "No call: 5.") and writes(compiler, guide, f"Sure. {CALL}")
+    assert not writes(compiler, guide, f"Sure. {CALL.replace('<b>3', '<b>three')}")
+    assert tool_guide(TOOLS, "auto", "disabled") is None  # nothing strict: nothing held
+
+
+@pytest.fixture(scope="module")
+def m3_server(tmp_path_factory, serve_in_thread):
+    from tensorrt_llm.commands.serve import build_server
+
+    model = write_tiny_m3_chat_checkpoint(tmp_path_factory.mktemp("m3-chat") / "m3")
+    server = build_server(
+        str(model),
+        None,
+        device="cpu",
+        reasoning_parser="minimax_m3",
+        tool_parser="minimax_m3",
+        flags={"guided_decoding_backend": "xgrammar", "max_batch_size": 8},
+    )
+    url, stop = serve_in_thread(server.app)
+    yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    stop()
+    server.close()
+
+
+USER = [{"role": "user", "content": "Weather in Paris for two days?"}]
+NO_THINKING = {"chat_template_kwargs": {"thinking_mode": "disabled"}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_schema_replies_through_the_openai_client(m3_server, stream):
+    response_format = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}
+    kwargs = dict(model="m3", messages=USER, max_tokens=300, response_format=response_format)
+    for sampled in ({"temperature": 0}, {"temperature": 1.0, "seed": 5}):
+        reply = m3_server.chat.completions.create(
+            **kwargs, **sampled, extra_body=NO_THINKING, stream=stream
+        )
+        if stream:
+            chunks = list(reply)
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        else:
+            content, finish = reply.choices[0].message.content, reply.choices[0].finish_reason
+        assert finish == "stop", content
+        jsonschema.validate(json.loads(content), SCHEMA)
+
+
+def test_tool_choice_required_and_named_give_calls_of_the_tools(m3_server):
+    for choice, names in (
+        ("required", {"add", "subtract"}),
+        ({"type": "function", "function": {"name": "subtract"}}, {"subtract"}),
+    ):
+        reply = m3_server.chat.completions.create(
+            model="m3",
+            messages=USER,
+            max_tokens=400,
+            temperature=0,
+            tools=TOOLS,
+            tool_choice=choice,
+            extra_body=NO_THINKING,
+        )
+        choice0 = reply.choices[0]
+        assert choice0.finish_reason == "tool_calls", choice0.message
+        for call in choice0.message.tool_calls:
+            assert call.function.name in names
+            jsonschema.validate(json.loads(call.function.arguments), PAIR)
+
+
+def test_a_schema_that_cannot_be_built_is_a_400_and_the_server_goes_on(m3_server):
+    bad = {
+        "type": "json_schema",
+        "json_schema": {"name": "w", "schema": {"type": "object", "properties": 3}},
+    }
+    with pytest.raises(openai.BadRequestError) as info:
+        m3_server.chat.completions.create(
+            model="m3", messages=USER, max_tokens=8, response_format=bad
+        )
+    assert info.value.body["param"] == "response_format"
+    reply = m3_server.chat.completions.create(
+        model="m3", messages=USER, max_tokens=4, extra_body=NO_THINKING
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length")
