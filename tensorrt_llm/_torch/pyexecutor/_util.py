@@ -183,13 +183,13 @@ def create_py_executor(
         executor_config.enable_chunked_prefill,
         executor_config.batch_wait,
     )
+    guided = _guided_decoder(executor_config, tokenizer, config.vocab_size, config.eos_token_ids)
     runner = None
     if executor_config.cuda_graph is not None:
         runner = CUDAGraphRunner(
-            engine, resources, executor_config.cuda_graph, config.vocab_size, worker
+            engine, resources, executor_config.cuda_graph, config.vocab_size, worker, guided
         )
     disagg, transceiver = _disaggregation(executor_config, resources, kv_cache_manager)
-    guided = _guided_decoder(executor_config, tokenizer, config.vocab_size, config.eos_token_ids)
     executor = PyExecutor(
         engine,
         resources,

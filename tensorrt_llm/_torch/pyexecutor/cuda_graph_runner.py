@@ -38,6 +38,7 @@ after that, so every rank of a multi-rank engine replays the same graphs from it
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -61,6 +62,7 @@ from tensorrt_llm._torch.pyexecutor.token_feed import on_device
 from tensorrt_llm.logger import logger
 
 if TYPE_CHECKING:
+    from tensorrt_llm._torch.pyexecutor.guided_decoder import GuidedDecoder
     from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
@@ -75,7 +77,9 @@ class CUDAGraphRunner:
         options: CudaGraphOptions,
         vocab_size: int,
         spec_worker: Eagle3OneModelWorker | None = None,
+        guided: GuidedDecoder | None = None,
     ) -> None:
+        """``guided``: the requests' grammars; an extras bucket then carries their mask rows."""
         backend = engine.model.attn_backend
         drafter_backend = spec_worker.draft_model.attn_backend if spec_worker else backend
         if not (backend.supports_cuda_graphs and drafter_backend.supports_cuda_graphs):
@@ -89,6 +93,8 @@ class CUDAGraphRunner:
         self.resource_manager = resource_manager
         self.options = options
         self.spec_worker = spec_worker
+        self.guided = guided
+        self._mask_words = math.ceil(vocab_size / 32) if guided is not None else 0
         self.max_draft_len = spec_worker.max_draft_len if spec_worker else 0
         self.tokens_per_seq = 1 + self.max_draft_len
         self.shapes = GraphShapes(options, self.max_draft_len)
@@ -233,6 +239,7 @@ class CUDAGraphRunner:
             self.engine.device,
             self._metadata,
             draft_chain=self.spec_worker is not None,
+            mask_words=self._mask_words,
         )
         return bucket
 
@@ -283,7 +290,9 @@ class CUDAGraphRunner:
         pad = [PADDING_REQUEST_ID] * (shape.batch_size - len(requests))
         row_ids = [r.request_id for r in requests] + pad
         if not shape.num_prompts:
-            write_bucket(bucket.inputs, requests, self._logits_state, self._store)
+            guided = self.guided
+            mask = guided.fill(requests, self.tokens_per_seq) if guided is not None else None
+            write_bucket(bucket.inputs, requests, self._logits_state, self._store, mask)
             self._rebind(bucket, row_ids, row_ids)
             return 0
         offset = write_mixed_bucket(

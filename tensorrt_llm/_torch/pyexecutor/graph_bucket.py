@@ -47,6 +47,7 @@ def new_bucket(
     device: torch.device,
     metadata: Callable[[list[int], int], AttentionMetadata],
     draft_chain: bool,
+    mask_words: int = 0,
 ) -> Bucket:
     """A bucket of ``shape`` whose rows carry ``layout``'s values (zeroed); ``metadata(seq_lens,
     num_contexts)`` makes a metadata of the padding sequence with the step's bounds (and, with
@@ -56,7 +57,9 @@ def new_bucket(
         inputs = mixed_bucket_inputs(shape, max_draft_len, layout, top_k, extras, device)
         seq_lens = mixed_seq_lens(shape, width)
     else:
-        inputs = bucket_inputs(shape.batch_size, max_draft_len, layout, top_k, extras, device)
+        inputs = bucket_inputs(
+            shape.batch_size, max_draft_len, layout, top_k, extras, device, mask_words
+        )
         seq_lens = [width] * shape.batch_size
     chain_md = metadata([1] * shape.num_rows, 0) if draft_chain else None
     return Bucket(inputs, metadata(seq_lens, shape.num_prompts), chain_md)
@@ -70,6 +73,8 @@ def addresses(
     out = {"ints": inputs.ints.data_ptr()}
     if inputs.floats is not None:
         out["floats"] = inputs.floats.data_ptr()
+    if inputs.bitmask is not None:
+        out["bitmask"] = inputs.bitmask.data_ptr()
     if inputs.layout.penalties:
         out.update(counts=logits_state.counts.data_ptr(), bias=logits_state.bias.data_ptr())
     if inputs.layout.q_slots:

@@ -66,8 +66,8 @@ class GraphShapes:
         requests, prompts = batch.generation_requests, batch.context_requests
         if any(len(r.py_draft_tokens) != self.max_draft_len for r in requests):
             return None
-        if any(r.sampling_params.guided_decoding for r in (*prompts, *requests)):
-            return None  # (a grammar's mask: eager steps)
+        if prompts and any(r.sampling_params.guided_decoding for r in (*prompts, *requests)):
+            return None  # (a grammar's mask rows: decode-only buckets carry them)
         padding = self.options.enable_padding
         sizes, slots = self.options.batch_sizes, 0
         if prompts:
@@ -93,7 +93,8 @@ class GraphShapes:
         if not all(r.sampling_params.greedy for r in requests):
             mode = TOP_K if uses_top_k(requests) else NUCLEUS
         extras = logprobs_top(requests) is not None or any(
-            r.sampling_params.processes_logits for r in requests
+            r.sampling_params.processes_logits or r.sampling_params.guided_decoding
+            for r in requests
         )
         return shape, mode, extras
 

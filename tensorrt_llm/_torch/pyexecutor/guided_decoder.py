@@ -15,8 +15,9 @@ constraint that no token of the vocabulary can continue (a character the tokeniz
 write) ends its request with an error, never a row that allows nothing.
 
 Under the overlap scheduler a request with a grammar is not fed from the device: the step it
-was in is read before its next is launched (its mask follows its tokens). CUDA graphs do not
-take steps with a grammar yet (``GraphShapes.shape``): they run eagerly.
+was in is read before its next is launched (its mask follows its tokens). In CUDA graphs, the
+mask rows are an input of the extras buckets (``step_inputs.bucket_inputs``); a step that
+finishes a prompt beside a grammar runs eagerly (``GraphShapes.shape``).
 """
 
 from __future__ import annotations

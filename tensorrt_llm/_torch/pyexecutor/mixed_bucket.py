@@ -117,7 +117,8 @@ def mixed_bucket_inputs(
         penalties=penalties,
         top_logprobs=MAX_LOGPROBS if extras else None,
     )
-    return BucketInputs(layout, ints, floats, step, (PinnedStaging(), PinnedStaging()))
+    staging = (PinnedStaging(), PinnedStaging(), PinnedStaging())
+    return BucketInputs(layout, ints, floats, step, staging)
 
 
 def write_mixed_bucket(

@@ -275,7 +275,10 @@ class BucketInputs:
     ints: torch.Tensor
     floats: torch.Tensor | None
     step: StepInputs
-    staging: tuple[PinnedStaging, PinnedStaging]
+    staging: tuple[PinnedStaging, PinnedStaging, PinnedStaging]  # ints, floats, masks
+    # [B * T, W] int32 the rows' grammar masks (an extras bucket's; ``step.bitmask`` is it)
+    bitmask: torch.Tensor | None = None
+    masked: bool = False  # the last write left a grammar's mask in it (else all ones)
 
 
 def bucket_tensors(
@@ -299,9 +302,11 @@ def bucket_inputs(
     top_k: bool,
     extras: bool,
     device: torch.device,
+    mask_words: int = 0,
 ) -> BucketInputs:
     """A bucket's inputs for ``batch_size`` rows (``extras``: logprobs of ``MAX_LOGPROBS`` top
-    tokens), zeroed."""
+    tokens, and with ``mask_words`` a grammar mask row of that many words per logits row),
+    zeroed (the masks all ones)."""
     width = max_draft_len + 1
     sizes = [batch_size * width, batch_size]
     ints, floats, (input_ids, first_positions), rows = bucket_tensors(
@@ -319,7 +324,12 @@ def bucket_inputs(
         penalties=penalties,
         top_logprobs=MAX_LOGPROBS if extras else None,
     )
-    return BucketInputs(layout, ints, floats, step, (PinnedStaging(), PinnedStaging()))
+    bitmask = None
+    if extras and mask_words:
+        shape = (batch_size * width, mask_words)
+        step.bitmask = bitmask = torch.full(shape, -1, dtype=torch.int32, device=device)
+    staging = (PinnedStaging(), PinnedStaging(), PinnedStaging())
+    return BucketInputs(layout, ints, floats, step, staging, bitmask)
 
 
 def write_bucket(
@@ -327,9 +337,11 @@ def write_bucket(
     requests: Sequence[LlmRequest],
     logits_state: LogitsState | None,
     draft_probs: DraftProbStore | None,
+    mask: torch.Tensor | None = None,
 ) -> None:
     """The requests' tokens, first positions and row values into the bucket (its last rows
-    padding: token 0 at position 0, greedy, the scratch slots), one copy per dtype."""
+    padding: token 0 at position 0, greedy, the scratch slots), one copy per dtype; ``mask``:
+    the requests' grammar mask rows (``GuidedDecoder.fill``; the other rows allow all)."""
     batch_size = bucket.step.num_rows
     pad = batch_size - len(requests)
     tokens = [t for r in requests for t in (r.get_tokens()[-1], *r.py_draft_tokens)]
@@ -339,3 +351,9 @@ def write_bucket(
     bucket.staging[0].upload(bucket.ints, torch.tensor(tokens + ints, dtype=torch.long))
     if bucket.floats is not None:
         bucket.staging[1].upload(bucket.floats, torch.tensor(floats, dtype=torch.float32))
+    if bucket.bitmask is not None and (mask is not None or bucket.masked):
+        host = torch.full(bucket.bitmask.shape, -1, dtype=torch.int32)
+        if mask is not None:
+            host[: mask.shape[0]] = mask
+        bucket.staging[2].upload(bucket.bitmask, host)
+        bucket.masked = mask is not None

@@ -30,7 +30,7 @@ PROMPTS = ["12+7=", "the cat sat on", "3*4="]  # short raw prompts: the runner's
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
 
-def make_llm(draft_kv_cache: str | None) -> LLM:
+def make_llm(draft_kv_cache: str | None, **options) -> LLM:
     spec = None
     if draft_kv_cache is not None:
         spec = Eagle3DecodingConfig(
@@ -44,6 +44,7 @@ def make_llm(draft_kv_cache: str | None) -> LLM:
         max_batch_size=4,
         kv_cache_config=KvCacheConfig(max_tokens=128 * 16),
         cuda_graph_config=None,
+        **options,
     )
 
 
@@ -60,6 +61,7 @@ def attach_runner(
         options,
         llm.model_config.vocab_size,
         executor.spec_worker,
+        executor.guided,
     )
     executor.dispatch.runner = runner
     return runner
@@ -273,6 +275,34 @@ def test_padding_sequence_holds_the_mixed_buckets_prompt_tokens_per_manager():
         manager = llm.executor.resource_manager.get_resource_manager(kind)
         assert manager.get_max_resource_count() == count - 4
         assert manager.get_cache(PADDING_REQUEST_ID).num_blocks == 4
+    llm.shutdown()
+
+
+@CPU_ONLY
+def test_steps_with_grammars_in_the_graph_give_the_eager_tokens():
+    """Requests with a grammar decode in an extras bucket, their mask rows one of its inputs
+    (all ones for the rows without), beside a request without one; Eagle3's drafts verified
+    against the masked logits. Greedy: the eager executor's tokens."""
+    pytest.importorskip("triton.language")
+    guides = [
+        GuidedDecodingParams(regex=r"[0-9]+ \+ [0-9]+ = [0-9]+\."),
+        GuidedDecodingParams(grammar='root ::= "The answer is " [0-9] [0-9]? "."'),
+        None,
+    ]
+    params = [
+        SamplingParams(max_tokens=12, temperature=0, guided_decoding=guide) for guide in guides
+    ]
+    eager = make_llm("unified", guided_decoding_backend="xgrammar")
+    prompts = chat_prompts(eager)
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    eager.shutdown()
+    llm = make_llm("unified", guided_decoding_backend="xgrammar")
+    runner = attach_runner(llm)
+    got = [o.outputs[0] for o in llm.generate(prompts, params)]
+    assert [o.token_ids for o in got] == want
+    assert got[1].text.startswith("The answer i")  # (12 tokens)
+    extras = [b for k, b in runner._buckets.items() if k[2] and b.inputs.bitmask is not None]
+    assert extras and runner.num_replays > 0
     llm.shutdown()
 
 
