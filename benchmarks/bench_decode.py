@@ -30,6 +30,7 @@ count shows it), so the default GPU run (3 modes x batches 1, 16, 64) stays with
 
     python benchmarks/bench_decode.py [--device cuda] [--batches 1,16,64] \\
         [--modes target,unified,separate] [--prompt-len 1024] [--new-tokens 64] [--json PATH]
+    python benchmarks/bench_decode.py --device cuda --mlp dense --load-format dummy --modes target,guided
     python benchmarks/bench_decode.py --scale m3-slice --device cuda [--quant none,fp8]
     python benchmarks/bench_decode.py --scale tiny --device cpu --batches 1,2 --new-tokens 4
 """
@@ -59,19 +60,25 @@ from bench_common import (
 )
 from reference_decoder import ReferenceDecoder
 
-from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm import LLM, GuidedDecodingParams, SamplingParams
 from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_model, save_pretrained
 from tensorrt_llm._torch.modules.moe import MiniMaxM3SparseMoeBlock
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
-from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
+from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
 from tensorrt_llm._torch.speculative.utils import SEPARATE_MODE, VIEW_MODE
 from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig, QuantConfig
 from tensorrt_llm.llmapi.llm_args import CudaGraphConfig, default_attn_backend
 from tensorrt_llm.logger import logger
-from tensorrt_llm.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, build_char_tokenizer
+from tensorrt_llm.tokenizer import (
+    M3_ALPHABET,
+    M3_SPECIAL_TOKENS,
+    M3_TEXT_TOKENS,
+    build_char_tokenizer,
+)
 
-MODES = ("target", "sampled", "unified", "separate", "reference")
-# the engine's modes: target only (greedy or sampled) and Eagle3; "reference" is not the engine
+MODES = ("target", "sampled", "guided", "unified", "separate", "reference")
+# the engine's modes: target only (greedy, sampled, or greedy under a JSON schema) and Eagle3;
+# "reference" is not the engine
 ENGINE_MODES = MODES[:-1]
 DRAFT_KV_MODES = {"unified": VIEW_MODE, "separate": SEPARATE_MODE}
 # per scale: prompt tokens, new tokens, copy MiB on CUDA, copy MiB on the CPU
@@ -81,6 +88,12 @@ SCALE_DEFAULTS = {
     "tiny": (160, 8, 2048, 64),
 }
 WARMUP_NEW_TOKENS = 8
+WAITING = LlmRequestState.WAITING_FOR_GRAMMAR  # (the warm-up compiled the schema: one step)
+GUIDED_SCHEMA = {
+    "type": "object",
+    "properties": {"notes": {"type": "array", "items": {"type": "string", "maxLength": 40}}},
+    "required": ["notes"],
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +146,11 @@ def write_checkpoints(root: Path, s: Settings) -> tuple[Path, Path]:
     max_positions = max(2048, s.prompt_len + s.new_tokens)
     target_config = bench_target_config(s.scale, max_positions, s.mlp)
     draft_config = bench_eagle3_config(target_config)
-    tokenizer = build_char_tokenizer(CHAT_ALPHABET, CHAT_SPECIAL_TOKENS)
+    # M3's characters (JSON among them), filled to the model's vocabulary with tokens of their own
+    # text: a grammar's mask weighs every one, as a real vocabulary's would be
+    tokenizer = build_char_tokenizer(
+        M3_ALPHABET, M3_SPECIAL_TOKENS, target_config.vocab_size, text_tokens=M3_TEXT_TOKENS
+    )
     if s.load_format == "dummy":
         for config, name in ((target_config, "target"), (draft_config, "eagle3")):
             (root / name).mkdir(parents=True)
@@ -171,6 +188,7 @@ def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
         device=s.device,
         attn_backend=s.attn_backend,
         speculative_config=spec,
+        guided_decoding_backend="xgrammar" if mode == "guided" else None,
         disable_overlap_scheduler=not s.overlap,
         **parallel_options(s.parallel),
         load_format=s.load_format,
@@ -246,7 +264,8 @@ def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[
 
 def mode_params(mode: str, s: Settings) -> SamplingParams:
     """Greedy, but for ``sampled``: temperature 0.8, top-p 0.9, seeded, with each token's logprob
-    (what a chat client asks for)."""
+    (what a chat client asks for); for ``guided``: under ``GUIDED_SCHEMA`` (a list of strings that
+    never ends within the benchmark's tokens)."""
     if mode == "sampled":
         return SamplingParams(
             max_tokens=s.new_tokens,
@@ -257,7 +276,14 @@ def mode_params(mode: str, s: Settings) -> SamplingParams:
             logprobs=1,
             detokenize=False,
         )
-    return SamplingParams(max_tokens=s.new_tokens, ignore_eos=True, temperature=0, detokenize=False)
+    guide = GuidedDecodingParams(json=GUIDED_SCHEMA) if mode == "guided" else None
+    return SamplingParams(
+        max_tokens=s.new_tokens,
+        ignore_eos=True,
+        temperature=0,
+        detokenize=False,
+        guided_decoding=guide,
+    )
 
 
 def timed_run(
@@ -289,7 +315,7 @@ def timed_run(
     num_prefill_steps = 0
     # until every prompt's last chunk is launched (with the overlap, its token is read in the
     # next call, which launches the first decode step)
-    while any(r.is_context_init_state for r in requests):
+    while any(r.is_context_init_state or r.state is WAITING for r in requests):
         # (under attention DP another rank's progress shows in its reported tokens)
         before_step = executor.stats.num_steps, sum(len(r.output_token_ids) for r in requests)
         executor.step()
@@ -401,7 +427,18 @@ def run_cell(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settin
             )
         setup_s = time.perf_counter() - start
         prompts = random_prompts(batch, s.prompt_len, vocab, s.seed)
+        guided = getattr(llm.executor, "local", llm.executor).guided  # (attention DP: rank 0)
+        filled = guided.fill_seconds if guided is not None else 0.0
         result = timed_run(llm, prompts, s, reads, mode_params(mode, s))
+        if guided is not None:  # the host's share, done while the step's forward runs
+            per_step = (guided.fill_seconds - filled) / max(result["num_decode_steps"], 1)
+            print(
+                f"{mode} batch {batch}: the host fills the grammars' masks in "
+                f"{per_step * 1e3:.2f} ms a step, while the step's forward runs (the step: "
+                f"{result['decode_step_ms']:.2f} ms)",
+                file=sys.stderr,
+                flush=True,
+            )
         return Cell(mode, batch, s.quant or s.dtype, setup_s, **result)
     finally:
         llm.shutdown()
@@ -490,6 +527,9 @@ def summary_of_one_format(cells: list[Cell], bandwidth: float) -> list[str]:
         if ("target", batch) in at and ("sampled", batch) in at:
             ratio = at["sampled", batch].decode_step_ms / at["target", batch].decode_step_ms
             lines.append(f"batch {batch}: sampled (with logprobs) / greedy step = {ratio:.2f}")
+        if ("target", batch) in at and ("guided", batch) in at:
+            ratio = at["guided", batch].decode_step_ms / at["target", batch].decode_step_ms
+            lines.append(f"batch {batch}: guided (JSON schema) / greedy step = {ratio:.2f}")
         if ("unified", batch) in at and ("separate", batch) in at:
             ratio = at["unified", batch].decode_step_ms / at["separate", batch].decode_step_ms
             lines.append(
@@ -554,7 +594,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     args.modes = (
         args.modes.split(",")
         if args.modes
-        else [m for m in MODES if m != "reference" or args.mlp == "dense"]
+        else [m for m in MODES if m != "guided" and (m != "reference" or args.mlp == "dense")]
     )
     if "reference" in args.modes and args.mlp != "dense":
         parser.error("--modes reference: the plain-PyTorch reference is dense; add --mlp dense")

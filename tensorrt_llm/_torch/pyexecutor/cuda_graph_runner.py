@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -56,8 +57,13 @@ from tensorrt_llm._torch.pyexecutor.mixed_bucket import GraphShape, write_mixed_
 from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-from tensorrt_llm._torch.pyexecutor.step_inputs import RowLayout, write_bucket
-from tensorrt_llm._torch.pyexecutor.step_program import StepOutputs, run_step
+from tensorrt_llm._torch.pyexecutor.step_inputs import RowLayout, write_bucket, write_masks
+from tensorrt_llm._torch.pyexecutor.step_program import (
+    Forwarded,
+    StepOutputs,
+    finish_step,
+    forward_step,
+)
 from tensorrt_llm._torch.pyexecutor.token_feed import on_device
 from tensorrt_llm.logger import logger
 
@@ -166,19 +172,35 @@ class CUDAGraphRunner:
         return shape
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledRequests, shape: GraphShape) -> tuple[torch.Tensor, DeviceTokens]:
+    def run(
+        self,
+        batch: ScheduledRequests,
+        shape: GraphShape,
+        settle: Callable[[], object] | None = None,
+    ) -> tuple[torch.Tensor, DeviceTokens]:
         """Run ``batch`` in the bucket of ``shape`` (``shape_of``): write its inputs, then replay
-        its graph (or, without ``capture``, run the step program on the bucket's tensors).
-        Returns the batch's logits rows and tokens (views: the next replay rewrites them)."""
+        its graphs (or, without ``capture``, run the step program on the bucket's tensors).
+        ``settle``: read what the grammars' masks need, called once the first part is queued;
+        the masks are written after it, before the second part. Returns the batch's logits rows
+        and tokens (views: the next replay rewrites them)."""
         key = self.shapes.key(batch, shape)
         bucket = self._buckets.get(key) or self._new_bucket(key)
-        self._write_inputs(bucket, batch, shape)
-        if not self.options.capture:
-            bucket.outputs = self._run_step(bucket)
-        else:
-            if addresses(bucket, self._store, self._logits_state) != bucket.addresses:
-                raise RuntimeError(f"the CUDA graph of {shape} reads tensors that moved")
+        self._write_inputs(bucket, batch, shape, masks=settle is None)
+        if self.options.capture and (
+            addresses(bucket, self._store, self._logits_state) != bucket.addresses
+        ):
+            raise RuntimeError(f"the CUDA graph of {shape} reads tensors that moved")
+        if self.options.capture:
             bucket.graph.replay()
+        else:
+            bucket.forwarded = self._forward(bucket)
+        if settle is not None:
+            settle()
+            self._write_masks(bucket, batch.generation_requests)
+        if self.options.capture:
+            bucket.finish_graph.replay()
+        else:
+            bucket.outputs = self._finish(bucket)
         self.num_replays += 1
         self.num_mixed_replays += shape.num_prompts > 0
         # the prompts' rows, then the decoding requests' (after the padding prompt rows)
@@ -259,11 +281,15 @@ class CUDAGraphRunner:
             moe_capacity=exchange.capacity if exchange is not None else None,  # (fixed)
         )
 
-    def _write_inputs(self, bucket: Bucket, batch: ScheduledRequests, shape: GraphShape) -> None:
-        """The batch's rows (``_write_rows``); the tokens of requests fed from the launched step
-        not yet read, and their positions moved."""
+    def _write_inputs(
+        self, bucket: Bucket, batch: ScheduledRequests, shape: GraphShape, masks: bool = True
+    ) -> None:
+        """The batch's rows (``_write_rows``; ``masks``: their grammars' masks too); the tokens of
+        requests fed from the launched step not yet read, and their positions moved."""
         requests = batch.generation_requests
         offset = self._write_rows(bucket, shape, batch.context_requests, requests)
+        if masks:
+            self._write_masks(bucket, requests)
         fed = [i for i, r in enumerate(requests) if batch.pending_tokens(r)]
         if fed:  # from the launched step not yet read: the tokens, and the positions moved
             step, first_row = bucket.inputs.step, shape.num_prompts
@@ -290,9 +316,7 @@ class CUDAGraphRunner:
         pad = [PADDING_REQUEST_ID] * (shape.batch_size - len(requests))
         row_ids = [r.request_id for r in requests] + pad
         if not shape.num_prompts:
-            guided = self.guided
-            mask = guided.fill(requests, self.tokens_per_seq) if guided is not None else None
-            write_bucket(bucket.inputs, requests, self._logits_state, self._store, mask)
+            write_bucket(bucket.inputs, requests, self._logits_state, self._store)
             self._rebind(bucket, row_ids, row_ids)
             return 0
         offset = write_mixed_bucket(
@@ -314,16 +338,30 @@ class CUDAGraphRunner:
             self.spec_worker.prefetch_draft_table(bucket.md, draft_manager)
             bucket.chain_md.rebind(row_ids, copied_from=bucket.md)
 
-    def _run_step(self, bucket: Bucket) -> StepOutputs:
-        """The captured work: ``run_step`` on the bucket's tensors."""
-        return run_step(
+    def _write_masks(self, bucket: Bucket, requests: list[LlmRequest]) -> None:
+        """The decoding rows' grammar masks into an extras bucket (``GuidedDecoder.fill``)."""
+        if bucket.inputs.bitmask is not None:
+            write_masks(bucket.inputs, self.guided.fill(requests, self.tokens_per_seq))
+
+    def _forward(self, bucket: Bucket) -> Forwarded:
+        """The captured work's first part: ``forward_step`` on the bucket's tensors."""
+        return forward_step(
             self.engine,
+            bucket.inputs.step,
+            bucket.md,
+            logits_state=self._logits_state,
+            logits_out=self._logits[: bucket.inputs.step.num_rows * self.tokens_per_seq],
+        )
+
+    def _finish(self, bucket: Bucket) -> StepOutputs:
+        """Its second part: ``finish_step`` on what the first left."""
+        return finish_step(
+            bucket.forwarded,
             bucket.inputs.step,
             bucket.md,
             logits_state=self._logits_state,
             spec_worker=self.spec_worker,
             chain_md=bucket.chain_md,
-            logits_out=self._logits[: bucket.inputs.step.num_rows * self.tokens_per_seq],
         )
 
     @property
@@ -338,11 +376,19 @@ class CUDAGraphRunner:
     def _capture(self, bucket: Bucket, stream: torch.cuda.Stream) -> None:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # compiles the kernels (padding rows: the scratch slots)
-            self._run_step(bucket)
+            bucket.forwarded = self._forward(bucket)
+            self._finish(bucket)
         torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            bucket.outputs = self._run_step(bucket)
-        bucket.graph, bucket.addresses = graph, addresses(bucket, self._store, self._logits_state)
-        graph.replay()
+        first, second = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(first, pool=self._pool):
+            bucket.forwarded = self._forward(bucket)
+        with torch.cuda.graph(second, pool=self._pool):  # (reading what the first left)
+            bucket.outputs = self._finish(bucket)
+        # the first part's outputs may now share memory with later buckets' graphs: a bucket's
+        # two parts replay back to back, with no other graph between them
+        bucket.forwarded = None
+        bucket.graph, bucket.finish_graph = first, second
+        bucket.addresses = addresses(bucket, self._store, self._logits_state)
+        first.replay()
+        second.replay()
         self.num_captures += 1

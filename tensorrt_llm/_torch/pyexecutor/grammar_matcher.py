@@ -138,9 +138,9 @@ class GrammarCompiler:
             return compiler.compile_grammar(text)
         return compiler.compile_structural_tag(text)
 
-    def matcher(self, compiled, stop_token_ids: list[int]):
-        """A new matcher of a compiled grammar, which ends at one of ``stop_token_ids`` (it takes
-        back any number of tokens: a step's drafts)."""
+    def matcher(self, compiled, stop_token_ids: list[int] | None):
+        """A new matcher of a compiled grammar, which ends at one of ``stop_token_ids`` (None:
+        the tokenizer's; it takes back any number of tokens: a step's drafts)."""
         xgr = _xgrammar()
         return xgr.GrammarMatcher(compiled, override_stop_tokens=stop_token_ids)
 

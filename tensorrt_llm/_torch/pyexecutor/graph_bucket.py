@@ -16,7 +16,7 @@ from tensorrt_llm._torch.pyexecutor.mixed_bucket import (
     mixed_seq_lens,
 )
 from tensorrt_llm._torch.pyexecutor.step_inputs import BucketInputs, RowLayout, bucket_inputs
-from tensorrt_llm._torch.pyexecutor.step_program import StepOutputs
+from tensorrt_llm._torch.pyexecutor.step_program import Forwarded, StepOutputs
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.logits_processing import LogitsState
@@ -33,7 +33,9 @@ class Bucket:
     md: AttentionMetadata
     chain_md: AttentionMetadata | None
     _: KW_ONLY  # the rest by name: a field added here cannot take another's place
-    graph: torch.cuda.CUDAGraph | None = None
+    graph: torch.cuda.CUDAGraph | None = None  # the step's first part (``forward_step``)
+    finish_graph: torch.cuda.CUDAGraph | None = None  # its second (``finish_step``)
+    forwarded: Forwarded | None = None  # what the first part left (run without graphs)
     outputs: StepOutputs | None = None  # what the graph wrote at its last replay
     addresses: dict[str, int] = field(default_factory=dict)  # what the graph reads, at capture
 

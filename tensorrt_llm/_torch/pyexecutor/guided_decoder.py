@@ -14,15 +14,17 @@ The matcher takes the tokens a request emitted since its last step as the next i
 constraint that no token of the vocabulary can continue (a character the tokenizer cannot
 write) ends its request with an error, never a row that allows nothing.
 
-Under the overlap scheduler a request with a grammar is not fed from the device: the step it
-was in is read before its next is launched (its mask follows its tokens). In CUDA graphs, the
-mask rows are an input of the extras buckets (``step_inputs.bucket_inputs``); a step that
-finishes a prompt beside a grammar runs eagerly (``GraphShapes.shape``).
+Under the overlap scheduler a request with a grammar is fed from the device like any other: its
+next step's first part (the forward) is queued, then the step before is read and the masks
+filled from its tokens, then the second part (``StepDispatch.launch``'s ``settle``). In CUDA
+graphs, the mask rows are an input of the extras buckets (``step_inputs.bucket_inputs``); a step
+that finishes a prompt beside a grammar runs eagerly (``GraphShapes.shape``).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +50,7 @@ class GuidedDecoder:
         self._pending: dict[int, tuple[LlmRequest, Pending]] = {}
         self._guides: dict[int, _Guide] = {}
         self._dead: list[LlmRequest] = []  # ended by ``fill``, freed after ``poll``
+        self.fill_seconds = 0.0  # the host's time in ``fill`` (benchmarks/bench_decode.py)
 
     def submit(self, request: LlmRequest, wait: bool = False) -> None:
         """Start compiling ``request``'s grammar; it waits for it in the queue. ``wait``: compile
@@ -101,6 +104,13 @@ class GuidedDecoder:
         row order, ``width`` positions each); None when no request has a grammar."""
         if not any(r.request_id in self._guides for r in requests):
             return None
+        start = time.perf_counter()
+        try:
+            return self._fill(requests, width)
+        finally:
+            self.fill_seconds += time.perf_counter() - start
+
+    def _fill(self, requests: list[LlmRequest], width: int) -> torch.Tensor:
         mask = torch.full((len(requests) * width, self.words), -1, dtype=torch.int32)
         for r, request in enumerate(requests):
             guide = self._guides.get(request.request_id)
@@ -133,10 +143,10 @@ class GuidedDecoder:
         return mask
 
     def _matcher(self, request: LlmRequest, compiled):
-        """A matcher that ends at the request's end and stop tokens."""
-        params = request.sampling_params
-        stops = [] if params.ignore_eos else list(request.end_ids)
-        return self.compiler.matcher(compiled, sorted({*stops, *params.stop_token_ids}))
+        """A matcher that ends at the request's end and stop tokens (with ``ignore_eos`` too: the
+        grammar ends there, and the request goes on unconstrained)."""
+        stops = sorted({*request.end_ids, *request.sampling_params.stop_token_ids})
+        return self.compiler.matcher(compiled, stops or None)
 
     def forget(self, request: LlmRequest) -> None:
         self._pending.pop(request.request_id, None)

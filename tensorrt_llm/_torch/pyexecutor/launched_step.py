@@ -166,6 +166,19 @@ class LaunchedStep:
         return self.host_tokens
 
 
+@dataclass
+class LaunchingBatch:
+    """A batch whose step is being queued: between its two parts the steps before it may be read
+    (``StepDispatch.launch``'s ``settle``); its requests that end then are freed once its step
+    is read, as a launched step's are."""
+
+    batch: ScheduledRequests
+    deferred: list[LlmRequest] = field(default_factory=list)
+
+    def holds(self, request: LlmRequest) -> bool:
+        return any(r is request for r in self.batch.all_requests)
+
+
 def apply_tokens(
     step: LaunchedStep,
     tokens: StepTokens,

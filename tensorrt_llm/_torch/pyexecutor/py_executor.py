@@ -6,11 +6,12 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator, LoadKv
+from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator
 from tensorrt_llm._torch.pyexecutor import executor as protocol
+from tensorrt_llm._torch.pyexecutor.disagg_admission import DisaggAdmission
 from tensorrt_llm._torch.pyexecutor.executor import ExecutorStats, RankSync
 from tensorrt_llm._torch.pyexecutor.fault_isolation import FaultIsolation, describe
-from tensorrt_llm._torch.pyexecutor.launched_step import LaunchedStep, apply_tokens, check_stop
+from tensorrt_llm._torch.pyexecutor.launched_step import LaunchedStep, LaunchingBatch, apply_tokens
 from tensorrt_llm._torch.pyexecutor.llm_request import (
     ErrorKind,
     FinishReason,
@@ -23,9 +24,7 @@ from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, Res
 from tensorrt_llm._torch.pyexecutor.scheduler import (
     GuaranteedNoEvictScheduler,
     ScheduledRequests,
-    admit,
     check_fits,
-    owed_to_admitted,
 )
 from tensorrt_llm._torch.pyexecutor.step_dispatch import StepDispatch
 from tensorrt_llm.logger import logger
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 
 
-class PyExecutor:
+class PyExecutor(DisaggAdmission):
     def __init__(
         self,
         model_engine: PyTorchModelEngine,
@@ -84,6 +83,7 @@ class PyExecutor:
         self.rank_sync = rank_sync
         self.lockstep = lockstep
         self._alone = False  # (``run_alone``)
+        self._launching: LaunchingBatch | None = None  # (``_launch``)
 
     @property
     def cuda_graph_runner(self) -> CUDAGraphRunner | None:
@@ -131,63 +131,6 @@ class PyExecutor:
             self.rank_sync.cancelled(request_id)
         return True
 
-    def release_transferred(
-        self,
-        request_ids: list[int] | None = None,
-        revoke: Callable[[int], None] | None = None,
-        expire: bool = True,
-    ) -> int:
-        """Free context-only requests that were pulled (``request_ids``) or (``expire``) waited
-        past the transfer timeout, calling ``revoke(request_id)`` before each one's slots are
-        freed. Returns how many were freed."""
-        done = self.disagg.due(request_ids or (), expire)
-        if done and self.rank_sync is not None:
-            self.rank_sync.released(done)
-        self.disagg.free(done, revoke)
-        return len(done)
-
-    def enqueue_generation_only(self, request: LlmRequest, load_kv: LoadKv) -> None:
-        """Start a request at its first generation step (its first token and drafts from the
-        context server): admitted by the scheduler's rule, its prompt's KV then pulled by
-        ``load_kv`` between steps (``DisaggCoordinator``), it joins the batch once loaded."""
-        try:
-            self.check_request(request)  # it joins ``active`` once admitted
-            if self.guided is not None:
-                self.guided.submit(request, wait=True)
-        except ValueError:
-            load_kv.abandon()
-            raise
-        self.disagg.wait(request, load_kv)
-        if self.rank_sync is not None:
-            self.rank_sync.submitted_generation_only(request, load_kv.handle)
-        if self.lockstep:
-            return  # admitted in the next step, on every rank
-        self._admit_generation_only()
-        if request.finish_reason is FinishReason.ERROR:
-            raise ValueError(str(request.stop_reason))
-
-    def _admit_generation_only(self) -> None:
-        """Start the loads that fit, and advance those in flight (never waiting on one)."""
-        if self.disagg.waiting:
-            owed = owed_to_admitted(self.kv_cache_manager, self.active, self.seq_slots)
-            self.disagg.admit(owed, self.seq_slots, self._begin_load)
-        if self.disagg.loading or self.disagg.draining:
-            self.disagg.progress(self._start_generation, self._release)
-
-    def _begin_load(self, request: LlmRequest) -> None:  # its KV is reserved while it loads
-        request.state = LlmRequestState.DISAGG_GENERATION_TRANS_IN_PROGRESS
-        admit(request, self.seq_slots)
-        self.active.append(request)
-
-    def _start_generation(self, request: LlmRequest, num_loaded_tokens: int) -> None:
-        """A generation-only request whose prompt KV is loaded joins the batch."""
-        self.stats.num_transferred_tokens += num_loaded_tokens
-        request.context_current_position = request.prompt_len
-        request.state = LlmRequestState.GENERATION_IN_PROGRESS
-        check_stop(request, request.output_token_ids[-1], self.max_seq_len)  # the first may end it
-        if request.is_finished:
-            self._release(request)
-
     def step(self) -> list[LlmRequest]:
         """Run one iteration; returns the requests that finished in it (already freed).
 
@@ -220,8 +163,8 @@ class PyExecutor:
             batch.pause([r for r in batch.all_requests if r.is_finished])
             plan = self.dispatch.plan(batch, agreed=plan)
         launched = not plan.idle
-        if launched:
-            self._launch(plan)
+        if launched:  # (a fed request's grammar reads the steps before between its two parts)
+            self._launch(plan, lambda: finished.extend(self._settle()))
         else:
             self.take_part(plan)
         while self._unread and (
@@ -273,11 +216,13 @@ class PyExecutor:
             self.model_engine.exchange.idle_step(plan.moe_capacity)
             self.stats.num_idle_steps += 1
 
-    def _launch(self, plan: StepPlan) -> None:
-        """Prepare the batch's KV and queue its step. On failure (after what is already launched
-        is read) its requests run again one at a time, or end (``fault_isolation.py``)."""
+    def _launch(self, plan: StepPlan, settle: Callable[[], object]) -> None:
+        """Prepare the batch's KV and queue its step (``settle``: reads the steps before, when its
+        grammars' masks need their tokens). On failure (after what is already launched is read)
+        its requests run again one at a time, or end (``fault_isolation.py``)."""
         batch = plan.batch
         forwarded = False
+        self._launching = launching = LaunchingBatch(batch)
         try:
             self.resource_manager.prepare_resources(batch)
             replan = bool(batch.paused_requests)  # (some found no KV)
@@ -287,8 +232,10 @@ class PyExecutor:
                     replan = True  # (a prompt's chunk shrank: a mixed graph may take it)
             if replan:  # the bucket follows the batch left
                 plan = self.dispatch.plan(batch, agreed=plan)
-            forwarded = True
-            self._unread.append(self.dispatch.launch(plan))
+            forwarded, overlapped = True, bool(self._unread)  # (launched before one was read)
+            step = self.dispatch.launch(plan, settle)
+            step.deferred += launching.deferred
+            self._unread.append(step)
         except Exception as exc:  # its requests end (never leaking a slot) or run again alone
             one_rank = self.rank_sync is None and not self.lockstep  # (an ADP rank runs alone
             one_rank &= self.model_engine.exchange is None  # unless its MoE meets the others)
@@ -296,11 +243,15 @@ class PyExecutor:
             for req in ended:
                 self._release(req)
             self._drain()
+            for req in launching.deferred:  # (nothing of this step runs on)
+                self._free(req)
             if not forwarded:
                 self.take_part(plan)
             if ended:
                 raise
             return
+        finally:
+            self._launching = None
         self.isolation.passed(batch)
         self.stats.num_steps += 1
         self.stats.num_reused_tokens += sum(
@@ -308,7 +259,7 @@ class PyExecutor:
             for r in batch.context_requests
             if r.request_id in batch.reused_tokens
         )
-        self.stats.num_overlapped_steps += len(self._unread) > 1
+        self.stats.num_overlapped_steps += overlapped
         if plan.bucket is not None:
             self.stats.num_graph_steps += 1
             self.stats.num_mixed_graph_steps += plan.bucket.prompt_tokens > 0
@@ -319,7 +270,7 @@ class PyExecutor:
                 req.context_current_position += req.context_chunk_size
             if i in made:
                 req.num_sampling_steps += 1  # the next step's random numbers are new
-                if not req.context_only:
+                if not req.context_only and not req.is_finished:  # (ended while it launched)
                     req.state = LlmRequestState.GENERATION_IN_PROGRESS
 
     def _read(self, step: LaunchedStep) -> list[LlmRequest]:
@@ -330,6 +281,7 @@ class PyExecutor:
             try:
                 apply_tokens(step, step.read(), live, self.stats, self.max_seq_len)
                 later = self._unread[self._unread.index(step) + 1 :]
+                later += [self._launching] if self._launching is not None else []
                 done = ScheduledRequests(
                     [r for r in step.batch.context_requests if r in live],
                     [r for r in step.batch.generation_requests if r in live],
@@ -354,6 +306,14 @@ class PyExecutor:
             self._unread.remove(step)
             for req in step.deferred:
                 self._free(req)
+
+    def _settle(self) -> list[LlmRequest]:
+        """Read every launched step (a step being launched needs their tokens); returns the
+        requests that finished."""
+        finished = []
+        while self._unread:
+            finished += self._read(self._unread[0])
+        return finished
 
     def _drain(self) -> None:
         """Read every launched step (a failure is logged: its requests have ended)."""
@@ -382,6 +342,8 @@ class PyExecutor:
         """A finished request leaves the batch; its KV is freed now, or once the last launched
         step that still holds it is read."""
         holder = next((s for s in reversed(self._unread) if s.holds(req)), None)
+        if self._launching is not None and self._launching.holds(req):
+            holder = self._launching
         if holder is not None:
             holder.deferred.append(req)
         else:

@@ -4,6 +4,7 @@ is built into: the same program either way (``step_program.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,7 +14,7 @@ from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequestState
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.step_inputs import StepInputsBuilder
 from tensorrt_llm._torch.pyexecutor.step_plan import StepPlan, plan_step
-from tensorrt_llm._torch.pyexecutor.step_program import run_step
+from tensorrt_llm._torch.pyexecutor.step_program import finish_step, forward_step
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
@@ -58,19 +59,28 @@ class StepDispatch:
         device."""
         batch = plan.batch
         fed = [r for r in batch.generation_requests if batch.pending_tokens(r)]
-        if self.guided is not None and any(map(self.guided.guided, fed)):
-            return False  # a grammar's mask follows the tokens: they must be read first
         if not fed or self.spec_worker is None:
             return True
         return plan.bucket is not None  # Eagle3 moves the positions on the device: graphs
 
+    def _masks_wait(self, batch: ScheduledRequests) -> bool:
+        """Whether a request of ``batch`` with a grammar takes its tokens from the launched step
+        not yet read: its mask rows are filled once the step's first part is queued."""
+        guided = self.guided
+        return guided is not None and any(
+            batch.pending_tokens(r) and guided.guided(r) for r in batch.generation_requests
+        )
+
     @torch.inference_mode()
-    def launch(self, plan: StepPlan) -> LaunchedStep:
-        """The plan's step, queued on the device."""
+    def launch(self, plan: StepPlan, settle: Callable[[], object] | None = None) -> LaunchedStep:
+        """The plan's step, queued on the device. ``settle``: reads the launched steps before
+        it (what the grammars' masks need), called between the step's two parts when a request
+        with a grammar was fed (``step_program``)."""
         batch = plan.batch
         decoding = [r.state is LlmRequestState.GENERATION_IN_PROGRESS for r in batch.all_requests]
+        settle = settle if self._masks_wait(batch) else None
         if plan.bucket is not None:
-            logits, tokens = self.runner.run(batch, plan.bucket)
+            logits, tokens = self.runner.run(batch, plan.bucket, settle)
             # generation logits are copied from the bucket's at the read: read before a replay
             keeps_logits = any(
                 r.sampling_params.return_generation_logits for r in batch.all_requests
@@ -78,14 +88,21 @@ class StepDispatch:
             overlappable = self.overlap and not keeps_logits
             return LaunchedStep(batch, decoding, logits, tokens, overlappable=overlappable)
         input_ids, md = self.engine.build_inputs(batch, plan.moe_capacity)
-        inputs = self._inputs.build(batch, input_ids, md.seq_lens)
-        out = run_step(
+        inputs = self._inputs.build(batch, input_ids, md.seq_lens, masks=settle is None)
+        forwarded = forward_step(
             self.engine,
             inputs,
             md,
             logits_state=self.logits_state,
-            spec_worker=self.spec_worker,
             **self.engine.forward_extra(batch),
+        )
+        if settle is not None:
+            settle()
+            inputs.bitmask = self._inputs.masks(
+                [batch.all_requests[i] for i in inputs.rows], inputs.width
+            )
+        out = finish_step(
+            forwarded, inputs, md, logits_state=self.logits_state, spec_worker=self.spec_worker
         )
         tokens = DeviceTokens(inputs.rows, out.tokens, out.num_accepted, out.drafts, out.logprobs)
         return LaunchedStep(batch, decoding, out.logits, tokens, overlappable=self.overlap)

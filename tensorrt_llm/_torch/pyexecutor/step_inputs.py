@@ -195,10 +195,14 @@ class StepInputsBuilder:
         self._staging = (PinnedStaging(), PinnedStaging(), PinnedStaging())
 
     def build(
-        self, batch: ScheduledRequests, input_ids: torch.Tensor, seq_lens: Sequence[int]
+        self,
+        batch: ScheduledRequests,
+        input_ids: torch.Tensor,
+        seq_lens: Sequence[int],
+        masks: bool = True,
     ) -> StepInputs:
         """The rows of ``batch`` (whose step tokens are ``input_ids``, ``seq_lens`` per request
-        in batch order)."""
+        in batch order); ``masks``: their grammars' masks too (else ``masks`` later)."""
         requests, num_contexts = batch.all_requests, len(batch.context_requests)
         k, spec = self.max_draft_len, self.draft_probs is not None
         width = k + 1
@@ -246,9 +250,7 @@ class StepInputsBuilder:
         st, q_slots, penalties = row_views(
             row_ints, device_floats, n, layout, all_greedy=not sampled, top_k=uses_top_k(reqs)
         )
-        mask = self.guided.fill(reqs, width) if self.guided is not None else None
-        if mask is not None:
-            mask = self._staging[2].upload(torch.empty_like(mask, device=self.device), mask)
+        mask = self.masks(reqs, width) if masks else None
         return StepInputs(
             input_ids=input_ids,
             drafts=drafts_t.view(n, k),
@@ -264,6 +266,14 @@ class StepInputsBuilder:
             request_ids=[r.request_id for r in reqs],
             bitmask=mask,
         )
+
+    def masks(self, requests: list[LlmRequest], width: int) -> torch.Tensor | None:
+        """The grammars' mask rows of a step's rows (``requests`` in row order) on the device;
+        None when none has a grammar."""
+        mask = self.guided.fill(requests, width) if self.guided is not None else None
+        if mask is None:
+            return None
+        return self._staging[2].upload(torch.empty_like(mask, device=self.device), mask)
 
 
 @dataclass
@@ -337,11 +347,9 @@ def write_bucket(
     requests: Sequence[LlmRequest],
     logits_state: LogitsState | None,
     draft_probs: DraftProbStore | None,
-    mask: torch.Tensor | None = None,
 ) -> None:
     """The requests' tokens, first positions and row values into the bucket (its last rows
-    padding: token 0 at position 0, greedy, the scratch slots), one copy per dtype; ``mask``:
-    the requests' grammar mask rows (``GuidedDecoder.fill``; the other rows allow all)."""
+    padding: token 0 at position 0, greedy, the scratch slots), one copy per dtype."""
     batch_size = bucket.step.num_rows
     pad = batch_size - len(requests)
     tokens = [t for r in requests for t in (r.get_tokens()[-1], *r.py_draft_tokens)]
@@ -351,9 +359,16 @@ def write_bucket(
     bucket.staging[0].upload(bucket.ints, torch.tensor(tokens + ints, dtype=torch.long))
     if bucket.floats is not None:
         bucket.staging[1].upload(bucket.floats, torch.tensor(floats, dtype=torch.float32))
-    if bucket.bitmask is not None and (mask is not None or bucket.masked):
-        host = torch.full(bucket.bitmask.shape, -1, dtype=torch.int32)
-        if mask is not None:
-            host[: mask.shape[0]] = mask
-        bucket.staging[2].upload(bucket.bitmask, host)
-        bucket.masked = mask is not None
+
+
+def write_masks(bucket: BucketInputs, mask: torch.Tensor | None) -> None:
+    """The rows' grammar masks into an extras bucket: ``mask`` for its first rows
+    (``GuidedDecoder.fill``; None: no grammar), all ones for the rest (one copy, none when the
+    bucket already holds all ones)."""
+    if mask is None and not bucket.masked:
+        return
+    host = torch.full(bucket.bitmask.shape, -1, dtype=torch.int32)
+    if mask is not None:
+        host[: mask.shape[0]] = mask
+    bucket.staging[2].upload(bucket.bitmask, host)
+    bucket.masked = mask is not None

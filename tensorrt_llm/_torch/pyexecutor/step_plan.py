@@ -74,9 +74,11 @@ def choose_bucket(batch: ScheduledRequests, runner: CUDAGraphRunner | None) -> G
     if runner is None or not batch.batch_size:
         return None
     bucket = runner.shape_of(batch)
-    prompts = batch.context_requests
-    if bucket is not None or not batch.generation_requests or len(prompts) < 2:
+    if bucket is not None:
         return bucket
+    prompts = batch.context_requests
+    if not batch.generation_requests or len(prompts) < 2:
+        return None
     for keep in range(len(prompts) - 1, 0, -1):
         bucket = runner.shape_of(replace(batch, context_requests=prompts[:keep]))
         if bucket is not None:

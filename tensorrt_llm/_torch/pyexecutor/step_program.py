@@ -1,5 +1,8 @@
 """run_step: the one program of a step, on device tensors only. Eager steps call it on the
-``StepInputs`` their batch was built into; the CUDA graph runner captures it on a bucket's.
+``StepInputs`` their batch was built into; the CUDA graph runner captures it on a bucket's, as
+two graphs: its first part (``forward_step``) and its second (``finish_step``), between which
+the host may fill the grammars' masks from the tokens of the step before (the overlap
+scheduler's guided requests).
 
 forward -> logits of each row's positions -> penalties and bias -> the grammars' mask -> the tokens
 (sampled, or the speculative worker's accept and draft chain) -> the penalties' counts -> logprobs.
@@ -55,6 +58,15 @@ class StepOutputs:
         )
 
 
+@dataclass
+class Forwarded:
+    """A step's first part on the device: the logits of its rows (penalties and bias applied)
+    and the target's hidden states the drafter reads."""
+
+    logits: torch.Tensor  # [n * T, V]
+    captured: list[torch.Tensor]
+
+
 def run_step(
     engine: PyTorchModelEngine,
     inputs: StepInputs,
@@ -69,6 +81,25 @@ def run_step(
     """One step on the device. ``md`` is the step's metadata (a bucket's is placed here from its
     first positions); ``chain_md`` the draft chain's where it is preallocated (a bucket's);
     ``logits_out`` where the logits go (a graph's: the buffer every bucket shares), else new."""
+    forwarded = forward_step(
+        engine, inputs, md, logits_state=logits_state, logits_out=logits_out, **forward_extra
+    )
+    return finish_step(
+        forwarded, inputs, md, logits_state=logits_state, spec_worker=spec_worker, chain_md=chain_md
+    )
+
+
+def forward_step(
+    engine: PyTorchModelEngine,
+    inputs: StepInputs,
+    md: AttentionMetadata,
+    *,
+    logits_state: LogitsState | None = None,
+    logits_out: torch.Tensor | None = None,
+    **forward_extra,
+) -> Forwarded:
+    """The step's first part (``run_step``): the forward, each row's logits, penalties and bias.
+    Nothing in it reads the grammars' masks, so the host may fill them meanwhile."""
     if inputs.first_positions is not None:
         md.place(inputs.first_positions, inputs.cu_seqlens_q)
     hidden, captured = engine.model(
@@ -79,12 +110,28 @@ def run_step(
     logits = engine.model.compute_logits(hidden, logits_out)  # [n * T, V]
     if inputs.penalties is not None:
         logits_state.adjust(logits, step_penalty_rows(inputs))
+    return Forwarded(logits, captured)
+
+
+def finish_step(
+    forwarded: Forwarded,
+    inputs: StepInputs,
+    md: AttentionMetadata,
+    *,
+    logits_state: LogitsState | None = None,
+    spec_worker: Eagle3OneModelWorker | None = None,
+    chain_md: AttentionMetadata | None = None,
+) -> StepOutputs:
+    """The step's second part (``run_step``): the grammars' mask, the tokens (sampled, or the
+    speculative worker's accept and draft chain), the penalties' counts, logprobs."""
+    logits = forwarded.logits
     if inputs.bitmask is not None:  # (after the penalties: a refused token stays refused)
         apply_token_bitmask(logits, inputs.bitmask)
     if spec_worker is None:
         tokens = logits.argmax(dim=-1) if inputs.st is None else sample(logits, inputs.st)
         tokens, accepted, drafts = tokens[:, None], None, None
     else:
+        captured = forwarded.captured
         tokens, accepted, drafts = spec_worker.step(inputs, logits, captured, md, chain_md)
     if inputs.penalties is not None:  # the tokens just made count from the next step on
         made = torch.ones_like(tokens[:, 0]) if accepted is None else accepted + 1

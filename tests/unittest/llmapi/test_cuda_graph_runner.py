@@ -303,6 +303,8 @@ def test_steps_with_grammars_in_the_graph_give_the_eager_tokens():
     assert got[1].text.startswith("The answer i")  # (12 tokens)
     extras = [b for k, b in runner._buckets.items() if k[2] and b.inputs.bitmask is not None]
     assert extras and runner.num_replays > 0
+    # the graph steps overlapped, the masks filled between their two parts
+    assert llm.get_stats()["num_overlapped_steps"] > 0
     llm.shutdown()
 
 

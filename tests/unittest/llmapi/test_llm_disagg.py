@@ -21,7 +21,7 @@ pytest.importorskip("nixl")
 GREEDY = SamplingParams(max_tokens=100)
 
 
-def make(mode, disagg):
+def make(mode, disagg, **options):
     return LLM(
         device="cpu",
         max_batch_size=16,
@@ -30,6 +30,7 @@ def make(mode, disagg):
             max_draft_len=3, speculative_model=str(BUNDLED_DRAFT), draft_kv_cache=mode
         ),
         cache_transceiver_config=CacheTransceiverConfig() if disagg else None,
+        **options,
     )
 
 
@@ -84,6 +85,30 @@ def test_generation_server_decodes_what_the_aggregated_llm_decodes(prompts, mode
         llm.shutdown()  # its NIXL agent ends, and the agent's progress thread with it
         assert llm.disaggregated.transceiver.agent is None
     assert len(os.listdir("/proc/self/task")) <= threads - 2
+
+
+def test_the_generation_server_continues_the_grammar_from_the_first_token(prompts):
+    """The context server's first token is held to the grammar; the generation server's matcher
+    takes it, then holds the rest: the aggregated LLM's tokens, the constraint kept."""
+    import re
+
+    from tensorrt_llm import GuidedDecodingParams
+
+    pattern = r"[0-9]{1,3} (\+|-) [0-9]{1,3}: the sum is [0-9]{1,4}\."
+    guides = [
+        GuidedDecodingParams(regex=pattern),
+        GuidedDecodingParams(grammar='root ::= "The answer is " [0-9] [0-9]? [0-9]? [0-9]? "."'),
+    ]
+    params = [SamplingParams(max_tokens=60, guided_decoding=g) for g in guides]
+    texts = prompts[:2]
+    aggregated = make("unified", False, guided_decoding_backend="xgrammar").generate(texts, params)
+    ctx = make("unified", True, guided_decoding_backend="xgrammar")
+    gen = make("unified", True, guided_decoding_backend="xgrammar")
+    outputs = resume(gen, prefill(ctx, texts, params), params)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in aggregated]
+    assert re.fullmatch(pattern, outputs[0].outputs[0].text)
+    assert re.fullmatch(r"The answer is [0-9]{1,4}\.", outputs[1].outputs[0].text)
+    assert all(o.outputs[0].finish_reason == "stop" for o in outputs)
 
 
 def test_generation_only_requests_wait_for_slots_instead_of_failing(prompts):
