@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 BACKENDS = ("xgrammar",)
-CACHED_GRAMMARS = 256  # compiled grammars kept, the most recently used
+CACHED_GRAMMARS = 256  # compiled grammars kept, the most recently used,
+CACHE_BYTES = 512 << 20  # and at most this much of them (a vocabulary of 200K makes large ones)
 COMPILE_TIMEOUT_S = 30.0  # a request whose grammar takes longer ends with an error
 # JSON's whitespace between tokens, at most this many characters in a row: room for indented
 # output, and no endless run of blanks from a model that scores them high
@@ -104,7 +105,7 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[i
 
 class GrammarCompiler:
     """Compiles constraints for one tokenizer on a worker thread; the same constraint compiles
-    once (``CACHED_GRAMMARS`` kept)."""
+    once (``CACHED_GRAMMARS`` and ``CACHE_BYTES`` kept)."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
         xgr = _xgrammar()
@@ -123,9 +124,13 @@ class GrammarCompiler:
             return future
         future = self._pool.submit(self._compile, *key)
         self._cache[key] = future
-        while len(self._cache) > CACHED_GRAMMARS:
+        while len(self._cache) > CACHED_GRAMMARS or self._cached_bytes() > CACHE_BYTES:
             self._cache.popitem(last=False)
         return future
+
+    def _cached_bytes(self) -> int:
+        done = (f for f in self._cache.values() if f.done() and f.exception() is None)
+        return sum(f.result().memory_size_bytes for f in done)
 
     def _compile(self, kind: str, text: str):
         compiler = self._compiler

@@ -54,9 +54,11 @@ class GuidedDecoder:
 
     def submit(self, request: LlmRequest, wait: bool = False) -> None:
         """Start compiling ``request``'s grammar; it waits for it in the queue. ``wait``: compile
-        it now, the request's state untouched (a generation-only request, whose first token
-        came from the context server: it joins the batch once its KV is loaded); a grammar
-        that cannot be built is then a ``ValueError``."""
+        it now, the request's state untouched: a generation-only request (its first token came
+        from the context server; it joins the batch once its KV is loaded), or any request on
+        ranks that run in step under tensor parallelism (a grammar ready on one rank and not on
+        another would split their schedules). A grammar that cannot be built is then a
+        ``ValueError``."""
         guide = request.sampling_params.guided_decoding
         if guide is None:
             return

@@ -100,7 +100,8 @@ class PyExecutor(DisaggAdmission):
     def enqueue_request(self, request: LlmRequest) -> None:
         self.check_request(request)
         if self.guided is not None:
-            self.guided.submit(request)  # (it waits for its grammar)
+            # (it waits in the queue; ranks in step compile it now: they schedule alike)
+            self.guided.submit(request, wait=self.lockstep or self.rank_sync is not None)
         self.active.append(request)
         if self.rank_sync is not None:
             self.rank_sync.submitted(request)
@@ -336,6 +337,8 @@ class PyExecutor(DisaggAdmission):
         self._drain()
         if self.cuda_graph_runner is not None:
             self.cuda_graph_runner.release()
+        if self.guided is not None:
+            self.guided.compiler.shutdown()
         self.resource_manager.shutdown()
 
     def _release(self, req: LlmRequest) -> None:

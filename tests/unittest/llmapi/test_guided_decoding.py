@@ -106,6 +106,51 @@ def test_every_output_matches_its_constraint_in_a_mixed_batch(llm, sampled):
         check_json_schema(unguided)
 
 
+MORE_SCHEMAS = [
+    {  # numbers with bounds, a nullable string of bounded length
+        "type": "object",
+        "properties": {
+            "price": {"type": "number", "minimum": 0, "maximum": 10},
+            "count": {"type": "integer", "minimum": -5, "maximum": 5},
+            "label": {"type": ["string", "null"], "maxLength": 6},
+        },
+        "required": ["price", "count", "label"],
+        "additionalProperties": False,
+    },
+    {  # nested arrays of objects, bounded
+        "type": "object",
+        "properties": {
+            "rows": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 2,
+                "items": {
+                    "type": "object",
+                    "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["a", "b", None]}},
+                    "required": ["ok", "tag"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["rows"],
+        "additionalProperties": False,
+    },
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 3},
+    {"enum": ["red", "green", 3, True]},
+]
+
+
+def test_more_schemas_hold_every_output(llm):
+    guides = [GuidedDecodingParams(json=schema) for schema in MORE_SCHEMAS]
+    outs = llm.generate(
+        [f"json {i}: " for i in range(len(guides))], [params(g, False) for g in guides]
+    )
+    for schema, out in zip(MORE_SCHEMAS, outs, strict=True):
+        reply = out.outputs[0]
+        assert reply.finish_reason == "stop", reply.text
+        jsonschema.validate(json.loads(reply.text), schema)
+
+
 @pytest.mark.parametrize(
     ("guide", "message"),
     [

@@ -95,8 +95,17 @@ def test_adp2_spreads_the_requests_and_decodes_as_one_rank(one_rank):
 
 @pytest.mark.parametrize("parallel", [{}, {"enable_attention_dp": True}], ids=["tp2", "adp2"])
 def test_sampling_and_cancellations_keep_the_ranks_together(one_rank, parallel):
-    with make_llm(tensor_parallel_size=2, **parallel) as llm:
+    import re
+
+    from tensorrt_llm import GuidedDecodingParams
+
+    with make_llm(tensor_parallel_size=2, guided_decoding_backend="xgrammar", **parallel) as llm:
         texts = prompts(llm)
+        # a grammar compiles on every rank alike (under TP, at once: their schedules agree)
+        pattern = r"[0-9]{1,3} (\+|-) [0-9]{1,3}: the sum is [0-9]{1,4}\."
+        guide = GuidedDecodingParams(regex=pattern)
+        guided = llm.generate(texts[:2], SamplingParams(max_tokens=40, guided_decoding=guide))
+        assert all(re.fullmatch(pattern, o.outputs[0].text) for o in guided)
         sampled = SamplingParams(max_tokens=12, temperature=1.0)  # unseeded: rank 0 seeds it
         seeded = SamplingParams(max_tokens=12, temperature=1.0, seed=5)
         first = llm.generate(texts[:2], [sampled, seeded])
