@@ -43,8 +43,7 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
-    """The safetensors files of ``model_dir``: its shards (``model.safetensors.index.json``), or
-    ``model.safetensors``."""
+    """``model_dir``'s safetensors: its shards (``model.safetensors.index.json``), or the one."""
     model_dir = Path(model_dir)
     index = model_dir / WEIGHTS_INDEX
     if index.is_file():
@@ -105,7 +104,7 @@ def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
     where = f"model={str(model_dir)!r}"
     with torch.no_grad():
         for name, get in checkpoint_tensors(model_dir):
-            family = layout.skipped_family(name, model.config)
+            family = layout.skipped_family(name, model)
             if family is not None:
                 skipped[family] += 1
                 continue
@@ -271,6 +270,7 @@ def load_model(
     mapping: Mapping | None = None,
     quant_algo: str | None = None,
     load_format: str = "auto",
+    **model_options,
 ) -> torch.nn.Module:
     """The model in ``model_dir``, of the class its ``architectures[0]`` selects, weights loaded
     strictly, in eval mode; its config is ``model.config``. ``dtype`` defaults to the config's
@@ -280,7 +280,8 @@ def load_model(
     FP8 (``quant_algo`` or the checkpoint's ``quantization_config``: ``"FP8_BLOCK_SCALES"``): on
     CUDA the layers ``use_fp8_block`` names keep FP8 weights (a bf16 checkpoint is quantized at
     load); on the CPU they keep the model's dtype, an FP8 checkpoint dequantized and a bf16 one
-    rounded to the FP8 grid. ``load_format="dummy"`` reads no weight file: ``dummy_weights``."""
+    rounded to the FP8 grid. ``load_format="dummy"``: no weight file read (``dummy_weights``).
+    ``model_options``: the model constructor's (MiniMax-M3's ``num_mtp_modules``)."""
     config = load_config(model_dir)
     model_class = get_model_classes(config.architectures[0]).model_class
     backend = get_attention_backend(attn_backend)
@@ -288,7 +289,7 @@ def load_model(
     if algo not in (None, QuantAlgo.FP8_BLOCK_SCALES):
         raise ValueError(f"quant_algo={algo!r}; served: {QuantAlgo.FP8_BLOCK_SCALES.value!r}")
     with _allocate_on(device, dtype or getattr(torch, config.torch_dtype)):
-        model = model_class(config, backend, mapping or Mapping())
+        model = model_class(config, backend, mapping or Mapping(), **model_options)
     if algo is not None:
         store = torch.device(device).type == "cuda"
         use_fp8_block(model, config.modules_to_not_convert, store)
@@ -386,9 +387,14 @@ def random_eagle3(
 
 
 def random_model(
-    config: ModelConfig, seed: int = 0, std: float = 0.02, attn_backend: str = "VANILLA"
+    config: ModelConfig,
+    seed: int = 0,
+    std: float = 0.02,
+    attn_backend: str = "VANILLA",
+    **model_options,
 ) -> torch.nn.Module:
     """A randomly initialised model of the class ``config.architectures[0]`` selects (tests, and
-    the starting point of training)."""
+    the starting point of training); ``model_options``: its constructor's (``num_mtp_modules``)."""
     model_class = get_model_classes(config.architectures[0]).model_class
-    return _random_init(model_class(config, get_attention_backend(attn_backend)), seed, std)
+    model = model_class(config, get_attention_backend(attn_backend), **model_options)
+    return _random_init(model, seed, std)

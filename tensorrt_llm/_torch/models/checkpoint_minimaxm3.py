@@ -31,7 +31,9 @@ The vision side (``modeling_minimaxm3_vision.py``)::
     multi_modal_projector.linear_{1,2}                  multi_modal_projector.linear_{1,2}
     patch_merge_mlp.linear_{1,2}                        multi_modal_projector.merge_linear_{1,2}
 
-A text-only model (no ``vision_config``) skips them, one log line per family, as it skips ``mtp``. Each canonical name has one destination on this
+A text-only model (no ``vision_config``) skips them, one log line per family, as a model without
+MTP modules skips ``mtp`` (``language_model.model.mtp.layers.{i}.*``: ``modeling_minimaxm3_mtp.py``,
+their MoE renamed as a layer's). Each canonical name has one destination on this
 rank: a view of a parameter and the rank's shard of the full tensor (``shard_weight``). The loader
 itself (files, shards, strictness, the tied LM head) is ``checkpoint.py``'s.
 """
@@ -87,9 +89,11 @@ class MiniMaxM3CheckpointLayout:
     """How MiniMax-M3 checkpoints name this model's tensors (the module docstring)."""
 
     @staticmethod
-    def skipped_family(name: str, config) -> str | None:
-        match = SKIPPED_FAMILIES.search(name)
-        if match is None and config.vision is None:
+    def skipped_family(name: str, model: torch.nn.Module) -> str | None:
+        """The MTP modules' tensors when the model builds none, the vision side's when the
+        model is text-only."""
+        match = None if hasattr(model.model, "mtp") else SKIPPED_FAMILIES.search(name)
+        if match is None and model.config.vision is None:
             match = VISION_FAMILIES.search(name)
         return match.group(1) if match else None
 
@@ -142,6 +146,9 @@ class MiniMaxM3CheckpointLayout:
         match = re.match(r"^model\.layers\.(\d+)\.mlp\.(.*)$", canonical)
         if match and int(match.group(1)) in config.moe_layer_ids:
             canonical = f"model.layers.{match.group(1)}.block_sparse_moe.{match.group(2)}"
+        mtp = re.match(r"^(model\.mtp\.layers\.\d+\.transformer_layer)\.mlp\.(.*)$", canonical)
+        if mtp:  # (an MTP module's MLP is always an MoE)
+            canonical = f"{mtp.group(1)}.block_sparse_moe.{mtp.group(2)}"
         return "language_model." + canonical
 
 

@@ -94,3 +94,17 @@ def checkpoint_dtype(*configs: dict[str, Any]) -> str:
             if source.get(key) is not None:
                 return str(source[key]).removeprefix("torch.")
     return "float32"  # transformers' default when a config names none
+
+
+def check_numbers(config, where: str, may_be_zero: tuple[str, ...] = ()) -> None:
+    """Every ``int`` field of the dataclass ``config`` a positive int (those of ``may_be_zero``:
+    an int >= 0) and every ``float`` field a positive number; else a ``ValueError`` naming it."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if f.type == "int":
+            low = 0 if f.name in may_be_zero else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                rule = "an int >= 0" if low == 0 else "a positive int"
+                raise ValueError(f"{where}: {f.name}={value!r} must be {rule}")
+        elif f.type == "float" and not (isinstance(value, int | float) and value > 0):
+            raise ValueError(f"{where}: {f.name}={value!r} must be a positive number")

@@ -27,6 +27,7 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import MsaConfi
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.models.config_utils import (
     check_model_type,
+    check_numbers,
     check_per_layer,
     checkpoint_dtype,
     read_config_json,
@@ -117,10 +118,11 @@ class MiniMaxM3Config:
     quant_algo: str | None = None  # the checkpoint's (quantization_config): "FP8_BLOCK_SCALES"
     modules_to_not_convert: tuple[str, ...] = ()  # left unquantized by the checkpoint
     vision: MiniMaxM3VisionConfig | None = None  # the vision tower and projector, if any
+    num_mtp_modules: int = 0  # the checkpoint's MTP draft modules (``modeling_minimaxm3_mtp.py``)
 
     def __post_init__(self) -> None:
         where = "config.json"
-        _check_positive(self, where)
+        check_numbers(self, where, may_be_zero=("index_local_blocks", "num_mtp_modules"))
         n = self.num_hidden_layers
         if not self.layer_types:
             object.__setattr__(self, "layer_types", (FULL,) * n)
@@ -385,16 +387,3 @@ def _legacy_kwargs(text: dict[str, Any], where: str, unknown: set[str]) -> dict[
             raise ValueError(f"{where}: moe_layer_freq={freq!r} must be a list of 0/1 per layer")
         out["mlp_layer_types"] = tuple(MOE_MLP if f else DENSE_MLP for f in freq)
     return out
-
-
-def _check_positive(config: MiniMaxM3Config, where: str) -> None:
-    for f in fields(config):
-        value = getattr(config, f.name)
-        if f.type == "int" and f.name != "index_local_blocks":
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{where}: {f.name}={value!r} must be a positive int")
-        elif f.type == "float" and not (isinstance(value, int | float) and value > 0):
-            raise ValueError(f"{where}: {f.name}={value!r} must be a positive number")
-    local = config.index_local_blocks
-    if not isinstance(local, int) or isinstance(local, bool) or local < 0:
-        raise ValueError(f"{where}: index_local_blocks={local!r} must be an int >= 0")

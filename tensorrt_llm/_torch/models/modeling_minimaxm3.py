@@ -45,6 +45,7 @@ from tensorrt_llm._torch.attention_backend.utils import get_attention_backend
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.models.checkpoint_minimaxm3 import MiniMaxM3CheckpointLayout
 from tensorrt_llm._torch.models.configuration_minimaxm3 import MOE_MLP, MiniMaxM3Config
+from tensorrt_llm._torch.models.modeling_minimaxm3_mtp import MiniMaxM3MTP
 from tensorrt_llm._torch.models.modeling_minimaxm3_vision import (
     MiniMaxM3MultiModalProjector,
     MiniMaxM3VisionModel,
@@ -167,7 +168,10 @@ class MiniMaxM3ForCausalLM(nn.Module):
         cfg: MiniMaxM3Config,
         attn_backend: AttentionBackend | None = None,
         mapping: Mapping | None = None,
+        num_mtp_modules: int = 0,
     ) -> None:
+        """``num_mtp_modules``: the checkpoint's MTP modules to build (and load) beside the
+        target, as a drafter (``modeling_minimaxm3_mtp.py``)."""
         super().__init__()
         mapping = mapping or Mapping()
         self.config = cfg
@@ -175,6 +179,13 @@ class MiniMaxM3ForCausalLM(nn.Module):
         # Every attention layer calls it; replaceable (``use_training_backend``). Not a parameter.
         self.attn_backend = attn_backend or get_attention_backend("VANILLA")
         self.model = MiniMaxM3Model(cfg, mapping)
+        if num_mtp_modules:
+            if num_mtp_modules > cfg.num_mtp_modules:
+                raise ValueError(
+                    f"{num_mtp_modules} MTP module(s) asked for; the checkpoint's config has "
+                    f"num_mtp_modules={cfg.num_mtp_modules}"
+                )
+            self.model.mtp = MiniMaxM3MTP(cfg, num_mtp_modules, mapping, MiniMaxM3DecoderLayer)
         # vocabulary-parallel, gathered: every rank gets the full logits (and samples the same)
         self.lm_head = ColumnParallelLinear(
             cfg.hidden_size, cfg.vocab_size, mapping, "vocab_size", gather_output=True
@@ -225,6 +236,25 @@ class MiniMaxM3ForCausalLM(nn.Module):
             if i in capture_layers:
                 captured[i] = hidden
         return self.model.norm(hidden), [captured[i] for i in capture_layers]
+
+    def mtp_hidden(
+        self,
+        next_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        attn_metadata: AttentionMetadata | None = None,
+        index: int = 0,
+    ) -> torch.Tensor:
+        """MTP module ``index``'s hidden states (before its final norm) at each position: from
+        the token after it (``next_ids``, shaped as ``input_ids``) and the target's final hidden
+        state there (or, for a later draft step, the module's own output)."""
+        layer = self.model.mtp.layers[index]
+        embeddings = self.model.embed_tokens(next_ids)
+        return layer(embeddings, hidden, position_ids, attn_metadata, self.attn_backend)
+
+    def mtp_logits(self, hidden: torch.Tensor, index: int = 0) -> torch.Tensor:
+        """``[n, V]`` float32 logits of MTP module ``index``'s hidden states."""
+        return self.lm_head(self.model.mtp.layers[index].final_layernorm(hidden)).float()
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``[n, V]`` float32 logits; written into ``out`` when given (the CUDA graphs' shared

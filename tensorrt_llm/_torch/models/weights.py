@@ -58,9 +58,9 @@ class Destination:
 
 class CheckpointLayout(Protocol):
     @staticmethod
-    def skipped_family(name: str, config) -> str | None:
-        """The family a tensor of a part ``config``'s model does not serve belongs to (skipped),
-        else None."""
+    def skipped_family(name: str, model: torch.nn.Module) -> str | None:
+        """The family a tensor of a part ``model`` does not serve belongs to (skipped), else
+        None."""
 
     @staticmethod
     def canonical_pieces(name: str, get: Callable[[], torch.Tensor]) -> list[Piece]: ...
@@ -77,7 +77,7 @@ class PlainLayout:
     """Checkpoint names are the model's ``state_dict`` names (the Eagle3 drafter, the tests)."""
 
     @staticmethod
-    def skipped_family(name: str, config) -> str | None:
+    def skipped_family(name: str, model: torch.nn.Module) -> str | None:
         return None
 
     @staticmethod
