@@ -185,3 +185,29 @@ def test_a_schema_that_cannot_be_built_is_a_400_and_the_server_goes_on(m3_server
         model="m3", messages=USER, max_tokens=4, extra_body=NO_THINKING
     )
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    ("response_format", "pattern"),
+    [
+        ({"type": "regex", "regex": "(yes|no), [0-9]{2}"}, r"(yes|no), [0-9]{2}"),
+        ({"type": "ebnf", "ebnf": 'root ::= "city: " ("Paris" | "Rome")'}, r"city: (Paris|Rome)"),
+        (
+            {"type": "structural_tag", "format": {"type": "regex", "pattern": "[a-c]{3}"}},
+            r"[a-c]{3}",
+        ),
+    ],
+    ids=["regex", "ebnf", "structural_tag"],
+)
+def test_upstreams_other_formats_hold_the_reply(m3_server, response_format, pattern):
+    import re
+
+    reply = m3_server.chat.completions.create(
+        model="m3",
+        messages=USER,
+        max_tokens=40,
+        temperature=0,
+        extra_body={"response_format": response_format, **NO_THINKING},
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop" and re.fullmatch(pattern, choice.message.content)
