@@ -38,8 +38,10 @@ class DisaggAdmission:
         ``load_kv`` between steps (``DisaggCoordinator``), it joins the batch once loaded."""
         try:
             self.check_request(request)  # it joins ``active`` once admitted
-            if self.guided is not None:
-                self.guided.submit(request, wait=True)
+            if self.guided is not None and self.lockstep:  # (ranks in step schedule alike)
+                self.guided.submit_now(request)
+            elif self.guided is not None:  # (compiled while its KV is pulled)
+                self.guided.submit(request, beside=True)
         except ValueError:
             load_kv.abandon()
             raise
@@ -73,3 +75,5 @@ class DisaggAdmission:
         check_stop(request, request.output_token_ids[-1], self.max_seq_len)  # the first may end it
         if request.is_finished:
             self._release(request)
+        elif self.guided is not None:
+            self.guided.hold(request)  # (until its grammar is ready)

@@ -154,11 +154,13 @@ class GrammarCompiler:
 
 
 class Pending:
-    """A request's grammar being compiled, and since when."""
+    """A request's grammar being compiled, since when, and the state its request resumes once it
+    is ready (None: the request did not wait)."""
 
     def __init__(self, future: Future) -> None:
         self.future = future
         self.started = time.monotonic()
+        self.resume = None
 
     @property
     def timed_out(self) -> bool:

@@ -52,26 +52,39 @@ class GuidedDecoder:
         self._dead: list[LlmRequest] = []  # ended by ``fill``, freed after ``poll``
         self.fill_seconds = 0.0  # the host's time in ``fill`` (benchmarks/bench_decode.py)
 
-    def submit(self, request: LlmRequest, wait: bool = False) -> None:
-        """Start compiling ``request``'s grammar; it waits for it in the queue. ``wait``: compile
-        it now, the request's state untouched: a generation-only request (its first token came
-        from the context server; it joins the batch once its KV is loaded), or any request on
-        ranks that run in step under tensor parallelism (a grammar ready on one rank and not on
-        another would split their schedules). A grammar that cannot be built is then a
-        ``ValueError``."""
+    def submit(self, request: LlmRequest, beside: bool = False) -> None:
+        """Start compiling ``request``'s grammar; it waits for it in the queue. ``beside``: its
+        state is left alone (a generation-only request, whose prompt's KV is pulled meanwhile:
+        ``hold`` it if it is ready to join the batch before its grammar)."""
         guide = request.sampling_params.guided_decoding
         if guide is None:
             return
-        future = self.compiler.submit(guide)
-        if not wait:
+        pending = Pending(self.compiler.submit(guide))
+        if not beside:
             request.state = LlmRequestState.WAITING_FOR_GRAMMAR
-            self._pending[request.request_id] = (request, Pending(future))
+            pending.resume = LlmRequestState.CONTEXT_INIT
+        self._pending[request.request_id] = (request, pending)
+
+    def submit_now(self, request: LlmRequest) -> None:
+        """Compile ``request``'s grammar now, its state untouched: ranks that run in step under
+        tensor parallelism (a grammar ready on one rank and not on another would split their
+        schedules). A grammar that cannot be built is a ``ValueError``."""
+        guide = request.sampling_params.guided_decoding
+        if guide is None:
             return
         try:
-            compiled = future.result(timeout=COMPILE_TIMEOUT_S)
+            compiled = self.compiler.submit(guide).result(timeout=COMPILE_TIMEOUT_S)
         except Exception as exc:
             raise ValueError(_cannot_use(guide.kind, exc)) from None
         self._guides[request.request_id] = _Guide(self._matcher(request, compiled))
+
+    def hold(self, request: LlmRequest) -> None:
+        """``request`` (``submit``'s ``beside``) would join the batch now: while its grammar
+        still compiles it waits, and then goes on in the state it had."""
+        pending = self._pending.get(request.request_id)
+        if pending is not None:
+            pending[1].resume = request.state
+            request.state = LlmRequestState.WAITING_FOR_GRAMMAR
 
     @property
     def compiling(self) -> bool:
@@ -88,17 +101,20 @@ class GuidedDecoder:
             future = pending.future
             if not future.done() and not pending.timed_out:
                 continue
+            error = future.exception() if future.done() else TimeoutError("compiling took too long")
+            if error is not None and pending.resume is None:
+                continue  # (a request loading its KV: it ends once it joins, ``hold``)
             del self._pending[request_id]
             if request.is_finished:  # (cancelled while it waited)
                 continue
-            error = future.exception() if future.done() else TimeoutError("compiling took too long")
             if error is not None:
                 kind = request.sampling_params.guided_decoding.kind
                 request.fail(ErrorKind.INVALID_REQUEST, _cannot_use(kind, error))
                 failed.append(request)
                 continue
             self._guides[request_id] = _Guide(self._matcher(request, future.result()))
-            request.state = LlmRequestState.CONTEXT_INIT
+            if request.state is LlmRequestState.WAITING_FOR_GRAMMAR:
+                request.state = pending.resume
         return failed
 
     def fill(self, requests: list[LlmRequest], width: int) -> torch.Tensor | None:

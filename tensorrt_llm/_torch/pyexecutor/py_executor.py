@@ -100,8 +100,10 @@ class PyExecutor(DisaggAdmission):
     def enqueue_request(self, request: LlmRequest) -> None:
         self.check_request(request)
         if self.guided is not None:
-            # (it waits in the queue; ranks in step compile it now: they schedule alike)
-            self.guided.submit(request, wait=self.lockstep or self.rank_sync is not None)
+            if self.lockstep or self.rank_sync is not None:  # (ranks in step schedule alike)
+                self.guided.submit_now(request)
+            else:
+                self.guided.submit(request)  # (it waits in the queue)
         self.active.append(request)
         if self.rank_sync is not None:
             self.rank_sync.submitted(request)

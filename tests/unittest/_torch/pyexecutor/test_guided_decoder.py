@@ -140,3 +140,32 @@ def test_a_constraint_the_vocabulary_cannot_write_ends_its_request(decoder):
     assert (mask == -1).all() and errors[0][0] == "invalid_request"
     assert "no token of this model's vocabulary" in errors[0][1]
     assert decoder.poll() == [stuck] and decoder.poll() == []
+
+
+def test_a_request_loading_its_kv_compiles_beside_and_waits_only_if_it_must(decoder):
+    """A generation-only request: its grammar compiles while its KV is pulled (its state left
+    alone); joining the batch before the grammar is ready, it waits, then goes on as it was; a
+    grammar that fails ends it only once it joins (its KV load is not cut short)."""
+    loading = LlmRequestState.DISAGG_GENERATION_TRANS_IN_PROGRESS
+    ready_first = request(1, GuidedDecodingParams(regex="a"))
+    ready_first.state = loading
+    decoder.submit(ready_first, beside=True)
+    assert ready_first.state is loading
+    deadline = time.monotonic() + 30
+    while not decoder.guided(ready_first) and time.monotonic() < deadline:
+        assert decoder.poll() == []
+        time.sleep(0.01)
+    assert ready_first.state is loading  # compiled while it loaded: nothing to wait for
+    decoder.hold(ready_first)
+    assert ready_first.state is loading
+
+    bad = request(2, GuidedDecodingParams(grammar="root ::= nowhere"))
+    bad.state, errors = loading, []
+    bad.fail = lambda kind, message: errors.append(kind)
+    decoder.submit(bad, beside=True)
+    decoder.compiler.submit(bad.sampling_params.guided_decoding).exception(timeout=30)
+    assert decoder.poll() == [] and not errors  # still loading: not ended yet
+    bad.state = LlmRequestState.GENERATION_IN_PROGRESS  # its KV arrived
+    decoder.hold(bad)
+    assert bad.state is LlmRequestState.WAITING_FOR_GRAMMAR
+    assert decoder.poll() == [bad] and errors == ["invalid_request"]
