@@ -211,3 +211,38 @@ def test_upstreams_other_formats_hold_the_reply(m3_server, response_format, patt
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "stop" and re.fullmatch(pattern, choice.message.content)
+
+
+def test_a_tool_round_trip_through_the_openai_client(m3_server):
+    """The call (forced by ``tool_choice``: the random model's values, M3's markup), the same
+    call streamed (its name first, then its arguments, joined to the whole reply's), then the
+    tool's result sent back in the history with the call, answered."""
+    kwargs = dict(
+        model="m3",
+        messages=USER,
+        max_tokens=400,
+        temperature=0,
+        tools=TOOLS,
+        tool_choice="required",
+        extra_body=NO_THINKING,
+    )
+    whole = m3_server.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "tool_calls"
+    call = whole.message.tool_calls[0]
+    assert call.id and call.type == "function" and call.function.name in ("add", "subtract")
+    chunks = list(m3_server.chat.completions.create(**kwargs, stream=True))
+    streamed = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert streamed[0].function.name == call.function.name
+    arguments = "".join(d.function.arguments or "" for d in streamed if d.index == 0)
+    assert json.loads(arguments) == json.loads(call.function.arguments)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    history = [
+        *USER,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "5"},
+    ]
+    answer = m3_server.chat.completions.create(
+        model="m3", messages=history, max_tokens=8, temperature=0, tools=TOOLS,
+        extra_body=NO_THINKING,
+    )  # fmt: skip
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
