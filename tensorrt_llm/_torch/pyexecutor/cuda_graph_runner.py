@@ -2,7 +2,8 @@
 
 A step whose batch is generation requests, each with ``1 + max_draft_len`` input tokens, and at
 most ``max_prompts`` prompts finishing (their last chunks, without images) runs as one graph of
-the step program every step runs (``step_program.run_step``, on the bucket's ``StepInputs``):
+the step program every step runs (``step_program.py``, on the bucket's ``StepInputs``; two
+graphs, its two parts):
 the target forward, the logits, the tokens, and with one-model Eagle3 the accept and the whole
 draft chain. A batch may sample (temperature, top-k, top-p, seeds: per-row buffers, its own graph
 per bucket): target-only through ``sampler.sample``, Eagle3 by rejection sampling against the
@@ -186,11 +187,9 @@ class CUDAGraphRunner:
         key = self.shapes.key(batch, shape)
         bucket = self._buckets.get(key) or self._new_bucket(key)
         self._write_inputs(bucket, batch, shape, masks=settle is None)
-        if self.options.capture and (
-            addresses(bucket, self._store, self._logits_state) != bucket.addresses
-        ):
-            raise RuntimeError(f"the CUDA graph of {shape} reads tensors that moved")
         if self.options.capture:
+            if addresses(bucket, self._store, self._logits_state) != bucket.addresses:
+                raise RuntimeError(f"the CUDA graph of {shape} reads tensors that moved")
             bucket.graph.replay()
         else:
             bucket.forwarded = self._forward(bucket)

@@ -93,6 +93,11 @@ class GuidedDecoder:
     def guided(self, request: LlmRequest) -> bool:
         return request.request_id in self._guides
 
+    @property
+    def active(self) -> bool:
+        """Some request has a grammar (else a step has nothing to look up)."""
+        return bool(self._guides)
+
     def poll(self) -> list[LlmRequest]:
         """Requests whose grammar is ready join the queue; returns those that ended with an
         error: their grammar failed, or (in an earlier ``fill``) it allowed no token at all."""
@@ -120,7 +125,7 @@ class GuidedDecoder:
     def fill(self, requests: list[LlmRequest], width: int) -> torch.Tensor | None:
         """``[len(requests) * width, words]`` int32 mask rows for a step's rows (``requests`` in
         row order, ``width`` positions each); None when no request has a grammar."""
-        if not any(r.request_id in self._guides for r in requests):
+        if not self._guides or not any(r.request_id in self._guides for r in requests):
             return None
         start = time.perf_counter()
         try:

@@ -1,6 +1,6 @@
 """StepDispatch: how a scheduled batch runs, as its ``StepPlan`` says (``step_plan.py``). A CUDA
-graph replay when the plan has a bucket, else ``run_step`` eagerly on the ``StepInputs`` the batch
-is built into: the same program either way (``step_program.py``)."""
+graph replay when the plan has a bucket, else the step program run eagerly on the ``StepInputs``
+the batch is built into: the same program either way (``step_program.py``)."""
 
 from __future__ import annotations
 
@@ -67,8 +67,10 @@ class StepDispatch:
         """Whether a request of ``batch`` with a grammar takes its tokens from the launched step
         not yet read: its mask rows are filled once the step's first part is queued."""
         guided = self.guided
-        return guided is not None and any(
-            batch.pending_tokens(r) and guided.guided(r) for r in batch.generation_requests
+        return (
+            guided is not None
+            and guided.active
+            and any(batch.pending_tokens(r) and guided.guided(r) for r in batch.generation_requests)
         )
 
     @torch.inference_mode()

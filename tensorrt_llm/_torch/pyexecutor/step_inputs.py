@@ -7,7 +7,7 @@ Every row has ``T = 1 + K`` positions (``K``: the drafts a step verifies, 0 with
 position ``j`` is the logits row that predicts the token after the row's ``j``-th draft (a prompt's
 positions all repeat its last token's row, and only the first is used). So the step's logits are
 ``[n * T, V]`` in row order, and penalties, sampling, acceptance and logprobs read them alike
-whether the step was scheduled eagerly or replayed from a graph (``step_program.run_step``).
+whether the step was scheduled eagerly or replayed from a graph (``step_program.py``).
 
 Per row the host gives the sampling values (temperature, top-k, top-p, seed, counter), the
 ``DraftProbStore`` slot behind a sampled row's drafts, and the ``LogitsState`` slot and penalties

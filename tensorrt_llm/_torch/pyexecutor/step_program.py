@@ -1,8 +1,7 @@
-"""run_step: the one program of a step, on device tensors only. Eager steps call it on the
-``StepInputs`` their batch was built into; the CUDA graph runner captures it on a bucket's, as
-two graphs: its first part (``forward_step``) and its second (``finish_step``), between which
-the host may fill the grammars' masks from the tokens of the step before (the overlap
-scheduler's guided requests).
+"""The one program of a step, on device tensors only, in two parts: ``forward_step``, then
+``finish_step``. Eager steps call them on the ``StepInputs`` their batch was built into; the CUDA
+graph runner captures each on a bucket's, as two graphs. Between them the host may fill the
+grammars' masks from the tokens of the step before (the overlap scheduler's guided requests).
 
 forward -> logits of each row's positions -> penalties and bias -> the grammars' mask -> the tokens
 (sampled, or the speculative worker's accept and draft chain) -> the penalties' counts -> logprobs.
@@ -67,28 +66,6 @@ class Forwarded:
     captured: list[torch.Tensor]
 
 
-def run_step(
-    engine: PyTorchModelEngine,
-    inputs: StepInputs,
-    md: AttentionMetadata,
-    *,
-    logits_state: LogitsState | None = None,
-    spec_worker: Eagle3OneModelWorker | None = None,
-    chain_md: AttentionMetadata | None = None,
-    logits_out: torch.Tensor | None = None,
-    **forward_extra,
-) -> StepOutputs:
-    """One step on the device. ``md`` is the step's metadata (a bucket's is placed here from its
-    first positions); ``chain_md`` the draft chain's where it is preallocated (a bucket's);
-    ``logits_out`` where the logits go (a graph's: the buffer every bucket shares), else new."""
-    forwarded = forward_step(
-        engine, inputs, md, logits_state=logits_state, logits_out=logits_out, **forward_extra
-    )
-    return finish_step(
-        forwarded, inputs, md, logits_state=logits_state, spec_worker=spec_worker, chain_md=chain_md
-    )
-
-
 def forward_step(
     engine: PyTorchModelEngine,
     inputs: StepInputs,
@@ -98,8 +75,10 @@ def forward_step(
     logits_out: torch.Tensor | None = None,
     **forward_extra,
 ) -> Forwarded:
-    """The step's first part (``run_step``): the forward, each row's logits, penalties and bias.
-    Nothing in it reads the grammars' masks, so the host may fill them meanwhile."""
+    """The step's first part: the forward, each row's logits (into ``logits_out`` when given: a
+    graph's, the buffer every bucket shares), penalties and bias. Nothing in it reads the
+    grammars' masks, so the host may fill them meanwhile. ``md`` is the step's metadata (a
+    bucket's is placed here from its first positions)."""
     if inputs.first_positions is not None:
         md.place(inputs.first_positions, inputs.cu_seqlens_q)
     hidden, captured = engine.model(
@@ -122,8 +101,9 @@ def finish_step(
     spec_worker: Eagle3OneModelWorker | None = None,
     chain_md: AttentionMetadata | None = None,
 ) -> StepOutputs:
-    """The step's second part (``run_step``): the grammars' mask, the tokens (sampled, or the
-    speculative worker's accept and draft chain), the penalties' counts, logprobs."""
+    """The step's second part: the grammars' mask, the tokens (sampled, or the speculative
+    worker's accept and draft chain; ``chain_md`` the chain's metadata where it is preallocated,
+    a bucket's), the penalties' counts, logprobs."""
     logits = forwarded.logits
     if inputs.bitmask is not None:  # (after the penalties: a refused token stays refused)
         apply_token_bitmask(logits, inputs.bitmask)

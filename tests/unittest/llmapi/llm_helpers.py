@@ -17,16 +17,22 @@ SPECIALS = ["<unk>", "<eos>"]
 
 
 def write_tiny_checkpoint(
-    model_dir: Path, seed: int = 0, alphabet: str = ALPHABET, **overrides
+    model_dir: Path,
+    seed: int = 0,
+    alphabet: str = ALPHABET,
+    tokenizer=None,
+    eos: str = "<eos>",
+    **overrides,
 ) -> Path:
-    tokenizer = build_char_tokenizer(alphabet, SPECIALS)
+    """``tokenizer``: in place of a character tokenizer of ``alphabet``; ``eos``: its end token."""
+    tokenizer = tokenizer or build_char_tokenizer(alphabet, SPECIALS)
     config = MiniMaxM3Config.from_dict(
         {
             **TINY,
             "vocab_size": tokenizer.get_vocab_size(),
             "max_position_embeddings": 256,
             "index_block_size": 16,
-            "eos_token_id": tokenizer.token_to_id("<eos>"),
+            "eos_token_id": tokenizer.token_to_id(eos),
             **overrides,
         }
     )
@@ -146,17 +152,9 @@ def write_tiny_m3_chat_checkpoint(model_dir: Path, seed: int = 0) -> Path:
     )
 
     tokenizer = build_char_tokenizer(M3_ALPHABET, M3_SPECIAL_TOKENS, text_tokens=M3_TEXT_TOKENS)
-    config = MiniMaxM3Config.from_dict(
-        {
-            **TINY,
-            "vocab_size": tokenizer.get_vocab_size(),
-            "max_position_embeddings": 4096,
-            "index_block_size": 16,
-            "eos_token_id": tokenizer.token_to_id("[e~["),
-        }
+    write_tiny_checkpoint(
+        model_dir, seed, tokenizer=tokenizer, eos="[e~[", max_position_embeddings=4096
     )
-    save_pretrained(random_model(config, seed=seed, std=0.15), config, model_dir)
-    tokenizer.save(str(model_dir / "tokenizer.json"))
     special = {"eos_token": "[e~[", "pad_token": "<pad>", "unk_token": "<unk>"}
     (model_dir / "tokenizer_config.json").write_text(json.dumps(special))
     template = Path(__file__).parents[3] / "examples" / "templates" / "minimax_m3.jinja"
