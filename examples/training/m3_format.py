@@ -38,8 +38,45 @@ EOS = "[e~["
 M3_MIX = (0.35, 0.25, 0.25, 0.15)
 
 
+# Whole phrases of the template and of tool markup, one token each (as a BPE tokenizer trained
+# on such text would have them): a prompt's fixed parts then take a few tokens instead of a
+# thousand characters, so that the model learns to copy from the request rather than wade through
+# boilerplate. (Encoding picks the longest phrase at the leftmost place.)
+_INSTRUCTIONS = TEMPLATE.split("</tools>\n", 1)[1].split("{% endif", 1)[0]
+PHRASE_TOKENS = [
+    "You are MiniMax-M3, a helpful assistant.\n<thinking_instructions>\n"
+    "Reason inside <mm:think></mm:think> before the answer when reasoning helps.\n",
+    "Always reason before you answer.\n",
+    "Answer directly, without reasoning.\n",
+    "Reason when the request needs it; otherwise answer directly.\n",
+    "</thinking_instructions>",
+    "# Tools\nYou may call these tools:\n<tools>\n",
+    "</tools>\n" + _INSTRUCTIONS.replace("{{ ns_token }}", "]<]minimax[>["),
+    "<tool>",
+    "</tool>\n",
+    '{"name": "',
+    '", "description": "',
+    '", "parameters": {"type": "object", "properties": {',
+    '{"type": "integer"}',
+    '{"type": "number"}',
+    '{"type": "string"}',
+    '{"type": "boolean"}',
+    '"required": [',
+    "<tool_call>",
+    "</tool_call>",
+    '<invoke name="',
+    "</invoke>",
+    "<response>",
+    "</response>",
+    "<item>",
+    "</item>",
+]
+
+
 def build_m3_tokenizer() -> Tokenizer:
-    return build_char_tokenizer(M3_ALPHABET, M3_SPECIAL_TOKENS, text_tokens=M3_TEXT_TOKENS)
+    return build_char_tokenizer(
+        M3_ALPHABET, M3_SPECIAL_TOKENS, text_tokens=[*M3_TEXT_TOKENS, *PHRASE_TOKENS]
+    )
 
 
 def save_m3_tokenizer(tokenizer: Tokenizer, model_dir: Path) -> None:

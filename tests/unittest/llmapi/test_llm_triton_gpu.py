@@ -199,10 +199,10 @@ def test_a_failed_graph_replay_is_an_engine_fault_that_the_server_answers_with_a
     runner, poison = executor.cuda_graph_runner, llm.tokenizer.encode(texts[1])
     original = runner.run
 
-    def run(batch, bucket):
+    def run(batch, shape, settle=None):
         if any(r.prompt_token_ids == poison for r in batch.generation_requests):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return original(batch, bucket)
+        return original(batch, shape, settle)
 
     monkeypatch.setattr(runner, "run", run)
     replays = runner.num_replays
