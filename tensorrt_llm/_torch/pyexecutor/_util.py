@@ -53,14 +53,15 @@ if TYPE_CHECKING:
 def create_kv_cache_managers(
     config: ModelConfig,
     executor_config: PyExecutorConfig,
-    draft_geometry: tuple[int, int] | None = None,
+    draft_geometry: tuple[int, int] | KvCacheLayer | None = None,
     manager_cls: type[KVCacheManagerV2] | None = None,
 ) -> dict[ResourceManagerType, KVCacheManagerV2]:
     """The target manager, plus a separate draft manager when that mode is chosen: the one factory
     of the creation site and the tests.
 
     ``draft_geometry`` is the drafter's ``(num_kv_heads, head_dim)`` on this rank with one-model
-    Eagle3; its layer follows the model's. Each rank's managers hold its own heads
+    Eagle3, or its whole ``KvCacheLayer`` (an MTP module's: a sparse layer of the target's
+    geometry); its layer follows the model's. Each rank's managers hold its own heads
     (``executor_config.mapping``). ``manager_cls`` defaults to the architecture's (``registry.py``).
     """
     if manager_cls is None:
@@ -69,7 +70,9 @@ def create_kv_cache_managers(
     layers = config.kv_cache_layers(executor_config.mapping)
     num_target = len(layers)
     if draft_geometry is not None:
-        layers += (KvCacheLayer(*draft_geometry, is_draft=True),)
+        if not isinstance(draft_geometry, KvCacheLayer):
+            draft_geometry = KvCacheLayer(*draft_geometry)
+        layers += (dataclasses.replace(draft_geometry, is_draft=True),)
     attention_dp = executor_config.mapping.enable_attention_dp
     separate = _should_create_separate_draft_kv_cache(spec, manager_cls, attention_dp)
     mask = [True] * num_target + [False] * (len(layers) - num_target) if separate else None

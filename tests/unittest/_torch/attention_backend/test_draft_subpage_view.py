@@ -191,8 +191,8 @@ def test_derive_shared_draft_layout_under_both_creation_conventions():
         and mgr.layout.has(1, "index_key")
         and not mgr.layout.has(2, "index_key")
     )
-    with pytest.raises(ValueError, match=r"draft layers \[2\] cannot have an index-K buffer"):
-        m3_manager(index_layers=(1, 2))  # a draft layer is never sparse
+    with pytest.raises(ValueError, match=r"draft layers \[2\]: a draft layer with an index-K"):
+        m3_manager(index_layers=(1, 2))  # (only an MTP layer, of the target's geometry, is)
 
 
 def test_the_property_is_lazy_cached_and_none_for_a_draft_manager(caplog):

@@ -4,6 +4,7 @@ target's final hidden state; ``eh_proj`` of the two, the embedding first; a spar
 decoder layer; the final norm before the target's LM head), and its loading from the hub's keys.
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -104,3 +105,33 @@ def test_asking_for_mtp_without_its_weights_names_what_is_missing(tmp_path):
     save_pretrained(random_model(cfg, seed=1), cfg, tmp_path / "no_weights")
     with pytest.raises(ValueError, match=r"missing tensor\(s\).*mtp\.layers\.0"):
         load_model(tmp_path / "no_weights", torch.float32, num_mtp_modules=1)
+
+
+def test_the_module_layer_is_one_more_sparse_layer_in_the_target_slots():
+    """Unified: the MTP layer's K, V and index-K are whole pages of the target's slots (no
+    sub-page view: the drafter attends the target manager); a draft layer with index-K of
+    another geometry is refused, naming the layers."""
+    from m3_helpers import executor_config
+
+    from tensorrt_llm._torch.models.modeling_minimaxm3_mtp import mtp_layer_config
+    from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
+    from tensorrt_llm._torch.pyexecutor.resource_manager import (
+        ResourceManager,
+        ResourceManagerType,
+    )
+    from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
+    from tensorrt_llm._torch.speculative.utils import DIRECT_MODE, resolve_draft_kv
+
+    cfg = tiny_config(num_mtp_modules=1)
+    mtp_layer = mtp_layer_config(cfg, 1).kv_cache_layers()[-1]
+    spec = Eagle3SpecConfig(max_draft_len=3, speculative_model="")
+    managers = create_kv_cache_managers(cfg, executor_config(spec=spec), mtp_layer)
+    target = managers[ResourceManagerType.KV_CACHE_MANAGER]
+    assert set(managers) == {ResourceManagerType.KV_CACHE_MANAGER}
+    assert target.local_draft_layer_ids == (cfg.num_hidden_layers,)
+    assert target.whole_page_draft and target.draft_subpage_view is None
+    assert cfg.num_hidden_layers in target.sparse_layer_ids
+    assert resolve_draft_kv(ResourceManager(managers)) == (None, DIRECT_MODE)
+    wrong = dataclasses.replace(mtp_layer, index_head_dim=mtp_layer.index_head_dim * 2)
+    with pytest.raises(ValueError, match=rf"draft layers \[{cfg.num_hidden_layers}\]"):
+        create_kv_cache_managers(cfg, executor_config(spec=spec), wrong)

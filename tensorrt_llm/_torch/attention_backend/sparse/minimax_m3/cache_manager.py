@@ -1,11 +1,15 @@
 """MiniMaxM3KVCacheManagerV2: the KV cache of a MiniMax-M3 model, with the Eagle3 drafter inside it.
 
 Every slot holds each target layer's K and V, the indexer's index-K on the sparse layers only
-(wherever ``layer_types`` puts them), and,
-with one-model Eagle3 in unified mode, the draft layer's K and V. The draft buffers differ in size
-from every M3 buffer, so they are sub-pages of the same slot; the block life cycle (prefix reuse,
-eviction, disaggregated transfer) therefore covers them with no extra code. The drafter's attention
-reads them through ``draft_subpage_view`` at its own kernel page size.
+(wherever ``layer_types`` puts them), and, in unified mode, the drafter's layer:
+
+- one-model Eagle3's K and V, which differ in size from every M3 buffer: sub-pages of the same
+  slot, read by the drafter's attention through ``draft_subpage_view`` at its own kernel page size;
+- an MTP module's K, V and index-K: one more sparse layer of the target's geometry, in whole pages,
+  attended as the target's layers are (no view).
+
+Either way the block life cycle (prefix reuse, eviction, disaggregated transfer) covers the
+drafter's KV with no extra code.
 """
 
 from __future__ import annotations
@@ -51,6 +55,27 @@ def derive_shared_draft_layout(
     return SharedDraftLayout(num_target, tuple(range(num_target, total)))
 
 
+def _whole_page_draft(config: KVCacheManagerV2Config, shared: SharedDraftLayout) -> bool:
+    """Whether the draft layers are whole-page layers: an MTP module's, a sparse layer of the
+    target's geometry (K, V and index-K in whole pages of the slot). An Eagle3 drafter's layer has
+    no index-K and its own geometry: a sub-page of the slot, read through the view."""
+
+    def geometry(layer) -> tuple[int, int, int]:
+        return layer.num_kv_heads, layer.head_dim, layer.index_head_dim
+
+    if not any(config.layers[i].index_head_dim for i in shared.draft_layer_ids):
+        return False
+    targets = config.layers[: shared.num_target_layers]
+    sparse = {geometry(layer) for layer in targets if layer.index_head_dim}
+    bad = [i for i in shared.draft_layer_ids if geometry(config.layers[i]) not in sparse]
+    if bad:
+        raise ValueError(
+            f"draft layers {bad}: a draft layer with an index-K buffer must have the geometry of "
+            f"a target sparse layer (one of {sorted(sparse)}), as an MTP module's layer has"
+        )
+    return True
+
+
 class MiniMaxM3KVCacheManagerV2(KVCacheManagerV2):
     supports_shared_draft_layers = True
 
@@ -61,28 +86,31 @@ class MiniMaxM3KVCacheManagerV2(KVCacheManagerV2):
             config.num_draft_layers,
         )
         self.shared_draft_layout = shared
-        bad = [i for i in shared.draft_layer_ids if config.layers[i].index_head_dim]
-        if bad:
-            raise ValueError(
-                f"draft layers {bad} cannot have an index-K buffer (MSA is target-only)"
-            )
         self.sparse_layer_ids = tuple(
             i for i, layer in enumerate(config.layers) if layer.index_head_dim
         )
+        self.whole_page_draft = _whole_page_draft(config, shared)
         self.draft_subpage_tokens = (
-            resolve_subpage_tokens(config.tokens_per_block) if shared.draft_layer_ids else None
+            resolve_subpage_tokens(config.tokens_per_block)
+            if shared.draft_layer_ids and not self.whole_page_draft
+            else None
         )
         self._draft_subpage_view: MiniMaxM3DraftSubpageView | None = None
         super().__init__(config)
         if self.local_draft_layer_ids:
             sparse = list(self.sparse_layer_ids) if self.sparse_layer_ids else "none"
+            reads = (
+                "whole pages, as the target's layers"
+                if self.whole_page_draft
+                else f"draft kernel pages of {self.draft_subpage_tokens} tokens"
+            )
             logger.info(
                 "[unified-kv] draft layers %s share the target KV cache manager (sparse layers %s); "
-                "slot_bytes=%d, draft kernel pages of %d tokens",
+                "slot_bytes=%d, %s",
                 list(self.local_draft_layer_ids),
                 sparse,
                 self.slot_bytes(),
-                self.draft_subpage_tokens,
+                reads,
             )
 
     @property
@@ -101,8 +129,9 @@ class MiniMaxM3KVCacheManagerV2(KVCacheManagerV2):
     @property
     def draft_subpage_view(self) -> MiniMaxM3DraftSubpageView | None:
         """The draft layers' KV as kernel pages: built on first use and cached; ``None`` for a draft
-        manager or when no draft layer is local. Construction errors propagate."""
-        if self.is_draft or not self.local_draft_layer_ids:
+        manager, when no draft layer is local, or for whole-page draft layers (an MTP module's,
+        attended as the target's layers are). Construction errors propagate."""
+        if self.is_draft or not self.local_draft_layer_ids or self.whole_page_draft:
             return None
         if self._draft_subpage_view is None:
             self._draft_subpage_view = MiniMaxM3DraftSubpageView(
