@@ -2,6 +2,7 @@ from tensorrt_llm.llmapi.llm_args import (
     CudaGraphConfig,
     Eagle3DecodingConfig,
     KvCacheConfig,
+    MTPDecodingConfig,
     QuantConfig,
     TorchLlmArgs,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "CompletionOutput",
     "CudaGraphConfig",
     "Eagle3DecodingConfig",
+    "MTPDecodingConfig",
     "GenerationRequest",
     "KvCacheConfig",
     "QuantConfig",

@@ -21,7 +21,7 @@ from tensorrt_llm._torch.pyexecutor.config import (
     PyExecutorConfig,
 )
 from tensorrt_llm._torch.pyexecutor.grammar_matcher import check_backend
-from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
+from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig, MTPSpecConfig
 from tensorrt_llm.quantization import QuantAlgo
 
 
@@ -100,6 +100,42 @@ class Eagle3DecodingConfig(StrictBaseModel):
         )
 
 
+class MTPDecodingConfig(StrictBaseModel):
+    """Multi-token prediction with the checkpoint's own MTP module (MiniMax-M3 carries one under
+    ``mtp.layers.0``), replayed for every draft step as one-model Eagle3's drafter is. Its layer
+    is one more sparse layer of the target's KV cache (``draft_kv_cache="unified"``).
+    ``speculative_model``: a standalone MTP checkpoint instead of the target's ``mtp.*`` keys."""
+
+    decoding_type: Literal["MTP"] = "MTP"
+    max_draft_len: int = Field(default=3, ge=1)
+    num_nextn_predict_layers: int = Field(default=1, ge=1)
+    speculative_model: str | None = None
+    use_relaxed_acceptance_for_thinking: bool = False
+    relaxed_topk: int = Field(default=1, ge=1)
+    relaxed_delta: float = Field(default=0.0, ge=0.0)
+    draft_kv_cache: Literal["unified", "separate"] = "unified"
+
+    def to_runtime(self) -> MTPSpecConfig:
+        if self.use_relaxed_acceptance_for_thinking:
+            raise ValueError(
+                "speculative_config.use_relaxed_acceptance_for_thinking=True is not supported: "
+                "drafts are accepted exactly (greedy, or by rejection sampling)"
+            )
+        if self.speculative_model is not None:
+            raise ValueError(
+                "speculative_config.speculative_model: a standalone MTP checkpoint is not "
+                "supported yet; leave it unset to use the target checkpoint's mtp.* weights"
+            )
+        return MTPSpecConfig(
+            max_draft_len=self.max_draft_len,
+            num_nextn_predict_layers=self.num_nextn_predict_layers,
+            draft_kv_cache=self.draft_kv_cache,
+        )
+
+
+SPECULATIVE_CONFIGS = {"Eagle3": Eagle3DecodingConfig, "MTP": MTPDecodingConfig}
+
+
 class CudaGraphConfig(StrictBaseModel):
     """CUDA graphs for generation steps (the target forward, sampling, penalties and logprobs,
     and with Eagle3 the accept and the draft chain), per batch size, all captured at start-up;
@@ -175,7 +211,7 @@ class TorchLlmArgs(StrictBaseModel):
     # batch_wait_max_tokens_ratio * max_num_tokens, so that fewer steps mix prefill into decode.
     batch_wait_timeout_iters: int = Field(default=0, ge=0)
     batch_wait_max_tokens_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
-    speculative_config: Eagle3DecodingConfig | None = None
+    speculative_config: Eagle3DecodingConfig | MTPDecodingConfig | None = None
     quant_config: QuantConfig | None = None
     # How weights load (upstream's key): "auto" reads the checkpoint; "dummy" reads only the
     # configs and makes random weights on the device (benchmarks of models without their files).
@@ -209,6 +245,20 @@ class TorchLlmArgs(StrictBaseModel):
     # regexes, grammars) and the server's response_format are built with this backend; None:
     # requests that ask for one are refused.
     guided_decoding_backend: Literal["xgrammar"] | None = None
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _speculative_kind(cls, value):
+        """A mapping's ``decoding_type`` picks the config (Eagle3 when it names none)."""
+        if isinstance(value, dict):
+            kind = value.get("decoding_type", "Eagle3")
+            if kind not in SPECULATIVE_CONFIGS:
+                raise ValueError(
+                    f"speculative_config.decoding_type={kind!r}: expected one of "
+                    f"{sorted(SPECULATIVE_CONFIGS)}"
+                )
+            return SPECULATIVE_CONFIGS[kind](**value)
+        return value
 
     @model_validator(mode="after")
     def _check_mapping(self) -> TorchLlmArgs:

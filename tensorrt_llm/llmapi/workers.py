@@ -29,7 +29,7 @@ from tensorrt_llm._torch.models.registry import ModelConfig
 from tensorrt_llm._torch.pyexecutor._util import create_py_executor
 from tensorrt_llm._torch.pyexecutor.executor import RankSync
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
-from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+from tensorrt_llm.llmapi.llm_args import MTPDecodingConfig, TorchLlmArgs
 from tensorrt_llm.logger import logger
 from tensorrt_llm.ports import free_port
 from tensorrt_llm.tokenizer import TransformersTokenizer
@@ -111,8 +111,16 @@ def build_rank(
     else:
         dtype = getattr(torch, config.torch_dtype) if device.type == "cuda" else torch.float32
     quant_algo = args.quant_config.quant_algo if args.quant_config is not None else None
+    mtp = isinstance(args.speculative_config, MTPDecodingConfig)
     model = load_model(
-        args.model, dtype, device, args.attn_backend, mapping, quant_algo, args.load_format
+        args.model,
+        dtype,
+        device,
+        args.attn_backend,
+        mapping,
+        quant_algo,
+        args.load_format,
+        **({"num_mtp_modules": args.speculative_config.num_nextn_predict_layers} if mtp else {}),
     )
     tokenizer = (
         None

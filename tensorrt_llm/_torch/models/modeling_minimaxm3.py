@@ -213,7 +213,8 @@ class MiniMaxM3ForCausalLM(nn.Module):
         capture_layers: tuple[int, ...] = (),
         multimodal: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Hidden states after the final norm, and the outputs of ``capture_layers`` (in that order).
+        """Hidden states after the final norm, and the outputs of ``capture_layers`` (in that order;
+        layer ``num_hidden_layers`` is the final norm's output, an MTP module's input).
         ``multimodal``: ``(rows [n], embeddings [n, hidden])`` replace those rows' token embeddings.
 
         With metadata: ``input_ids [num_tokens]``, positions default to ``attn_metadata.position_ids``.
@@ -235,7 +236,8 @@ class MiniMaxM3ForCausalLM(nn.Module):
             hidden = layer(hidden, position_ids, attn_metadata, self.attn_backend)
             if i in capture_layers:
                 captured[i] = hidden
-        return self.model.norm(hidden), [captured[i] for i in capture_layers]
+        captured[len(self.model.layers)] = hidden = self.model.norm(hidden)
+        return hidden, [captured[i] for i in capture_layers]
 
     def mtp_hidden(
         self,

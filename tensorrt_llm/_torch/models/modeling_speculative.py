@@ -213,6 +213,10 @@ class Eagle3DraftModel(nn.Module):
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return hidden, self.lm_head(self.norm(hidden)).float()
 
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.config.draft_vocab_size
+
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 

@@ -17,8 +17,6 @@ from tensorrt_llm._torch.disaggregation.coordinator import DisaggCoordinator
 from tensorrt_llm._torch.disaggregation.parallel import hold_in_step, in_lockstep
 from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver
 from tensorrt_llm._torch.distributed.moe_all_to_all import ExchangeSync
-from tensorrt_llm._torch.models.checkpoint import load_eagle3
-from tensorrt_llm._torch.models.modeling_speculative import default_layers_to_capture
 from tensorrt_llm._torch.models.registry import ModelConfig, get_model_classes
 from tensorrt_llm._torch.pyexecutor.config import (
     KvCacheLayer,
@@ -42,6 +40,7 @@ from tensorrt_llm._torch.pyexecutor.scheduler import GuaranteedNoEvictScheduler
 from tensorrt_llm._torch.pyexecutor.seq_slot_manager import SeqSlotManager
 from tensorrt_llm._torch.pyexecutor.warm_up import start_up
 from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
+from tensorrt_llm._torch.speculative.drafters import draft_kv_layer, layers_to_capture, load_drafter
 from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
 from tensorrt_llm._torch.speculative.utils import _should_create_separate_draft_kv_cache
 from tensorrt_llm.logger import logger
@@ -149,12 +148,11 @@ def create_py_executor(
     config = model.config
     spec = executor_config.speculative
     device = torch.device(executor_config.device)
-    draft_model = _load_drafter(model, executor_config)
-    geometry = None
+    draft_model = load_drafter(model, executor_config)
+    draft_layer = None
     if draft_model is not None:
-        attention = draft_model.midlayer.self_attn  # this rank's heads
-        geometry = (attention.num_kv_heads, attention.head_dim)
-    managers = create_kv_cache_managers(config, executor_config, geometry)
+        draft_layer = draft_kv_layer(draft_model, executor_config.mapping)
+    managers = create_kv_cache_managers(config, executor_config, draft_layer)
     resources = ResourceManager(managers)
     # admitted requests beyond a batch: prompts held back (batch waiting, chunks), KV loads
     seq_slots = SeqSlotManager(2 * executor_config.max_batch_size)
@@ -165,11 +163,11 @@ def create_py_executor(
     kv_cache_manager = managers[ResourceManagerType.KV_CACHE_MANAGER]
     capture_layers, exchange, worker = (), None, None
     if draft_model is not None:
-        capture_layers = _layers_to_capture(spec, draft_model, config.num_hidden_layers)
+        capture_layers = layers_to_capture(spec, draft_model, config.num_hidden_layers)
         resources.resource_managers[ResourceManagerType.SPEC_RESOURCE_MANAGER] = DraftProbStore(
             seq_slots,
             spec.max_draft_len,
-            draft_model.d2t.numel(),
+            draft_model.draft_vocab_size,
             device,
         )
         worker = Eagle3OneModelWorker(spec, draft_model, resources, config.vocab_size)
@@ -211,23 +209,6 @@ def create_py_executor(
     return executor
 
 
-def _load_drafter(model: torch.nn.Module, executor_config: PyExecutorConfig):
-    """The Eagle3 drafter of ``executor_config.speculative`` (None without one)."""
-    spec = executor_config.speculative
-    if spec is None:
-        return None
-    return load_eagle3(
-        spec.speculative_model,
-        model,
-        model.config.num_hidden_layers,
-        next(model.parameters()).dtype,
-        torch.device(executor_config.device),
-        executor_config.attn_backend,
-        executor_config.mapping,
-        executor_config.load_format,
-    )
-
-
 def _guided_decoder(
     executor_config: PyExecutorConfig,
     tokenizer: TransformersTokenizer | None,
@@ -259,14 +240,3 @@ def _disaggregation(
     )
     coordinator = DisaggCoordinator(resources, timeout, hold_in_step(transceiver, mapping))
     return coordinator, transceiver
-
-
-def _layers_to_capture(spec, draft_model, num_target_layers: int) -> tuple[int, ...]:
-    layers = spec.eagle3_layers_to_capture or draft_model.config.eagle3_layers_to_capture
-    layers = tuple(layers or default_layers_to_capture(num_target_layers))
-    if len(layers) != 3 or not all(0 <= i < num_target_layers for i in layers):
-        raise ValueError(
-            f"eagle3_layers_to_capture={layers}: need three target layer ids in "
-            f"[0, {num_target_layers})"
-        )
-    return layers

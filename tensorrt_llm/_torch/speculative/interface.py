@@ -49,3 +49,40 @@ class Eagle3SpecConfig:
     def num_draft_layers(self) -> int:
         """Draft layers appended to the target's KV cache."""
         return self.num_eagle_layers
+
+
+@dataclass(frozen=True)
+class MTPSpecConfig:
+    """MiniMax-M3's own MTP module as the one-model drafter (``MTPDecodingConfig`` translated).
+
+    The module's weights are the target checkpoint's ``mtp.*`` (or ``speculative_model``'s, a
+    standalone MTP checkpoint); one module is replayed for every draft step. ``draft_kv_cache``:
+    ``"unified"`` keeps its layer in the target's slots as one more sparse layer, whole pages;
+    ``"separate"`` gives it a second manager (kept to measure what the unified cache buys).
+    """
+
+    max_draft_len: int
+    num_nextn_predict_layers: int = 1
+    speculative_model: str | None = None
+    draft_kv_cache: str = "unified"
+
+    def __post_init__(self) -> None:
+        if self.max_draft_len < 1:
+            raise ValueError(f"max_draft_len={self.max_draft_len} must be >= 1")
+        if self.num_nextn_predict_layers != 1:
+            raise ValueError(
+                f"num_nextn_predict_layers={self.num_nextn_predict_layers}: MiniMax-M3 has one MTP "
+                "module, replayed for every draft step (1)"
+            )
+        if self.draft_kv_cache not in DRAFT_KV_CACHE_MODES:
+            raise ValueError(
+                f"draft_kv_cache={self.draft_kv_cache!r}: expected one of {DRAFT_KV_CACHE_MODES}"
+            )
+
+    @property
+    def num_draft_layers(self) -> int:
+        """Draft layers appended to the target's KV cache: the module's one sparse layer."""
+        return self.num_nextn_predict_layers
+
+
+SpecConfig = Eagle3SpecConfig | MTPSpecConfig

@@ -36,7 +36,8 @@ def write_tiny_checkpoint(
             **overrides,
         }
     )
-    save_pretrained(random_model(config, seed=seed, std=0.15), config, model_dir)
+    mtp = {"num_mtp_modules": config.num_mtp_modules} if config.num_mtp_modules else {}
+    save_pretrained(random_model(config, seed=seed, std=0.15, **mtp), config, model_dir)
     tokenizer.save(str(model_dir / "tokenizer.json"))
     return model_dir
 

@@ -1,0 +1,60 @@
+"""MiniMax-M3's MTP module as the one-model drafter.
+
+The Eagle3 worker's step carries over unchanged (``eagle3.py``): accept, a first draft step over
+the target step's positions, then a chain of one-token steps. ``MTPDrafter`` gives the module the
+drafter's interface: its features are the target's hidden state after the final norm (the model's
+capture index ``num_hidden_layers``), its input at position p the token p + 1, its output ``h``
+(before the module's final norm) the next chain step's features, and its logits over the target's
+whole vocabulary (the LM head is the target's). Its layer is the target's next layer id: in
+unified mode one more sparse layer of the target's slots, attended directly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tensorrt_llm._torch.models.modeling_minimaxm3_mtp import mtp_layer_config
+
+
+class MTPDrafter(nn.Module):
+    def __init__(self, target: nn.Module, index: int = 0) -> None:
+        """``target``: a model built with its MTP module(s) (``num_mtp_modules``); ``index``:
+        the module replayed for every draft step."""
+        super().__init__()
+        if getattr(target.model, "mtp", None) is None:
+            raise ValueError("the target model was built without its MTP module (num_mtp_modules)")
+        self.layer = target.model.mtp.layers[index]
+        self.index = index
+        self.attn_backend = target.attn_backend
+        self.capture_layer = target.config.num_hidden_layers
+        self.draft_vocab_size = target.config.vocab_size
+        self._target = (target,)  # (not a submodule: the embedding and LM head are the target's)
+
+    def kv_cache_layer(self, mapping=None):
+        """The module's layer as this rank's KV cache keeps it: one more sparse layer."""
+        target = self._target[0]
+        return mtp_layer_config(target.config, self.index + 1).kv_cache_layers(mapping)[-1]
+
+    def fuse(self, captured: list[torch.Tensor]) -> torch.Tensor:
+        """The first draft step's features: the target's hidden states after its final norm."""
+        return captured[-1]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids`` (token p + 1 at position p) and ``features`` -> the module's ``h`` and
+        its logits ``[n, V]`` (float32)."""
+        target = self._target[0]
+        hidden = target.mtp_hidden(input_ids, features, positions, attn_metadata, self.index)
+        return hidden, target.mtp_logits(hidden, self.index)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids
+
+    def target_probs(self, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        return probs
