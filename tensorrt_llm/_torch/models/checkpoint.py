@@ -135,12 +135,7 @@ def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
                 dest.store(tensor)
                 del tensor  # nothing of this checkpoint tensor outlives its pieces
     for family, count in sorted(skipped.items()):
-        logger.info(
-            "%s: skipped %d %s.* tensor(s) (this model has no module for them)",
-            where,
-            count,
-            family,
-        )
+        logger.info("%s: skipped %d %s.* tensor(s) (no module takes them)", where, count, family)
     missing = sorted(n for n in destinations if n not in seen)
     if tied and {HEAD, EMBED} & seen:
         missing = [n for n in missing if n not in (HEAD, EMBED)]

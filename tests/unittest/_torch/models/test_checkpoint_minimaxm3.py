@@ -112,10 +112,10 @@ def test_parts_not_served_yet_are_skipped_with_one_line_per_family(hub_checkpoin
         r.getMessage().split(": ", 1)[1] for r in caplog.records if "skipped" in r.getMessage()
     )
     assert lines == [
-        "skipped 1 multi_modal_projector.* tensor(s) (this model has no module for them)",
-        "skipped 1 patch_merge_mlp.* tensor(s) (this model has no module for them)",
-        "skipped 2 mtp.* tensor(s) (this model has no module for them)",
-        "skipped 2 vision_tower.* tensor(s) (this model has no module for them)",
+        "skipped 1 multi_modal_projector.* tensor(s) (no module takes them)",
+        "skipped 1 patch_merge_mlp.* tensor(s) (no module takes them)",
+        "skipped 2 mtp.* tensor(s) (no module takes them)",
+        "skipped 2 vision_tower.* tensor(s) (no module takes them)",
     ]
 
 
