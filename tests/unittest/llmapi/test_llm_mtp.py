@@ -1,0 +1,100 @@
+"""MTP through ``LLM``: MiniMax-M3's own module drafts (``MTPDecodingConfig``), losslessly, and
+is accepted when it is right.
+
+The constructed checkpoint: every target layer adds nothing (zero output projections), so the
+next token depends on the current one only, ``next = f(t)``; its MTP module passes the embedding
+half through (``eh_proj = [I, 0]``) and its layer adds nothing either, so at position p it
+predicts ``f(t_{p+1})``, the token after next: every draft is right and AL is K + 1. A module fed
+the target's hidden state in place of the next token's embedding (the halves swapped, or the
+input unshifted) predicts ``f(t_p) = t_{p+1}`` instead, the token already known, and is refused.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tensorrt_llm import LLM, MTPDecodingConfig, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llm_helpers import write_tiny_checkpoint  # noqa: E402
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0)
+PROMPTS = ["hello world", "the cat sat on the mat", "abc abc abc abc", "z"]
+
+
+def tokens(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def mean_al(outputs) -> float:
+    return sum(o.outputs[0].avg_decoded_tokens_per_iter for o in outputs) / len(outputs)
+
+
+def _pass_through(model_dir: Path, swap: bool = False) -> Path:
+    """``model_dir``'s checkpoint made into the constructed one (see the module docstring)."""
+    from safetensors.torch import load_file, save_file
+
+    path = model_dir / "model.safetensors"
+    weights = load_file(str(path))
+    for name, w in weights.items():
+        # silent layers; the norms of the two paths to the LM head alike (Gemma's: 1 + 0)
+        if name.endswith(("o_proj.weight", "w2.weight", "down_proj.weight")):
+            weights[name] = torch.zeros_like(w)
+        if name.endswith(("model.norm.weight", "enorm.weight", "final_layernorm.weight")):
+            weights[name] = torch.zeros_like(w)
+        if name.endswith("eh_proj.weight"):
+            hidden = w.shape[0]
+            eye = torch.eye(hidden, dtype=w.dtype)
+            halves = (torch.zeros_like(eye), eye) if swap else (eye, torch.zeros_like(eye))
+            weights[name] = torch.cat(halves, dim=1)
+    save_file(weights, str(path), metadata={"format": "pt"})
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def random_mtp(tmp_path_factory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("mtp"), seed=5, num_mtp_modules=1)
+
+
+@pytest.fixture(scope="module")
+def target_only(random_mtp) -> list[list[int]]:
+    llm = LLM(model=str(random_mtp), device="cpu")
+    try:
+        return tokens(llm.generate(PROMPTS, GREEDY))
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("draft_kv_cache", ["unified", "separate"])
+def test_mtp_greedy_gives_the_target_only_tokens(random_mtp, target_only, draft_kv_cache):
+    spec = MTPDecodingConfig(max_draft_len=3, draft_kv_cache=draft_kv_cache)
+    llm = LLM(model=str(random_mtp), device="cpu", speculative_config=spec)
+    try:
+        assert tokens(llm.generate(PROMPTS, GREEDY)) == target_only
+        assert llm.rank_executor.spec_worker.draft_kv_mode.startswith(
+            "none" if draft_kv_cache == "unified" else "separate"
+        )
+    finally:
+        llm.shutdown()
+
+
+def test_a_right_module_is_accepted_and_a_misfed_one_is_not(tmp_path):
+    right = _pass_through(write_tiny_checkpoint(tmp_path / "right", seed=2, num_mtp_modules=1))
+    wrong = _pass_through(
+        write_tiny_checkpoint(tmp_path / "wrong", seed=2, num_mtp_modules=1), swap=True
+    )
+    spec = MTPDecodingConfig(max_draft_len=3)
+    results = {}
+    for name, model_dir in (("right", right), ("wrong", wrong)):
+        llm = LLM(model=str(model_dir), device="cpu", speculative_config=spec)
+        try:
+            results[name] = llm.generate(PROMPTS[:3], GREEDY)
+        finally:
+            llm.shutdown()
+    assert tokens(results["right"]) == tokens(results["wrong"])  # (lossless either way)
+    # every draft right: 23 tokens after the prompt's in 6 steps of 4 (at position 0 the module
+    # sees no embedding, as published: a one-token prompt's first drafts would be refused)
+    assert [o.outputs[0].avg_decoded_tokens_per_iter for o in results["right"]] == [23 / 6] * 3
+    assert mean_al(results["wrong"]) < 1.2
