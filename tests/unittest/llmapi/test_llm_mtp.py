@@ -98,3 +98,53 @@ def test_a_right_module_is_accepted_and_a_misfed_one_is_not(tmp_path):
     # sees no embedding, as published: a one-token prompt's first drafts would be refused)
     assert [o.outputs[0].avg_decoded_tokens_per_iter for o in results["right"]] == [23 / 6] * 3
     assert mean_al(results["wrong"]) < 1.2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the graph path's CPU form")
+def test_mtp_in_the_graph_path_gives_the_target_only_tokens(tmp_path, monkeypatch):
+    """The CUDA graph path's step (``capture=False``, Triton's interpreter): the MTP layer's
+    sparse attention in the verify step and down the chain, in decode and mixed buckets."""
+    pytest.importorskip("triton.language")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from llm_helpers import staggered_outputs
+
+    from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
+    from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
+    from tensorrt_llm.llmapi.llm_args import KvCacheConfig
+
+    model_dir = write_tiny_checkpoint(
+        tmp_path, seed=5, num_mtp_modules=1, max_position_embeddings=1024
+    )
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+
+    def make(**options) -> LLM:
+        return LLM(
+            model=str(model_dir),
+            device="cpu",
+            attn_backend="TRITON",
+            max_batch_size=4,
+            kv_cache_config=KvCacheConfig(max_tokens=128 * 16),
+            cuda_graph_config=None,
+            **options,
+        )
+
+    base = make()
+    want = tokens(base.generate(PROMPTS[:3], params))
+    base.shutdown()
+    llm = make(speculative_config=MTPDecodingConfig(max_draft_len=3))
+    executor = llm.executor
+    runner = CUDAGraphRunner(
+        executor.model_engine,
+        executor.resource_manager,
+        CudaGraphOptions((1, 2, 4), True, capture=False, mixed_prompt_tokens=128),
+        llm.model_config.vocab_size,
+        executor.spec_worker,
+        executor.guided,
+    )
+    executor.dispatch.runner = runner
+    try:
+        outs = staggered_outputs(llm, PROMPTS[:3], params)
+        assert [o.token_ids for o in outs] == want
+        assert runner.num_replays > 0 and runner.num_mixed_replays >= 2
+    finally:
+        llm.shutdown()
