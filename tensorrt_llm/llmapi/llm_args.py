@@ -66,7 +66,17 @@ class QuantConfig(StrictBaseModel):
     quant_algo: QuantAlgo | None = None
 
 
-class Eagle3DecodingConfig(StrictBaseModel):
+class _DecodingConfig(StrictBaseModel):
+    """A speculative config: its ``decoding_type`` always travels with it (a copy dumped with
+    ``exclude_unset`` to another rank or process is read back as the same kind)."""
+
+    @model_validator(mode="after")
+    def _keep_kind(self):
+        self.model_fields_set.add("decoding_type")
+        return self
+
+
+class Eagle3DecodingConfig(_DecodingConfig):
     """Eagle3 speculative decoding. One-model: the drafter runs inside the target's forward and, in
     this fork, keeps its KV in the target's KV cache manager (``draft_kv_cache="unified"``)."""
 
@@ -100,7 +110,7 @@ class Eagle3DecodingConfig(StrictBaseModel):
         )
 
 
-class MTPDecodingConfig(StrictBaseModel):
+class MTPDecodingConfig(_DecodingConfig):
     """Multi-token prediction with the checkpoint's own MTP module (MiniMax-M3 carries one under
     ``mtp.layers.0``), replayed for every draft step as one-model Eagle3's drafter is. Its layer
     is one more sparse layer of the target's KV cache (``draft_kv_cache="unified"``).

@@ -217,6 +217,12 @@ class Eagle3DraftModel(nn.Module):
     def draft_vocab_size(self) -> int:
         return self.config.draft_vocab_size
 
+    def exchanging_blocks(self) -> list:
+        return []  # (no MoE)
+
+    def idle(self, capacity: int | None) -> None:
+        """A chain step without rows on this rank: nothing is exchanged."""
+
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 

@@ -172,6 +172,8 @@ def create_py_executor(
         )
         worker = Eagle3OneModelWorker(spec, draft_model, resources, config.vocab_size)
     if exchanging := exchanging_moe(model):  # a graph step's most tokens per rank: the
+        if draft_model is not None:  # (the drafter's MoE exchanges again at each chain step)
+            exchanging += draft_model.exchanging_blocks() * (spec.max_draft_len - 1)
         sizes = executor_config.cuda_graph.batch_sizes if executor_config.cuda_graph else ()
         width = 1 + (spec.max_draft_len if spec is not None else 0)  # exchange's fixed rows
         capacity = max((executor_config.max_batch_size, *sizes)) * width

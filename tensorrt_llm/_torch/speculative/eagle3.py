@@ -103,7 +103,9 @@ class Eagle3OneModelWorker:
         features = self.draft_model.fuse(captured)
         with md.swap_kv_cache_manager(draft_manager):
             hidden, draft_logits = self.draft_model(following, features, md.position_ids, md)
-        if num_rows == 0:
+        if num_rows == 0:  # (under attention DP the others' chains exchange: take part)
+            for _ in range(self.max_draft_len - 1):
+                self.draft_model.idle(md.moe_capacity)
             return tokens, accepted, inputs.drafts
         picks = inputs.first_tokens + accepted
         last = md.position_ids[picks]  # the last accepted position
@@ -173,6 +175,7 @@ class Eagle3OneModelWorker:
             num_contexts=0,
             device=md.device,
             buffers=self._chain_buffers,
+            moe_capacity=md.moe_capacity,
         )
         self.prefetch_draft_table(chain_md, draft_manager)
         return chain_md

@@ -53,6 +53,16 @@ class MTPDrafter(nn.Module):
         hidden = target.mtp_hidden(input_ids, features, positions, attn_metadata, self.index)
         return hidden, target.mtp_logits(hidden, self.index)
 
+    def exchanging_blocks(self) -> list:
+        """The module's MoE if its tokens travel between ranks (EP under attention DP)."""
+        mlp = self.layer.transformer_layer.mlp
+        return [mlp] if getattr(mlp, "experts", None) is not None and mlp.experts.all_to_all else []
+
+    def idle(self, capacity: int | None) -> None:
+        """A chain step without rows on this rank: the module's MoE takes part in the exchange."""
+        for block in self.exchanging_blocks():
+            block.idle(capacity)
+
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids
 

@@ -200,3 +200,36 @@ def test_adp2_sends_a_later_turn_to_the_rank_that_holds_its_prefix():
             llm.generate([text + " And again?" for text in openings], GREEDY)
             reused[name] = llm.executor.stats.num_reused_tokens - before
     assert reused["adp2"] == reused["one"] >= 2 * 128
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"tensor_parallel_size": 2},
+        {"tensor_parallel_size": 2, "enable_attention_dp": True, "moe_expert_parallel_size": 2},
+    ],
+    ids=["tp2", "adp2-ep2"],
+)
+def test_mtp_decodes_as_one_rank(tmp_path, parallel):
+    """MiniMax-M3's MTP module as the drafter: its attention heads split over the ranks, its
+    MoE's tokens exchanged between them (a rank with no rows takes part in each chain step's
+    exchange), the same tokens and AL as one rank."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "llmapi"))
+    from llm_helpers import write_tiny_checkpoint
+
+    from tensorrt_llm import MTPDecodingConfig
+
+    model_dir = write_tiny_checkpoint(tmp_path, seed=5, num_mtp_modules=1)
+    texts = ["hello world", "the cat sat on", "abc abc abc abc", "zz top"]
+    params = SamplingParams(max_tokens=16, temperature=0)
+
+    def run(**options):
+        spec = MTPDecodingConfig(max_draft_len=3)
+        with LLM(model=str(model_dir), device="cpu", speculative_config=spec, **options) as llm:
+            outputs = llm.generate(texts, params)
+        return [(o.outputs[0].token_ids, o.outputs[0].avg_decoded_tokens_per_iter) for o in outputs]
+
+    assert run(**parallel) == run()
