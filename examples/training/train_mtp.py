@@ -1,0 +1,137 @@
+"""Train the bundled target's MTP module (MiniMax-M3's own draft head) against the trained target.
+
+    python examples/training/train_mtp.py --target examples/models/m3-tiny/target \\
+        --out examples/models/m3-tiny/target [--device cuda]
+
+The target is frozen; a new module (``mtp.layers.0``: a sparse-attention MoE layer between the
+embedding and hidden-state norms and the target's LM head) learns, as it drafts at inference,
+over ``max_draft_len + 1`` chained steps from every position at once (``mtp_ttt_logits``), from
+the target's next-token distribution (soft labels), later steps weighted by ``0.8 ** i``. Its
+sparse layer trains densely for the first ``--dense-fraction`` of the steps while its indexer
+learns from the attention's block mass. Saved as the hub keeps it: the target's weights and the
+module's under ``language_model.model.mtp.layers.0.*``, ``num_mtp_modules: 1`` in the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import Batches, apply_preset, build_tokenizer, cosine_lr, write_training_record  # noqa: E402
+
+from tensorrt_llm._torch.models.checkpoint import load_model, random_model, save_pretrained  # noqa: E402
+from tensorrt_llm._torch.training import use_training_backend  # noqa: E402
+from tensorrt_llm._torch.training.mtp_ttt import ChainBackend, mtp_ttt_logits  # noqa: E402
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def with_module(target_dir: Path, seed: int, device: torch.device):
+    """The target, frozen, with a new MTP module (random, std 0.02) to train."""
+    target = load_model(target_dir, torch.float32, device)
+    config = dataclasses.replace(target.config, num_mtp_modules=1)
+    model = random_model(config, seed=seed, std=0.02, num_mtp_modules=1).to(device)
+    missing, unexpected = model.load_state_dict(target.state_dict(), strict=False)
+    assert not unexpected and all(".mtp." in f".{name}" for name in missing), missing
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("model.mtp."))
+    return model, config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", type=Path, default=Path("examples/models/m3-tiny/target"))
+    parser.add_argument("--out", type=Path, default=Path("examples/models/m3-tiny/target"))
+    parser.add_argument("--seed", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--batch-tokens", type=int, default=None)
+    parser.add_argument("--conversations", type=int, default=None)
+    parser.add_argument("--max-draft-len", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--dense-fraction", type=float, default=0.5)
+    parser.add_argument("--indexer-loss-weight", type=float, default=0.1)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--format", default="plain", choices=["plain", "m3"], help="the target's chat protocol"
+    )
+    args = parser.parse_args()
+    device = apply_preset(args, {"cpu": (300, 8192, 10000), "gpu": (6000, 8192, 40000)})
+
+    torch.manual_seed(args.seed)
+    model, config = with_module(args.target, args.seed, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    print(f"mtp: {sum(p.numel() for p in params) / 1e6:.2f}M parameters on {device}")
+    batches = Batches(
+        build_tokenizer(args.format),
+        args.seed + 200,
+        args.conversations,
+        args.batch_tokens,
+        long_min_chars=700,
+        chat_format=args.format,
+    )
+    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if device.type == "cuda"
+        else torch.autocast("cpu", enabled=False)
+    )
+    steps = args.max_draft_len + 1
+    chain = ChainBackend(train_indexer=True)
+    start = time.time()
+    bar = tqdm(range(args.steps), desc="mtp", mininterval=2.0)
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=50)
+        ids, mask = batches.sample()
+        ids, mask = ids.to(device), mask.to(device)
+        with autocast:
+            with torch.no_grad(), use_training_backend(model):
+                hidden, _ = model(ids)
+                target_probs = torch.softmax(model.compute_logits(hidden), dim=-1)  # [B, T, V]
+            chain.msa_sparse = step >= args.dense_fraction * args.steps
+            saved, model.attn_backend = model.attn_backend, chain
+            try:
+                outputs = mtp_ttt_logits(model, hidden, ids, steps, chain)
+            finally:
+                model.attn_backend = saved
+        length = ids.shape[1]
+        loss = 0.0
+        for i, logits in enumerate(outputs):
+            # step i at row s predicts token s+i+2: the target's distribution at position s+i+1
+            valid = length - i - 1
+            labels = target_probs[:, i + 1 : i + 1 + valid]
+            weight = mask[:, i + 1 : i + 1 + valid]  # positions inside assistant replies
+            ce = -(labels * torch.log_softmax(logits[:, :valid].float(), dim=-1)).sum(-1)
+            loss = loss + 0.8**i * (ce * weight).sum() / weight.sum().clamp(min=1)
+        total = loss + args.indexer_loss_weight * chain.indexer_loss
+        if not torch.isfinite(total):
+            raise SystemExit(f"mtp: loss is {total.item()} at step {step}; try a lower --lr")
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        if step % 25 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}", sparse=chain.msa_sparse)
+    model.eval()
+    written = args.out.resolve() != args.target.resolve()
+    save_pretrained(model.to(torch.bfloat16), config, args.out)
+    if written:  # a new directory: the target's tokenizer and template beside the weights
+        for name in TOKENIZER_FILES:
+            if (args.target / name).is_file():
+                shutil.copy(args.target / name, args.out / name)
+    write_training_record(args, device, "train_mtp.py", batches)
+    print(
+        f"saved {args.out} after {args.steps} steps in {time.time() - start:.0f}s (final loss {loss.item():.4f})"
+    )
+
+
+if __name__ == "__main__":
+    main()
