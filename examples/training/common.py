@@ -165,9 +165,11 @@ def apply_preset(args, presets: dict[str, tuple[int, int, int]]) -> torch.device
     return device
 
 
-def write_training_record(args, device: torch.device, script: str, batches: Batches) -> None:
-    """``training.json`` beside the weights: what made them, the corpus (``batches.record``: its
-    seed and the evaluation problems it holds out) included."""
+def write_training_record(
+    args, device: torch.device, script: str, batches: Batches, name: str = "training.json"
+) -> None:
+    """``training.json`` (or ``name``) beside the weights: what made them, the corpus
+    (``batches.record``: its seed and the evaluation problems it holds out) included."""
     record = {
         "script": f"examples/training/{script}",
         "seed": args.seed,
@@ -177,7 +179,7 @@ def write_training_record(args, device: torch.device, script: str, batches: Batc
         "batch_tokens": args.batch_tokens,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }
-    (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / name).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def pick_device(name: str) -> torch.device:

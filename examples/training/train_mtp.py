@@ -9,7 +9,8 @@ over ``max_draft_len + 1`` chained steps from every position at once (``mtp_ttt_
 the target's next-token distribution (soft labels), later steps weighted by ``0.8 ** i``. Its
 sparse layer trains densely for the first ``--dense-fraction`` of the steps while its indexer
 learns from the attention's block mass. Saved as the hub keeps it: the target's weights and the
-module's under ``language_model.model.mtp.layers.0.*``, ``num_mtp_modules: 1`` in the config.
+module's under ``language_model.model.mtp.layers.0.*``, ``num_mtp_modules: 1`` in the config;
+the module's record in ``training_mtp.json`` (the target's stays in ``training.json``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from tensorrt_llm._torch.models.checkpoint import load_model, random_model, save
 from tensorrt_llm._torch.training import use_training_backend  # noqa: E402
 from tensorrt_llm._torch.training.mtp_ttt import ChainBackend, mtp_ttt_logits  # noqa: E402
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+# beside the weights of a new directory: the target's tokenizer, template and training record
+TARGET_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "training.json")
 
 
 def with_module(target_dir: Path, seed: int, device: torch.device):
@@ -123,11 +125,11 @@ def main() -> None:
     model.eval()
     written = args.out.resolve() != args.target.resolve()
     save_pretrained(model.to(torch.bfloat16), config, args.out)
-    if written:  # a new directory: the target's tokenizer and template beside the weights
-        for name in TOKENIZER_FILES:
+    if written:
+        for name in TARGET_FILES:
             if (args.target / name).is_file():
                 shutil.copy(args.target / name, args.out / name)
-    write_training_record(args, device, "train_mtp.py", batches)
+    write_training_record(args, device, "train_mtp.py", batches, "training_mtp.json")
     print(
         f"saved {args.out} after {args.steps} steps in {time.time() - start:.0f}s (final loss {loss.item():.4f})"
     )
