@@ -148,3 +148,31 @@ def test_mtp_in_the_graph_path_gives_the_target_only_tokens(tmp_path, monkeypatc
         assert runner.num_replays > 0 and runner.num_mixed_replays >= 2
     finally:
         llm.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+def test_mtp_on_cuda_with_graphs_is_lossless_and_accepted(tmp_path, overlap):
+    """On CUDA with the Triton kernels, every step in a captured graph: the target-only tokens,
+    and the constructed module accepted every draft."""
+    options = dict(
+        device="cuda", dtype="float32", disable_overlap_scheduler=not overlap, max_batch_size=4
+    )
+    model_dir = write_tiny_checkpoint(tmp_path / "random", seed=5, num_mtp_modules=1)
+    right = _pass_through(write_tiny_checkpoint(tmp_path / "right", seed=2, num_mtp_modules=1))
+    spec = MTPDecodingConfig(max_draft_len=3)
+    for checkpoint in (model_dir, right):
+        base = LLM(model=str(checkpoint), **options)
+        want = tokens(base.generate(PROMPTS[:3], GREEDY))
+        base.shutdown()
+        llm = LLM(model=str(checkpoint), speculative_config=spec, **options)
+        try:
+            runner = llm.executor.cuda_graph_runner
+            replays = runner.num_replays
+            got = llm.generate(PROMPTS[:3], GREEDY)
+            assert tokens(got) == want
+            assert runner.num_replays > replays
+            if checkpoint == right:
+                assert [o.outputs[0].avg_decoded_tokens_per_iter for o in got] == [23 / 6] * 3
+        finally:
+            llm.shutdown()
