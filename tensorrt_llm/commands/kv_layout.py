@@ -1,8 +1,9 @@
 """``trtllm-kv-layout``: print the slot layout of a KV cache, of a checkpoint or described in YAML.
 
-``trtllm-kv-layout --model DIR [--speculative-model DIR]`` reads a checkpoint's ``config.json`` (a
-published MiniMax-M3's: index-K on exactly the layers ``layer_types`` makes sparse) and, with an
-Eagle3 drafter, appends its layer as the unified cache holds it (sub-pages of the same slots).
+``trtllm-kv-layout --model DIR [--speculative-model DIR | --mtp]`` reads a checkpoint's
+``config.json`` (a published MiniMax-M3's: index-K on exactly the layers ``layer_types`` makes
+sparse) and appends the drafter's layer as the unified cache holds it: an Eagle3 drafter's as
+sub-pages of the same slots, the model's own MTP module's as one more sparse layer.
 Only the configs are read, nothing is allocated, so the full model's layout prints anywhere.
 
 ``trtllm-kv-layout LAYOUT.yaml`` takes the engine's layers directly::
@@ -24,6 +25,7 @@ the reuse and the slot states are printed too.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -34,6 +36,7 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.draft_subpage_view 
     resolve_subpage_tokens,
 )
 from tensorrt_llm._torch.models.checkpoint import load_config
+from tensorrt_llm._torch.models.modeling_minimaxm3_mtp import mtp_layer_config
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config
 from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import engine_layer
@@ -121,14 +124,21 @@ def config_from_checkpoint(
     tokens_per_block: int = 128,
     num_slots: int = 64,
     dtype: str | None = None,
+    mtp: bool = False,
 ) -> KVCacheManagerConfig:
     """The engine config the creation site builds for ``model`` on one rank (KV in the config's
-    dtype unless ``dtype``), with ``speculative_model``'s draft layer in the unified cache."""
+    dtype unless ``dtype``), with ``speculative_model``'s draft layer in the unified cache, or with
+    ``mtp`` the model's MTP module's (one more sparse layer, whole pages)."""
     config = load_config(model)
     dtype = dtype or config.torch_dtype
     layers = config.kv_cache_layers()
     options = {}
-    if speculative_model is not None:
+    if mtp:
+        if not getattr(config, "num_mtp_modules", 0):
+            raise ValueError("--mtp: the checkpoint's config has no MTP module (num_mtp_modules)")
+        mtp_layer = mtp_layer_config(config, 1).kv_cache_layers()[-1]
+        layers += (dataclasses.replace(mtp_layer, is_draft=True),)
+    elif speculative_model is not None:
         draft = Eagle3Config.from_pretrained(speculative_model)
         layers += (KvCacheLayer(draft.num_key_value_heads, draft.head_dim, is_draft=True),)
         options["kernel_page_tokens"] = resolve_subpage_tokens(tokens_per_block)
@@ -187,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--speculative-model", type=Path, help="an Eagle3 drafter for --model (unified cache)"
     )
+    parser.add_argument(
+        "--mtp", action="store_true", help="with --model: its MTP module's layer (unified cache)"
+    )
     parser.add_argument("--tokens-per-block", type=int, default=128)
     parser.add_argument("--num-slots", type=int, default=64)
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
@@ -196,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.layout is None) == (args.model is None):
         parser.error("give a LAYOUT.yaml or --model DIR (one of them)")
-    if args.speculative_model is not None and args.model is None:
-        parser.error("--speculative-model needs --model")
+    if (args.speculative_model is not None or args.mtp) and args.model is None:
+        parser.error("--speculative-model and --mtp need --model")
+    if args.speculative_model is not None and args.mtp:
+        parser.error("--speculative-model or --mtp: one drafter")
     source = args.layout or args.model
     try:
         if args.model is not None:
@@ -207,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.tokens_per_block,
                 args.num_slots,
                 args.dtype,
+                args.mtp,
             )
         else:
             config = config_from_yaml(yaml.safe_load(args.layout.read_text()) or {})

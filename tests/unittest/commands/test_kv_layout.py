@@ -69,6 +69,25 @@ def test_the_published_models_layout_has_index_k_on_its_sparse_layers_only(tmp_p
     assert {r[4] for r in rows if r[1] == "index_key"} == {"1x128"}
 
 
+def test_the_published_models_mtp_layer_is_one_more_sparse_layer(tmp_path, capsys):
+    """With ``--mtp``: the module's layer (id 60) has the target sparse layers' K, V and index-K,
+    in whole pages; a config without the module is an error that says so."""
+    sparse = {3, 59}
+    layer_types = ["minimax_m3_sparse" if i in sparse else "full_attention" for i in range(60)]
+    text = {"layer_types": layer_types, "num_mtp_modules": 1}
+    config = {"architectures": ["MiniMaxM3SparseForConditionalGeneration"], "text_config": text}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["--model", str(tmp_path), "--mtp", "--dtype", "bfloat16"]) == 0
+    rows = layout_rows(capsys.readouterr().out)
+    assert {int(r[0]) for r in rows if r[1] == "index_key"} == sparse | {60}
+    assert {(r[4], r[6]) for r in rows if r[0] == "60"} == {
+        ("4x128", "page"),
+        ("1x128", "sub-page"),
+    }
+    assert main(["--model", str(BUNDLED_TARGET), "--mtp"]) == 2
+    assert "no MTP module" in capsys.readouterr().err
+
+
 def test_a_model_or_a_layout_not_both(capsys):
     with pytest.raises(SystemExit):
         main([str(EXAMPLE), "--model", str(BUNDLED_TARGET)])
