@@ -117,6 +117,7 @@ def bench_target_config(
                 "index_block_size": 128,
                 "index_local_blocks": 1,
                 "max_position_embeddings": max_position_embeddings,
+                "num_mtp_modules": 1,  # (as published; built only under MTP)
                 "bos_token_id": None,
                 "eos_token_id": None,
             },

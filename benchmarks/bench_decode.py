@@ -1,4 +1,4 @@
-"""Decode step cost of the M3-shaped model: target only, Eagle3 unified, Eagle3 separate.
+"""Decode step cost of the M3-shaped model: target only, Eagle3 and MTP (unified and separate).
 
 Builds the M3-shaped random model and its random Eagle3 drafter from a seed (``bench_common.py``),
 writes them with a character tokenizer into a temporary directory, then for each mode and batch
@@ -65,8 +65,8 @@ from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_model, s
 from tensorrt_llm._torch.modules.moe import MiniMaxM3SparseMoeBlock
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
-from tensorrt_llm._torch.speculative.utils import SEPARATE_MODE, VIEW_MODE
-from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig, QuantConfig
+from tensorrt_llm._torch.speculative.utils import DIRECT_MODE, SEPARATE_MODE, VIEW_MODE
+from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig, MTPDecodingConfig, QuantConfig
 from tensorrt_llm.llmapi.llm_args import CudaGraphConfig, default_attn_backend
 from tensorrt_llm.logger import logger
 from tensorrt_llm.tokenizer import (
@@ -76,11 +76,18 @@ from tensorrt_llm.tokenizer import (
     build_char_tokenizer,
 )
 
-MODES = ("target", "sampled", "guided", "unified", "separate", "reference")
+MODES = (
+    "target", "sampled", "guided", "unified", "separate", "mtp", "mtp-separate", "reference"
+)  # fmt: skip
 # the engine's modes: target only (greedy, sampled, or greedy under a JSON schema) and Eagle3;
 # "reference" is not the engine
 ENGINE_MODES = MODES[:-1]
-DRAFT_KV_MODES = {"unified": VIEW_MODE, "separate": SEPARATE_MODE}
+DRAFT_KV_MODES = {
+    "unified": VIEW_MODE,
+    "separate": SEPARATE_MODE,
+    "mtp": DIRECT_MODE,  # (the module's layer: whole pages of the target's slots)
+    "mtp-separate": SEPARATE_MODE,
+}
 # per scale: prompt tokens, new tokens, copy MiB on CUDA, copy MiB on the CPU
 SCALE_DEFAULTS = {
     "full": (1024, 64, 2048, 512),
@@ -156,7 +163,7 @@ def write_checkpoints(root: Path, s: Settings) -> tuple[Path, Path]:
             (root / name).mkdir(parents=True)
             (root / name / "config.json").write_text(json.dumps(config.to_dict()))
     else:
-        target = random_model(target_config, seed=s.seed).to(torch.bfloat16)
+        target = random_model(target_config, seed=s.seed, num_mtp_modules=1).to(torch.bfloat16)
         save_pretrained(target, target_config, root / "target")
         del target
         drafter = random_eagle3(draft_config, target_config.num_hidden_layers, seed=s.seed + 1)
@@ -165,14 +172,21 @@ def write_checkpoints(root: Path, s: Settings) -> tuple[Path, Path]:
     return root / "target", root / "eagle3"
 
 
-def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settings) -> LLM:
-    spec = (
-        None
-        if mode not in DRAFT_KV_MODES
-        else Eagle3DecodingConfig(
+def speculative_config(mode: str, draft_dir: Path, s: Settings):
+    """The mode's drafter: Eagle3's (``unified``, ``separate``), the target's MTP module's
+    (``mtp``, ``mtp-separate``), or None."""
+    if mode in ("mtp", "mtp-separate"):
+        kv = "separate" if mode == "mtp-separate" else "unified"
+        return MTPDecodingConfig(max_draft_len=s.max_draft_len, draft_kv_cache=kv)
+    if mode in DRAFT_KV_MODES:
+        return Eagle3DecodingConfig(
             max_draft_len=s.max_draft_len, speculative_model=str(draft_dir), draft_kv_cache=mode
         )
-    )
+    return None
+
+
+def make_llm(target_dir: Path, draft_dir: Path, mode: str, batch: int, s: Settings) -> LLM:
+    spec = speculative_config(mode, draft_dir, s)
     # room for every request to finish: prompt + generation + the speculative extra positions
     blocks_per_request = math.ceil((s.prompt_len + s.new_tokens + 2 * s.max_draft_len) / 128)
     max_seq_len = s.prompt_len + s.new_tokens
@@ -218,13 +232,13 @@ class StepReads:
         experts = [b.experts for b in self.blocks]
         expert_tensors = {id(t) for e in experts for t in (*e.parameters(), *e.buffers())}
         embedding = model.model.embed_tokens.weight
-        skip = expert_tensors | {id(embedding)}
-        target = {id(t): t for t in (*model.parameters(), *model.buffers()) if id(t) not in skip}
-        self.fixed = _nbytes(target.values())
         worker = llm.executor.spec_worker
-        if worker is not None:  # its own weights, once per draft pass
+        own = {}
+        if worker is not None:  # its own weights (an MTP module's are the model's), per draft pass
             own = {id(t): t for t in worker.draft_model.parameters() if t is not embedding}
-            self.fixed += max_draft_len * _nbytes(own.values())
+        skip = expert_tensors | {id(embedding)} | set(own)
+        target = {id(t): t for t in (*model.parameters(), *model.buffers()) if id(t) not in skip}
+        self.fixed = _nbytes(target.values()) + max_draft_len * _nbytes(own.values())
         self.per_expert = [
             _nbytes(t for t in (*e.parameters(), *e.buffers())) / e.num_experts for e in experts
         ]
@@ -462,7 +476,7 @@ def print_report(cells: list[Cell], s: Settings, machine: str, bandwidth: float)
     )
     print(f"machine: {machine}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + written)")
     print(
-        f"{'mode':<9} {'batch':>5} {'weights':>8} {'setup s':>7} {'prefill s':>9} {'steps':>5} "
+        f"{'mode':<12} {'batch':>5} {'weights':>8} {'setup s':>7} {'prefill s':>9} {'steps':>5} "
         f"{'decode steps':>12} {'graphed':>7} {'step ms':>9} {'tokens/s':>9} {'AL':>5} "
         f"{'experts hit':>11} {'floor ms':>8} {'step / floor':>12}"
     )
@@ -471,7 +485,7 @@ def print_report(cells: list[Cell], s: Settings, machine: str, bandwidth: float)
         steps = f"{c.num_decode_steps}{'*' if c.truncated else ''}"
         floor = c.floor_ms(bandwidth)
         print(
-            f"{c.mode:<9} {c.batch:>5} {c.weights:>8} {c.setup_s:>7.1f} {c.prefill_s:>9.2f} "
+            f"{c.mode:<12} {c.batch:>5} {c.weights:>8} {c.setup_s:>7.1f} {c.prefill_s:>9.2f} "
             f"{c.num_prefill_steps:>5} {steps:>12} {c.graph_steps:>7} {c.decode_step_ms:>9.2f} "
             f"{c.decode_tokens_per_s:>9.1f} {al:>5} {c.experts_hit:>11.1f} {floor:>8.3f} "
             f"{c.decode_step_ms / floor:>12.2f}"
@@ -530,11 +544,18 @@ def summary_of_one_format(cells: list[Cell], bandwidth: float) -> list[str]:
         if ("target", batch) in at and ("guided", batch) in at:
             ratio = at["guided", batch].decode_step_ms / at["target", batch].decode_step_ms
             lines.append(f"batch {batch}: guided (JSON schema) / greedy step = {ratio:.2f}")
-        if ("unified", batch) in at and ("separate", batch) in at:
-            ratio = at["unified", batch].decode_step_ms / at["separate", batch].decode_step_ms
-            lines.append(
-                f"batch {batch}: Eagle3 unified / separate per-iteration cost = {ratio:.3f}"
-            )
+        for name, unified, separate in (
+            ("Eagle3", "unified", "separate"),
+            ("MTP", "mtp", "mtp-separate"),
+        ):
+            if (unified, batch) in at and (separate, batch) in at:
+                ratio = at[unified, batch].decode_step_ms / at[separate, batch].decode_step_ms
+                lines.append(
+                    f"batch {batch}: {name} unified / separate per-iteration cost = {ratio:.3f}"
+                )
+        if ("target", batch) in at and ("mtp", batch) in at:
+            ratio = at["mtp", batch].decode_step_ms / at["target", batch].decode_step_ms
+            lines.append(f"batch {batch}: MTP iteration / target-only step = {ratio:.2f}")
     for mode in ENGINE_MODES:
         if (mode, large) in at:
             lines.append(f"{mode}: prefill of {large} prompts = {at[mode, large].prefill_s:.2f} s")
