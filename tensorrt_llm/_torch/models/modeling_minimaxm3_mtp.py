@@ -26,6 +26,7 @@ from tensorrt_llm._torch.attention_backend.backend import AttentionBackend
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.models.configuration_minimaxm3 import MOE_MLP, SPARSE, MiniMaxM3Config
+from tensorrt_llm._torch.modules.linear import Fp8BlockLinear
 from tensorrt_llm._torch.modules.rms_norm import GemmaRMSNorm
 
 
@@ -49,7 +50,8 @@ class MiniMaxM3MTPLayer(nn.Module):
         self.layer_idx = cfg.num_hidden_layers + index  # (the KV cache's layer id)
         self.enorm = GemmaRMSNorm(hidden, cfg.rms_norm_eps)
         self.hnorm = GemmaRMSNorm(hidden, cfg.rms_norm_eps)
-        self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)  # replicated
+        # replicated; FP8 with block scales where the checkpoint's projections are
+        self.eh_proj = Fp8BlockLinear(2 * hidden, hidden, bias=False)
         layer_cfg = mtp_layer_config(cfg, index + 1)
         self.transformer_layer = decoder_layer(layer_cfg, self.layer_idx, mapping)
         self.final_layernorm = GemmaRMSNorm(hidden, cfg.rms_norm_eps)
@@ -64,7 +66,7 @@ class MiniMaxM3MTPLayer(nn.Module):
     ) -> torch.Tensor:
         """``h`` of the module docstring, before the final norm."""
         embeddings = torch.where(positions.unsqueeze(-1) == 0, 0, embeddings)
-        x = self.eh_proj(torch.cat([self.enorm(embeddings), self.hnorm(hidden)], dim=-1))
+        x = self.eh_proj.matmul(torch.cat([self.enorm(embeddings), self.hnorm(hidden)], dim=-1))
         return self.transformer_layer(x, positions, metadata, backend)
 
 

@@ -135,3 +135,43 @@ def test_the_module_layer_is_one_more_sparse_layer_in_the_target_slots():
     wrong = dataclasses.replace(mtp_layer, index_head_dim=mtp_layer.index_head_dim * 2)
     with pytest.raises(ValueError, match=rf"draft layers \[{cfg.num_hidden_layers}\]"):
         create_kv_cache_managers(cfg, executor_config(spec=spec), wrong)
+
+
+def test_an_fp8_block_scaled_module_loads_as_its_dequantized_twin(tmp_path):
+    """An FP8 build's module (its projections, experts and ``eh_proj`` with ``weight_scale_inv``)
+    loads on the CPU as the same module dequantized."""
+    import json
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    from tensorrt_llm._torch.modules.fp8.block import dequantize_weight, quantize_weight
+    from tensorrt_llm.quantization import FP8_BLOCK_FORMAT
+
+    quantized = re.compile(
+        r"\.(eh_proj|self_attn\.[qkvo]_proj|(mlp|shared_experts)\.(gate|up|down)_proj"
+        r"|experts\.\d+\.w[123])\.weight$"
+    )
+    cfg = tiny_config(num_mtp_modules=1)
+    save_pretrained(random_model(cfg, seed=4, std=0.1, num_mtp_modules=1), cfg, tmp_path / "bf16")
+    fp8, twin = {}, {}
+    for name, tensor in load_file(str(tmp_path / "bf16" / "model.safetensors")).items():
+        if quantized.search(name):
+            weight, scale = quantize_weight(tensor)
+            fp8[name], fp8[name + "_scale_inv"] = weight, scale
+            twin[name] = dequantize_weight(weight, scale)
+        else:
+            fp8[name] = twin[name] = tensor
+    assert "language_model.model.mtp.layers.0.eh_proj.weight_scale_inv" in fp8
+    config = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    for kind, state in (("fp8", fp8), ("twin", twin)):
+        (tmp_path / kind).mkdir()
+        save_file(state, str(tmp_path / kind / "model.safetensors"))
+        quant = {"quantization_config": {**FP8_BLOCK_FORMAT, "modules_to_not_convert": ["lm_head"]}}
+        data = {**config, **(quant if kind == "fp8" else {})}
+        (tmp_path / kind / "config.json").write_text(json.dumps(data))
+    got = load_model(tmp_path / "fp8", torch.float32, num_mtp_modules=1).state_dict()
+    want = load_model(tmp_path / "twin", torch.float32, num_mtp_modules=1).state_dict()
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
