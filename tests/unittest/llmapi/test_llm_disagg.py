@@ -248,3 +248,39 @@ def test_an_image_prompt_resumes_from_its_kv_without_the_image(tmp_path):
     assert ctx.disaggregated.release_pulled() == 2
     for llm in (ctx, gen):
         assert llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == 0
+
+
+def test_the_mtp_modules_kv_travels_with_the_prompts(tmp_path):
+    """MTP unified: the module's layer is one more sparse layer of the slots, so the pulled slots
+    carry its KV; the generation server decodes the aggregated tokens with the same acceptance
+    request by request (its drafts read the same KV)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from llm_helpers import write_tiny_checkpoint
+
+    from tensorrt_llm import MTPDecodingConfig
+
+    model_dir = write_tiny_checkpoint(tmp_path, seed=5, num_mtp_modules=1)
+    texts = ["abc abc abc abc abc", "the cat sat on the mat", "hello world hello world"]
+    params = SamplingParams(max_tokens=24, temperature=0)
+
+    def mtp(disagg: bool) -> LLM:
+        return LLM(
+            model=str(model_dir),
+            device="cpu",
+            speculative_config=MTPDecodingConfig(max_draft_len=3),
+            cache_transceiver_config=CacheTransceiverConfig() if disagg else None,
+        )
+
+    aggregated = mtp(False).generate(texts, params)
+    ctx, gen = mtp(True), mtp(True)
+    outputs = resume(gen, prefill(ctx, texts, params), params)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in aggregated]
+    assert gen.get_stats()["num_context_tokens_computed"] == 0
+    want = [o.outputs[0].avg_decoded_tokens_per_iter for o in aggregated]
+    assert [o.outputs[0].avg_decoded_tokens_per_iter for o in outputs] == want
+    assert max(want) > 1.0  # (some drafts accepted: the KV they read matters)
+    for llm in (ctx, gen):
+        llm.shutdown()
