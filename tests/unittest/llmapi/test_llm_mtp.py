@@ -176,3 +176,28 @@ def test_mtp_on_cuda_with_graphs_is_lossless_and_accepted(tmp_path, overlap):
                 assert [o.outputs[0].avg_decoded_tokens_per_iter for o in got] == [23 / 6] * 3
         finally:
             llm.shutdown()
+
+
+def test_a_reused_prefix_keeps_the_modules_kv(random_mtp):
+    """A second turn reuses the first's committed block, the module's KV in it (unified), so it
+    accepts what a cold run accepts."""
+    first = "abc abc abc abc " * 9  # 144 characters: one whole block of 128 committed
+    second = first + "abc abc ab"
+    spec = MTPDecodingConfig(max_draft_len=3)
+
+    def al_of(llm, text):
+        return llm.generate([text], GREEDY)[0].outputs[0].avg_decoded_tokens_per_iter
+
+    cold = LLM(model=str(random_mtp), device="cpu", speculative_config=spec)
+    want = al_of(cold, second)
+    cold.shutdown()
+    llm = LLM(model=str(random_mtp), device="cpu", speculative_config=spec)
+    try:
+        al_of(llm, first)
+        before = llm.get_stats()["num_reused_tokens"]
+        got = al_of(llm, second)
+        assert llm.get_stats()["num_reused_tokens"] - before == 128
+        assert want > 1.0  # (drafts accepted: the KV they read matters)
+        assert got == want
+    finally:
+        llm.shutdown()
