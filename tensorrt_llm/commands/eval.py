@@ -37,20 +37,35 @@ from tensorrt_llm.evaluate.runner import (
 TASKS = ("gsm8k-tiny", "multiturn-copy", "long-prompt", "al-table", "gsm8k-thinking", "tool-use")
 
 
+def speculative_options(args, mode: str | None) -> dict | None:
+    """The ``speculative_config`` of a draft KV mode: Eagle3's ``unified`` / ``separate``, the
+    target's MTP module's ``mtp-unified`` / ``mtp-separate``; None: no speculation."""
+    if mode is None:
+        return None
+    if mode.startswith("mtp-"):
+        kv = mode.removeprefix("mtp-")
+        return {"decoding_type": "MTP", "max_draft_len": args.max_draft_len, "draft_kv_cache": kv}
+    return {
+        "decoding_type": "Eagle3",
+        "max_draft_len": args.max_draft_len,
+        "speculative_model": args.speculative_model,
+        "draft_kv_cache": mode,
+    }
+
+
+def has_mtp_module(model_dir: str) -> bool:
+    from tensorrt_llm._torch.models.checkpoint import load_config
+
+    return bool(getattr(load_config(model_dir), "num_mtp_modules", 0))
+
+
 def make_llm_factory(args):
     from tensorrt_llm import LLM
-    from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig, QuantConfig
+    from tensorrt_llm.llmapi import KvCacheConfig, QuantConfig
 
     quant = QuantConfig(quant_algo="FP8_BLOCK_SCALES") if args.quant == "fp8" else None
 
     def make(mode: str | None):
-        spec = None
-        if mode is not None:
-            spec = Eagle3DecodingConfig(
-                max_draft_len=args.max_draft_len,
-                speculative_model=args.speculative_model,
-                draft_kv_cache=mode,
-            )
         return LLM(
             args.model,
             device=args.device,
@@ -58,7 +73,7 @@ def make_llm_factory(args):
             kv_cache_config=KvCacheConfig(
                 tokens_per_block=args.tokens_per_block, max_tokens=args.kv_max_tokens
             ),
-            speculative_config=spec,
+            speculative_config=speculative_options(args, mode),
             quant_config=quant,
         )
 
@@ -69,14 +84,6 @@ def deployment_options_factory(args):
     """The LLM options of the context and generation servers for a draft KV mode."""
 
     def options(mode: str | None) -> dict:
-        spec = None
-        if mode is not None:
-            spec = {
-                "decoding_type": "Eagle3",
-                "max_draft_len": args.max_draft_len,
-                "speculative_model": args.speculative_model,
-                "draft_kv_cache": mode,
-            }
         return {
             "model": args.model,
             "max_batch_size": args.max_batch_size,
@@ -84,7 +91,7 @@ def deployment_options_factory(args):
                 "tokens_per_block": args.tokens_per_block,
                 "max_tokens": args.kv_max_tokens,
             },
-            "speculative_config": spec,
+            "speculative_config": speculative_options(args, mode),
             "quant_config": {"quant_algo": "FP8_BLOCK_SCALES"} if args.quant == "fp8" else None,
         }
 
@@ -101,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         "--speculative-model", default=None, help="Eagle3 checkpoint (default: the bundled one)"
     )
     parser.add_argument(
-        "--draft-kv-cache", choices=["unified", "separate", "none"], default="unified"
+        "--draft-kv-cache",
+        choices=["unified", "separate", "mtp-unified", "mtp-separate", "none"],
+        default="unified",
+        help="the drafter and where its KV lives: Eagle3's, or (mtp-) the target's MTP module's",
     )
     parser.add_argument("--max-draft-len", type=int, default=3)
     parser.add_argument("--num-samples", type=int, default=None)
@@ -146,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             progress,
             settings,
             None if args.no_disaggregated else deployment_options_factory(args),
+            mtp=has_mtp_module(args.model),
         )
         print(f"wrote {args.out_dir}/al_table.md, al_table.json, al_per_turn.png")
         return 0 if summary["outputs_identical_in_every_mode"] else 1

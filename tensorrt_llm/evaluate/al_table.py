@@ -19,6 +19,8 @@ from tensorrt_llm.evaluate.runner import (
 )
 
 MODES = (("target only", None), ("Eagle3 separate", "separate"), ("Eagle3 unified", "unified"))
+# rows of a target that carries its own MTP module
+MTP_MODES = (("MTP separate", "mtp-separate"), ("MTP unified", "mtp-unified"))
 
 
 def build_al_table(
@@ -29,14 +31,17 @@ def build_al_table(
     progress: Callable[[str], None] = print,
     settings: dict | None = None,
     deployment_options: Callable[[str | None], dict] | None = None,
+    mtp: bool = False,
 ) -> dict:
     """``make_llm(mode)`` builds an LLM for a draft KV mode (None: no speculation); ``settings``
     (tokens per block, draft length, device) are recorded with the results. With
     ``deployment_options(mode)`` (the servers' LLM options) every mode also runs disaggregated:
-    a router, a context and a generation server started on loopback, driven over HTTP."""
+    a router, a context and a generation server started on loopback, driven over HTTP. ``mtp``:
+    the target's MTP module drafts in rows of its own too."""
+    modes = MODES + (MTP_MODES if mtp else ())
     results = {}
     outputs = {}
-    for label, mode in MODES:
+    for label, mode in modes:
         progress(f"== {label}")
         llm = make_llm(mode)
         gsm8k = run_gsm8k(llm, num_gsm8k, progress)
@@ -69,13 +74,17 @@ def build_al_table(
         "unified_minus_separate_reused": unified["reused_al"] - separate["reused_al"],
         "disaggregated_minus_aggregated_gsm8k_al": {
             label: results[f"{label}, disaggregated"]["gsm8k_al"] - results[label]["gsm8k_al"]
-            for label, _ in MODES
+            for label, _ in modes
             if f"{label}, disaggregated" in results
         },
         "num_gsm8k": num_gsm8k,
         "num_conversations": num_conversations,
         "settings": settings or {},
     }
+    if mtp:
+        unified, separate = results["MTP unified"], results["MTP separate"]
+        summary["mtp_unified_reused_minus_cold"] = unified["reused_al"] - unified["cold_al"]
+        summary["mtp_unified_minus_separate_reused"] = unified["reused_al"] - separate["reused_al"]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "al_table.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out_dir / "al_table.md").write_text(markdown(summary))
@@ -112,6 +121,15 @@ def markdown(summary: dict) -> str:
         f"Unified minus separate on reused turns: {summary['unified_minus_separate_reused']:+.2f}.",
         *(
             [
+                f"MTP unified, reused minus cold: {summary['mtp_unified_reused_minus_cold']:+.2f}. "
+                "MTP unified minus separate on reused turns: "
+                f"{summary['mtp_unified_minus_separate_reused']:+.2f}."
+            ]
+            if "mtp_unified_reused_minus_cold" in summary
+            else []
+        ),
+        *(
+            [
                 "Disaggregated minus aggregated gsm8k-tiny AL: "
                 + ", ".join(
                     f"{k} {v:+.2f}"
@@ -144,7 +162,7 @@ def plot(summary: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     for i, (label, r) in enumerate(summary["modes"].items()):
         style = "--" if "disaggregated" in label else "-"
-        color = f"C{[name for name, _ in MODES].index(label.split(',')[0])}"
+        color = f"C{[name for name, _ in MODES + MTP_MODES].index(label.split(',')[0])}"
         ax.plot(
             [1, 2, 3, 4],
             r["copy_al_per_turn"],

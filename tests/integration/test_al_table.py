@@ -63,3 +63,15 @@ def test_disaggregated_unified_keeps_al_and_separate_loses_it(table):
     assert abs(unified_disagg["gsm8k_al"] - unified["gsm8k_al"]) <= 0.05
     assert separate_disagg["gsm8k_al"] <= unified_disagg["gsm8k_al"] - 0.1
     assert unified_disagg["gsm8k_accuracy"] >= 0.9 and separate_disagg["gsm8k_accuracy"] >= 0.9
+
+
+def test_the_mtp_module_drafts_with_its_kv_kept_by_reuse(table):
+    """With a bundled MTP module (``examples/training/train_mtp.py``): its unified cold AL, reuse
+    costing it nothing, the separate manager losing the reused turns' KV."""
+    modes = table[1]["modes"]
+    if "MTP unified" not in modes:
+        pytest.skip("the bundled target carries no MTP module (num_mtp_modules: 0)")
+    unified, separate = modes["MTP unified"], modes["MTP separate"]
+    assert unified["cold_al"] >= 3.0
+    assert unified["reused_al"] >= unified["cold_al"] - 0.05
+    assert separate["reused_al"] <= unified["reused_al"] - 0.2
