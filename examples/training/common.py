@@ -146,6 +146,24 @@ class Batches:
         return ids, mask
 
 
+def chained_soft_loss(
+    outputs: list[torch.Tensor], target_probs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """A drafter's loss over its chained steps (``outputs[i] [B, T, V]``: step ``i`` at row ``s``
+    predicts token ``s + i + 2``): the cross-entropy from the target's distribution at position
+    ``s + i + 1`` (soft labels, ``target_probs [B, T, V]``), inside assistant replies (``mask``),
+    later steps weighted by ``0.8 ** i``."""
+    length = target_probs.shape[1]
+    loss = 0.0
+    for i, logits in enumerate(outputs):
+        valid = length - i - 1
+        labels = target_probs[:, i + 1 : i + 1 + valid]
+        weight = mask[:, i + 1 : i + 1 + valid]
+        ce = -(labels * torch.log_softmax(logits[:, :valid].float(), dim=-1)).sum(-1)
+        loss = loss + 0.8**i * (ce * weight).sum() / weight.sum().clamp(min=1)
+    return loss
+
+
 def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup

@@ -20,7 +20,14 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import Batches, apply_preset, build_tokenizer, cosine_lr, write_training_record  # noqa: E402
+from common import (  # noqa: E402
+    Batches,
+    apply_preset,
+    build_tokenizer,
+    chained_soft_loss,
+    cosine_lr,
+    write_training_record,
+)
 
 from tensorrt_llm._torch.models.checkpoint import load_model, random_eagle3, save_pretrained  # noqa: E402
 from tensorrt_llm._torch.models.modeling_speculative import (  # noqa: E402
@@ -139,15 +146,7 @@ def main() -> None:
                 hidden, captured = target(ids, capture_layers=layers)
                 target_probs = torch.softmax(target.compute_logits(hidden), dim=-1)  # [B, T, V]
             outputs = ttt_logits(draft, captured, ids, steps)
-        length = ids.shape[1]
-        loss = 0.0
-        for i, logits in enumerate(outputs):
-            # step i at row s predicts token s+i+2: the target's distribution at position s+i+1
-            valid = length - i - 1
-            labels = target_probs[:, i + 1 : i + 1 + valid]
-            weight = mask[:, i + 1 : i + 1 + valid]  # positions inside assistant replies
-            ce = -(labels * torch.log_softmax(logits[:, :valid].float(), dim=-1)).sum(-1)
-            loss = loss + 0.8**i * (ce * weight).sum() / weight.sum().clamp(min=1)
+        loss = chained_soft_loss(outputs, target_probs, mask)
         if not torch.isfinite(loss):
             raise SystemExit(f"eagle3: loss is {loss.item()} at step {step}; try a lower --lr")
         optimizer.zero_grad(set_to_none=True)

@@ -26,7 +26,14 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import Batches, apply_preset, build_tokenizer, cosine_lr, write_training_record  # noqa: E402
+from common import (  # noqa: E402
+    Batches,
+    apply_preset,
+    build_tokenizer,
+    chained_soft_loss,
+    cosine_lr,
+    write_training_record,
+)
 
 from tensorrt_llm._torch.models.checkpoint import load_model, random_model, save_pretrained  # noqa: E402
 from tensorrt_llm._torch.training import use_training_backend  # noqa: E402
@@ -104,15 +111,7 @@ def main() -> None:
                 outputs = mtp_ttt_logits(model, hidden, ids, steps, chain)
             finally:
                 model.attn_backend = saved
-        length = ids.shape[1]
-        loss = 0.0
-        for i, logits in enumerate(outputs):
-            # step i at row s predicts token s+i+2: the target's distribution at position s+i+1
-            valid = length - i - 1
-            labels = target_probs[:, i + 1 : i + 1 + valid]
-            weight = mask[:, i + 1 : i + 1 + valid]  # positions inside assistant replies
-            ce = -(labels * torch.log_softmax(logits[:, :valid].float(), dim=-1)).sum(-1)
-            loss = loss + 0.8**i * (ce * weight).sum() / weight.sum().clamp(min=1)
+        loss = chained_soft_loss(outputs, target_probs, mask)
         total = loss + args.indexer_loss_weight * chain.indexer_loss
         if not torch.isfinite(total):
             raise SystemExit(f"mtp: loss is {total.item()} at step {step}; try a lower --lr")
