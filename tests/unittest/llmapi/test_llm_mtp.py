@@ -201,3 +201,19 @@ def test_a_reused_prefix_keeps_the_modules_kv(random_mtp):
         assert got == want
     finally:
         llm.shutdown()
+
+
+def test_sampled_mtp_reproduces_and_stays_in_the_vocabulary(random_mtp):
+    """Rejection sampling against the module's q (over the whole vocabulary): a seeded request
+    draws the same tokens again, alone or beside others."""
+    spec = MTPDecodingConfig(max_draft_len=3)
+    params = SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=7)
+    llm = LLM(model=str(random_mtp), device="cpu", speculative_config=spec)
+    try:
+        together = tokens(llm.generate(PROMPTS, params))
+        alone = tokens(llm.generate(PROMPTS[:1], params))
+        assert alone[0] == together[0] and len(together[0]) == 16
+        vocab = llm.model_config.vocab_size
+        assert all(0 <= t < vocab for row in together for t in row)
+    finally:
+        llm.shutdown()
