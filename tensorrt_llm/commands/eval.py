@@ -34,6 +34,8 @@ from tensorrt_llm.evaluate.runner import (
     warn_unless_held_out,
 )
 
+DRAFT_KV_CHOICES = ["unified", "separate", "mtp-unified", "mtp-separate", "none"]
+DRAFT_KV_HELP = "the drafter and where its KV lives: Eagle3's, or (mtp-) the target's MTP module's"
 TASKS = ("gsm8k-tiny", "multiturn-copy", "long-prompt", "al-table", "gsm8k-thinking", "tool-use")
 
 
@@ -108,10 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         "--speculative-model", default=None, help="Eagle3 checkpoint (default: the bundled one)"
     )
     parser.add_argument(
-        "--draft-kv-cache",
-        choices=["unified", "separate", "mtp-unified", "mtp-separate", "none"],
-        default="unified",
-        help="the drafter and where its KV lives: Eagle3's, or (mtp-) the target's MTP module's",
+        "--draft-kv-cache", choices=DRAFT_KV_CHOICES, default="unified", help=DRAFT_KV_HELP
     )
     parser.add_argument("--max-draft-len", type=int, default=3)
     parser.add_argument("--num-samples", type=int, default=None)
