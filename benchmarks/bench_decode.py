@@ -65,7 +65,7 @@ from tensorrt_llm._torch.models.checkpoint import random_eagle3, random_model, s
 from tensorrt_llm._torch.modules.moe import MiniMaxM3SparseMoeBlock
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import KVCacheManagerV2
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest, LlmRequestState
-from tensorrt_llm._torch.speculative.utils import DIRECT_MODE, SEPARATE_MODE, VIEW_MODE
+from tensorrt_llm._torch.speculative.utils import SEPARATE_MODE, VIEW_MODE, WHOLE_PAGE_MODE
 from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig, MTPDecodingConfig, QuantConfig
 from tensorrt_llm.llmapi.llm_args import CudaGraphConfig, default_attn_backend
 from tensorrt_llm.logger import logger
@@ -85,7 +85,7 @@ ENGINE_MODES = MODES[:-1]
 DRAFT_KV_MODES = {
     "unified": VIEW_MODE,
     "separate": SEPARATE_MODE,
-    "mtp": DIRECT_MODE,  # (the module's layer: whole pages of the target's slots)
+    "mtp": WHOLE_PAGE_MODE,  # (the module's layer in the target's slots)
     "mtp-separate": SEPARATE_MODE,
 }
 # per scale: prompt tokens, new tokens, copy MiB on CUDA, copy MiB on the CPU

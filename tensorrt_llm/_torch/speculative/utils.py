@@ -11,6 +11,7 @@ from tensorrt_llm.logger import logger
 
 SEPARATE_MODE = "separate draft KV cache manager"
 VIEW_MODE = "target manager's draft sub-page view"
+WHOLE_PAGE_MODE = "target manager's whole-page draft layer (an MTP module's)"
 DIRECT_MODE = "none (the drafter attends the target manager directly)"
 
 
@@ -46,7 +47,8 @@ def resolve_draft_kv(resource_manager: ResourceManager) -> tuple[object | None, 
     2. else the target manager's ``draft_subpage_view``, if its class defines one. The class is probed
        (no instance attribute lookup), then the property is read directly, so a failure while
        building the view propagates instead of silently meaning "no view";
-    3. else ``None``: the drafter attends the target manager as it is.
+    3. else ``None``: the drafter attends the target manager as it is; its draft layer in whole
+       pages of the slots when the manager holds one (``whole_page_draft``: an MTP module's).
     """
     separate = resource_manager.get_resource_manager(ResourceManagerType.DRAFT_KV_CACHE_MANAGER)
     if separate is not None:
@@ -58,6 +60,8 @@ def resolve_draft_kv(resource_manager: ResourceManager) -> tuple[object | None, 
         view = target.draft_subpage_view
         if view is not None:
             return view, VIEW_MODE
+    if getattr(target, "whole_page_draft", False) and target.local_draft_layer_ids:
+        return None, WHOLE_PAGE_MODE
     return None, DIRECT_MODE
 
 

@@ -74,7 +74,7 @@ def test_mtp_greedy_gives_the_target_only_tokens(random_mtp, target_only, draft_
     try:
         assert tokens(llm.generate(PROMPTS, GREEDY)) == target_only
         assert llm.rank_executor.spec_worker.draft_kv_mode.startswith(
-            "none" if draft_kv_cache == "unified" else "separate"
+            "target manager's whole-page" if draft_kv_cache == "unified" else "separate"
         )
     finally:
         llm.shutdown()

@@ -120,7 +120,7 @@ def test_the_module_layer_is_one_more_sparse_layer_in_the_target_slots():
         ResourceManagerType,
     )
     from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
-    from tensorrt_llm._torch.speculative.utils import DIRECT_MODE, resolve_draft_kv
+    from tensorrt_llm._torch.speculative.utils import WHOLE_PAGE_MODE, resolve_draft_kv
 
     cfg = tiny_config(num_mtp_modules=1)
     mtp_layer = mtp_layer_config(cfg, 1).kv_cache_layers()[-1]
@@ -131,7 +131,7 @@ def test_the_module_layer_is_one_more_sparse_layer_in_the_target_slots():
     assert target.local_draft_layer_ids == (cfg.num_hidden_layers,)
     assert target.whole_page_draft and target.draft_subpage_view is None
     assert cfg.num_hidden_layers in target.sparse_layer_ids
-    assert resolve_draft_kv(ResourceManager(managers)) == (None, DIRECT_MODE)
+    assert resolve_draft_kv(ResourceManager(managers)) == (None, WHOLE_PAGE_MODE)
     wrong = dataclasses.replace(mtp_layer, index_head_dim=mtp_layer.index_head_dim * 2)
     with pytest.raises(ValueError, match=rf"draft layers \[{cfg.num_hidden_layers}\]"):
         create_kv_cache_managers(cfg, executor_config(spec=spec), wrong)
