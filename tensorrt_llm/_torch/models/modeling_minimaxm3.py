@@ -214,7 +214,8 @@ class MiniMaxM3ForCausalLM(nn.Module):
         multimodal: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Hidden states after the final norm, and the outputs of ``capture_layers`` (in that order;
-        layer ``num_hidden_layers`` is the final norm's output, an MTP module's input).
+        layer ``num_hidden_layers`` is the final norm's output and layer -1 the input embeddings,
+        images merged: an MTP module's inputs).
         ``multimodal``: ``(rows [n], embeddings [n, hidden])`` replace those rows' token embeddings.
 
         With metadata: ``input_ids [num_tokens]``, positions default to ``attn_metadata.position_ids``.
@@ -231,7 +232,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
         if multimodal is not None:
             rows, embeddings = multimodal
             hidden = hidden.index_copy(0, rows, embeddings.to(hidden.dtype))
-        captured: dict[int, torch.Tensor] = {}
+        captured: dict[int, torch.Tensor] = {-1: hidden}
         for i, layer in enumerate(self.model.layers):
             hidden = layer(hidden, position_ids, attn_metadata, self.attn_backend)
             if i in capture_layers:

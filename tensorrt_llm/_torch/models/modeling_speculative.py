@@ -193,8 +193,11 @@ class Eagle3DraftModel(nn.Module):
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.embed_tokens: nn.Embedding | None = None  # shared with the target (set by the loader)
 
-    def fuse(self, captured: list[torch.Tensor]) -> torch.Tensor:
-        """Three captured target hidden states ``[..., H]`` -> the first step's features ``[..., H]``."""
+    def fuse(
+        self, captured: list[torch.Tensor], input_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Three captured target hidden states ``[..., H]`` -> the first step's features ``[..., H]``
+        (``input_ids``, the step's tokens, are not needed)."""
         return self.fc(torch.cat(captured, dim=-1))
 
     def forward(

@@ -46,10 +46,10 @@ def draft_kv_layer(drafter, mapping) -> KvCacheLayer:
 
 
 def layers_to_capture(spec, drafter, num_target_layers: int) -> tuple[int, ...]:
-    """The target layers whose outputs feed the drafter (``num_target_layers``: after the final
-    norm, an MTP module's input)."""
+    """The target layers whose outputs feed the drafter (an MTP module's: -1, the input
+    embeddings, and ``num_target_layers``, after the final norm)."""
     if isinstance(drafter, MTPDrafter):
-        return (num_target_layers,)
+        return (-1, num_target_layers)
     layers = spec.eagle3_layers_to_capture or drafter.config.eagle3_layers_to_capture
     layers = tuple(layers or default_layers_to_capture(num_target_layers))
     if len(layers) != 3 or not all(0 <= i < num_target_layers for i in layers):

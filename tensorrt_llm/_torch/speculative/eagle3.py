@@ -100,7 +100,7 @@ class Eagle3OneModelWorker:
             following = inputs.following.clone()
             following[inputs.token_index.flatten()] = after  # repeated indices get one value
         draft_manager = self.resolve_draft_kv()
-        features = self.draft_model.fuse(captured)
+        features = self.draft_model.fuse(captured, inputs.input_ids)
         with md.swap_kv_cache_manager(draft_manager):
             hidden, draft_logits = self.draft_model(following, features, md.position_ids, md)
         if num_rows == 0:  # (under attention DP the others' chains exchange: take part)

@@ -11,10 +11,37 @@ unified mode one more sparse layer of the target's slots, attended directly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from tensorrt_llm._torch.models.modeling_minimaxm3_mtp import mtp_layer_config
+
+
+@dataclass
+class FirstStep:
+    """The first draft step's inputs from the target's forward: its hidden states after the final
+    norm, and the step's input embeddings and tokens."""
+
+    hidden: torch.Tensor
+    embeddings: torch.Tensor
+    input_ids: torch.Tensor
+
+    def next_embeddings(
+        self, following: torch.Tensor, positions: torch.Tensor, embedded: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The embedding of each row's next token (``following``, embedded as ``embedded``):
+        where that token is the step's next input row (a prompt's next position), that row's
+        input embedding, so an image's position gets the image's embedding as the target saw it.
+        Device-only (graph-safe). Returns it and the hidden states."""
+        rows = torch.arange(following.shape[0], device=following.device)
+        inside = rows + 1 < following.shape[0]
+        same = (following == self.input_ids.roll(-1, 0)) & (positions.roll(-1, 0) == positions + 1)
+        taken = torch.where(
+            (same & inside)[:, None], self.embeddings.roll(-1, 0).to(embedded.dtype), embedded
+        )
+        return taken, self.hidden
 
 
 class MTPDrafter(nn.Module):
@@ -27,7 +54,6 @@ class MTPDrafter(nn.Module):
         self.layer = target.model.mtp.layers[index]
         self.index = index
         self.attn_backend = target.attn_backend
-        self.capture_layer = target.config.num_hidden_layers
         self.draft_vocab_size = target.config.vocab_size
         self._target = (target,)  # (not a submodule: the embedding and LM head are the target's)
 
@@ -36,21 +62,27 @@ class MTPDrafter(nn.Module):
         target = self._target[0]
         return mtp_layer_config(target.config, self.index + 1).kv_cache_layers(mapping)[-1]
 
-    def fuse(self, captured: list[torch.Tensor]) -> torch.Tensor:
-        """The first draft step's features: the target's hidden states after its final norm."""
-        return captured[-1]
+    def fuse(self, captured: list[torch.Tensor], input_ids: torch.Tensor) -> FirstStep:
+        """The first draft step's features: the target's hidden states after its final norm, with
+        the step's input embeddings (images merged) and tokens (``captured``: layers -1 and
+        ``num_hidden_layers``)."""
+        return FirstStep(captured[-1], captured[0], input_ids)
 
     def forward(
         self,
         input_ids: torch.Tensor,
-        features: torch.Tensor,
+        features: torch.Tensor | FirstStep,
         positions: torch.Tensor,
         attn_metadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``input_ids`` (token p + 1 at position p) and ``features`` -> the module's ``h`` and
-        its logits ``[n, V]`` (float32)."""
+        """``input_ids`` (token p + 1 at position p) and ``features`` (the first step's, or the
+        previous chain step's ``h``) -> the module's ``h`` and its logits ``[n, V]`` (float32)."""
         target = self._target[0]
-        hidden = target.mtp_hidden(input_ids, features, positions, attn_metadata, self.index)
+        embeddings = target.model.embed_tokens(input_ids)
+        if isinstance(features, FirstStep):
+            embeddings, features = features.next_embeddings(input_ids, positions, embeddings)
+        layer = target.model.mtp.layers[self.index]
+        hidden = layer(embeddings, features, positions, attn_metadata, target.attn_backend)
         return hidden, target.mtp_logits(hidden, self.index)
 
     def exchanging_blocks(self) -> list:

@@ -74,9 +74,10 @@ VL_VISION = dict(  # head_dim 12: 3D RoPE on 3 x 4 channels; patches of 4 pixels
 VL_PREPROCESSOR = {"size": {"shortest_edge": 64, "longest_edge": 32 * 32}}
 
 
-def write_tiny_vl_checkpoint(model_dir: Path, seed: int = 0) -> Path:
+def write_tiny_vl_checkpoint(model_dir: Path, seed: int = 0, num_mtp_modules: int = 0) -> Path:
     """A random-init tiny MiniMax-M3 with a vision tower (hub layout), a character tokenizer that
-    knows the image marks, the chat template of the bundled model and a preprocessor config."""
+    knows the image marks, the chat template of the bundled model and a preprocessor config
+    (``num_mtp_modules``: with its MTP module)."""
     import json
 
     from tensorrt_llm.inputs.multimodal_prompts import IMAGE_TOKEN, VISION_END, VISION_START
@@ -90,6 +91,7 @@ def write_tiny_vl_checkpoint(model_dir: Path, seed: int = 0) -> Path:
         "vocab_size": tokenizer.get_vocab_size(),
         "index_block_size": 16,
         "eos_token_id": tokenizer.token_to_id("<|end|>"),
+        "num_mtp_modules": num_mtp_modules,
     }
     del text["architectures"], text["model_type"], text["dtype"]
     config = MiniMaxM3Config.from_dict(
@@ -103,7 +105,8 @@ def write_tiny_vl_checkpoint(model_dir: Path, seed: int = 0) -> Path:
             "image_token_index": tokenizer.token_to_id(IMAGE_TOKEN),
         }
     )
-    save_pretrained(random_model(config, seed=seed, std=0.15), config, model_dir)
+    mtp = {"num_mtp_modules": num_mtp_modules} if num_mtp_modules else {}
+    save_pretrained(random_model(config, seed=seed, std=0.15, **mtp), config, model_dir)
     tokenizer.save(str(model_dir / "tokenizer.json"))
     (model_dir / "tokenizer_config.json").write_text(
         (bundled / "tokenizer_config.json").read_text()

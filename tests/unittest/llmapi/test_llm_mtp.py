@@ -217,3 +217,45 @@ def test_sampled_mtp_reproduces_and_stays_in_the_vocabulary(random_mtp):
         assert all(0 <= t < vocab for row in together for t in row)
     finally:
         llm.shutdown()
+
+
+def test_the_first_step_embeds_a_prompts_next_token_as_the_target_did():
+    """Where a row's next token is the step's next input row (a prompt's next position), the
+    module gets that row's input embedding (an image's, where it is one); elsewhere (a prompt's
+    last row, a decode row whose draft was refused, the last row) the token's own embedding."""
+    from tensorrt_llm._torch.speculative.mtp import FirstStep
+
+    image = 60
+    input_ids = torch.tensor([5, image, image, 7, 9, 3])  # a prompt, then a decode and its draft
+    positions = torch.tensor([0, 1, 2, 3, 10, 11])
+    following = torch.tensor([image, image, 7, 8, 4, 6])  # (the draft 3 refused: 4 follows 9)
+    inputs = torch.randn(6, 4)  # as the target saw them: rows 1 and 2 are an image's features
+    embedded = torch.randn(6, 4)  # the module's own embedding of each following token
+    step = FirstStep(hidden=torch.zeros(6, 4), embeddings=inputs, input_ids=input_ids)
+    got, hidden = step.next_embeddings(following, positions, embedded)
+    want = torch.stack([inputs[1], inputs[2], inputs[3], embedded[3], embedded[4], embedded[5]])
+    assert torch.equal(got, want) and hidden is step.hidden
+
+
+def test_mtp_on_image_prompts_gives_the_target_only_tokens(tmp_path):
+    import numpy as np
+    from llm_helpers import write_tiny_vl_checkpoint
+
+    from tensorrt_llm.llmapi.llm_args import KvCacheConfig
+
+    model_dir = write_tiny_vl_checkpoint(tmp_path, num_mtp_modules=1)
+    rng = np.random.RandomState(0)
+    images = [rng.randint(0, 255, (32, 48, 3), dtype=np.uint8) for _ in range(2)]
+    text = "<|user|>see ]<]image[>[ and tell<|end|><|assistant|>"
+    prompts = [{"prompt": text, "multi_modal_data": {"image": [image]}} for image in images]
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    kv = KvCacheConfig(tokens_per_block=16, max_tokens=4096)
+    base = LLM(str(model_dir), device="cpu", kv_cache_config=kv)
+    want = tokens(base.generate(prompts, params))
+    base.shutdown()
+    spec = MTPDecodingConfig(max_draft_len=3)
+    llm = LLM(str(model_dir), device="cpu", kv_cache_config=kv, speculative_config=spec)
+    try:
+        assert tokens(llm.generate(prompts, params)) == want
+    finally:
+        llm.shutdown()
