@@ -267,3 +267,30 @@ def test_the_overlap_scheduler_overlaps_guided_steps_and_gives_the_same_tokens(l
     before = llm.get_stats()["num_overlapped_steps"]
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sampling)] == want
     assert llm.get_stats()["num_overlapped_steps"] - before > 10
+
+
+def test_mtp_under_a_grammar_gives_the_target_only_tokens(tmp_path):
+    """The checkpoint's MTP module drafting under each constraint: the target-only tokens, the
+    drafts the grammar refuses refused by their positions' masks."""
+    from tensorrt_llm import MTPDecodingConfig
+
+    model = write_tiny_checkpoint(
+        tmp_path, alphabet=JSON_ALPHABET, max_position_embeddings=1024, num_mtp_modules=1
+    )
+    prompts = ["give json: ", "yes or no ", "sum 4+5 ", "plain"]
+    sampling = [params(g, False) for g, _ in CASES] + [params(None, False)]
+    outputs = []
+    for spec in (None, MTPDecodingConfig(max_draft_len=3)):
+        llm = LLM(
+            str(model),
+            device="cpu",
+            guided_decoding_backend="xgrammar",
+            max_batch_size=8,
+            kv_cache_config=KvCacheConfig(max_tokens=8 * 768),
+            speculative_config=spec,
+        )
+        try:
+            outputs.append([o.outputs[0].token_ids for o in llm.generate(prompts, sampling)])
+        finally:
+            llm.shutdown()
+    assert outputs[1] == outputs[0]
