@@ -29,6 +29,9 @@ from tensorrt_llm._torch.speculative.utils import DraftKvModeTracker
 
 
 class Eagle3OneModelWorker:
+    """The one-model drafter's step, for an Eagle3 drafter or the target's MTP module
+    (``speculative/mtp.py``: the same step, another drafter behind the same interface)."""
+
     def __init__(
         self,
         spec_config: Eagle3SpecConfig,
