@@ -9,7 +9,7 @@ import torch
 from m3_helpers import tiny_config
 from safetensors.torch import load_file, save_file
 
-from tensorrt_llm._torch.models import checkpoint
+from tensorrt_llm._torch.models import checkpoint_loader
 from tensorrt_llm._torch.models.checkpoint import load_model, random_model, save_pretrained
 from tensorrt_llm._torch.models.configuration_minimaxm3 import VL_ARCHITECTURE
 
@@ -74,13 +74,13 @@ def test_sharded_checkpoints_load_tensor_by_tensor(hub_checkpoint, monkeypatch):
         weight_map.update(dict.fromkeys(part, shard))
     (model_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     reads = []
-    real = checkpoint.checkpoint_tensors
+    real = checkpoint_loader.checkpoint_tensors
 
     def counting(model_dir):
         for name, get in real(model_dir):
             yield name, lambda name=name, get=get: reads.append(name) or get()
 
-    monkeypatch.setattr(checkpoint, "checkpoint_tensors", counting)
+    monkeypatch.setattr(checkpoint_loader, "checkpoint_tensors", counting)
     loaded = load_model(model_dir, torch.float32)
     assert_same_weights(model, loaded)
     assert sorted(reads) == names  # each tensor read once, one at a time
