@@ -131,14 +131,10 @@ class MTPDecodingConfig(_DecodingConfig):
                 "speculative_config.use_relaxed_acceptance_for_thinking=True is not supported: "
                 "drafts are accepted exactly (greedy, or by rejection sampling)"
             )
-        if self.speculative_model is not None:
-            raise ValueError(
-                "speculative_config.speculative_model: a standalone MTP checkpoint is not "
-                "supported yet; leave it unset to use the target checkpoint's mtp.* weights"
-            )
         return MTPSpecConfig(
             max_draft_len=self.max_draft_len,
             num_nextn_predict_layers=self.num_nextn_predict_layers,
+            speculative_model=self.speculative_model,
             draft_kv_cache=self.draft_kv_cache,
         )
 

@@ -97,6 +97,15 @@ def rank_device(device: str, mapping: Mapping) -> torch.device:
     return torch.device(device)
 
 
+def mtp_options(spec: MTPDecodingConfig) -> dict:
+    """``load_model``'s options for the MTP module: built, its weights from the target
+    checkpoint's ``mtp.*`` or from a standalone checkpoint (``speculative_model``)."""
+    options = {"num_mtp_modules": spec.num_nextn_predict_layers}
+    if spec.speculative_model is not None:
+        options["mtp_checkpoint"] = spec.speculative_model
+    return options
+
+
 def build_rank(
     args: TorchLlmArgs, mapping: Mapping, rank_sync: RankSync | None = None
 ) -> RankEngine:
@@ -120,7 +129,7 @@ def build_rank(
         mapping,
         quant_algo,
         args.load_format,
-        **({"num_mtp_modules": args.speculative_config.num_nextn_predict_layers} if mtp else {}),
+        **(mtp_options(args.speculative_config) if mtp else {}),
     )
     tokenizer = (
         None

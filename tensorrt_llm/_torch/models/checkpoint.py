@@ -12,6 +12,7 @@ mis-shaped tensor is an error that lists them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +88,7 @@ def load_model(
     mapping: Mapping | None = None,
     quant_algo: str | None = None,
     load_format: str = "auto",
+    mtp_checkpoint: str | Path | None = None,
     **model_options,
 ) -> torch.nn.Module:
     """The model in ``model_dir``, of the class its ``architectures[0]`` selects, weights loaded
@@ -98,8 +100,13 @@ def load_model(
     CUDA the layers ``use_fp8_block`` names keep FP8 weights (a bf16 checkpoint is quantized at
     load); on the CPU they keep the model's dtype, an FP8 checkpoint dequantized and a bf16 one
     rounded to the FP8 grid. ``load_format="dummy"``: no weight file read (``dummy_weights``).
-    ``model_options``: the model constructor's (MiniMax-M3's ``num_mtp_modules``)."""
+    ``model_options``: the model constructor's (MiniMax-M3's ``num_mtp_modules``);
+    ``mtp_checkpoint``: a standalone MTP checkpoint whose ``mtp.layers.*`` the modules load (in
+    place of ``model_dir``'s, which may have none)."""
     config = load_config(model_dir)
+    if mtp_checkpoint is not None:  # (the target's config may count no module of its own)
+        modules = model_options.get("num_mtp_modules", 1)
+        config = dataclasses.replace(config, num_mtp_modules=max(config.num_mtp_modules, modules))
     model_class = get_model_classes(config.architectures[0]).model_class
     backend = get_attention_backend(attn_backend)
     algo = quant_algo or config.quant_algo
@@ -110,16 +117,18 @@ def load_model(
     if algo is not None:
         store = torch.device(device).type == "cuda"
         use_fp8_block(model, config.modules_to_not_convert, store)
-    _load(model, model_dir, load_format)
+    _load(model, model_dir, load_format, {"mtp": Path(mtp_checkpoint)} if mtp_checkpoint else None)
     return model.eval()
 
 
 LOAD_FORMATS = ("auto", "dummy")
 
 
-def _load(model: torch.nn.Module, model_dir: str | Path, load_format: str) -> None:
+def _load(
+    model: torch.nn.Module, model_dir: str | Path, load_format: str, module_dirs=None
+) -> None:
     if load_format == "auto":
-        load_checkpoint_into(model, model_dir)
+        load_checkpoint_into(model, model_dir, module_dirs)
     elif load_format == "dummy":
         dummy_weights(model)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,8 +66,13 @@ def checkpoint_tensors(model_dir: str | Path) -> Iterator[tuple[str, Callable[[]
                 yield name, functools.cache(functools.partial(f.get_tensor, name))
 
 
-def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
+def load_checkpoint_into(
+    model: torch.nn.Module, model_dir: str | Path, module_dirs: dict[str, Path] | None = None
+) -> None:
     """Load ``model_dir``'s weights into ``model`` through its ``checkpoint_layout``, strictly.
+    ``module_dirs``: a submodule's weights from a checkpoint of its own (``{"mtp": DIR}``: a
+    standalone MTP checkpoint), whose other tensors (a copy of the embedding, say) are left, and
+    ``model_dir``'s tensors of that family too.
 
     FP8 block-scaled weights (a ``float8_e4m3fn`` ``X.weight`` beside its ``X.weight_scale_inv``)
     are copied as they are into FP8 destinations of their whole shape; anywhere else they are
@@ -76,45 +82,19 @@ def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
     layout: CheckpointLayout = type(model).checkpoint_layout
     tied = _untie_for_loading(model)
     destinations = layout.destinations(model)
-    index = checkpoint_index(model_dir)
     seen: set[str] = set()
     unexpected: list[str] = []
-    skipped: Counter[str] = Counter()
     where = f"model={str(model_dir)!r}"
+    module_dirs = module_dirs or {}
+
+    def family(name: str) -> str | None:  # the submodule of module_dirs a tensor belongs to
+        return next((f for f in module_dirs if re.search(rf"(?:^|\.){f}\.", name)), None)
+
+    sources = [(model_dir, lambda name: family(name) is None)]
+    sources += [(d, lambda name, f=f: family(name) == f) for f, d in module_dirs.items()]
     with torch.no_grad():
-        for name, get in checkpoint_tensors(model_dir):
-            family = layout.skipped_family(name, model)
-            if family is not None:
-                skipped[family] += 1
-                continue
-            if is_scale(name):
-                if name.removesuffix("_scale_inv") not in index:
-                    unexpected.append(name)
-                continue  # read with its weight
-            scale_name = name + "_scale_inv"
-            if scale_name in index and get().dtype == FP8:
-                get_scale = functools.partial(read_tensor, index[scale_name], scale_name)
-                if _copy_fp8_whole(layout, destinations, name, get, get_scale, seen):
-                    continue
-                get = functools.cache(functools.partial(_dequantized, get, get_scale, name, where))
-            for piece in layout.canonical_pieces(name, get):
-                dest = destinations.get(piece.name)
-                if dest is None:
-                    unexpected.append(name)
-                    break
-                seen.add(piece.name)
-                if dest.elsewhere:
-                    continue
-                tensor = dest.shard(piece.get())
-                if tensor.shape != dest.view.shape:
-                    raise ValueError(
-                        f"{where}: {name} has shape {tuple(get().shape)}; this model "
-                        f"expects {_full_shape_hint(piece.name, dest, tensor)}"
-                    )
-                dest.store(tensor)
-                del tensor  # nothing of this checkpoint tensor outlives its pieces
-    for family, count in sorted(skipped.items()):
-        logger.info("%s: skipped %d %s.* tensor(s) (no module takes them)", where, count, family)
+        for source, takes in sources:
+            _load_source(model, layout, destinations, source, takes, seen, unexpected)
     missing = sorted(n for n in destinations if n not in seen)
     if tied and {HEAD, EMBED} & seen:
         missing = [n for n in missing if n not in (HEAD, EMBED)]
@@ -124,6 +104,48 @@ def load_checkpoint_into(model: torch.nn.Module, model_dir: str | Path) -> None:
             f"{where}: {len(missing)} missing tensor(s) {missing[:8]}, "
             f"{len(unexpected)} unexpected tensor(s) {sorted(set(unexpected))[:8]}"
         )
+
+
+def _load_source(model, layout, destinations, model_dir, takes, seen, unexpected) -> None:
+    """The tensors of checkpoint ``model_dir`` that ``takes`` into their destinations."""
+    index = checkpoint_index(model_dir)
+    skipped: Counter[str] = Counter()
+    where = f"model={str(model_dir)!r}"
+    for name, get in checkpoint_tensors(model_dir):
+        if not takes(name):
+            continue
+        family = layout.skipped_family(name, model)
+        if family is not None:
+            skipped[family] += 1
+            continue
+        if is_scale(name):
+            if name.removesuffix("_scale_inv") not in index:
+                unexpected.append(name)
+            continue  # read with its weight
+        scale_name = name + "_scale_inv"
+        if scale_name in index and get().dtype == FP8:
+            get_scale = functools.partial(read_tensor, index[scale_name], scale_name)
+            if _copy_fp8_whole(layout, destinations, name, get, get_scale, seen):
+                continue
+            get = functools.cache(functools.partial(_dequantized, get, get_scale, name, where))
+        for piece in layout.canonical_pieces(name, get):
+            dest = destinations.get(piece.name)
+            if dest is None:
+                unexpected.append(name)
+                break
+            seen.add(piece.name)
+            if dest.elsewhere:
+                continue
+            tensor = dest.shard(piece.get())
+            if tensor.shape != dest.view.shape:
+                raise ValueError(
+                    f"{where}: {name} has shape {tuple(get().shape)}; this model "
+                    f"expects {_full_shape_hint(piece.name, dest, tensor)}"
+                )
+            dest.store(tensor)
+            del tensor  # nothing of this checkpoint tensor outlives its pieces
+    for family, count in sorted(skipped.items()):
+        logger.info("%s: skipped %d %s.* tensor(s) (no module takes them)", where, count, family)
 
 
 def _copy_fp8_whole(layout, destinations, name, get, get_scale, seen) -> bool:

@@ -183,7 +183,8 @@ class MiniMaxM3ForCausalLM(nn.Module):
             if num_mtp_modules > cfg.num_mtp_modules:
                 raise ValueError(
                     f"{num_mtp_modules} MTP module(s) asked for; the checkpoint's config has "
-                    f"num_mtp_modules={cfg.num_mtp_modules}"
+                    f"num_mtp_modules={cfg.num_mtp_modules} (a standalone MTP checkpoint can "
+                    "give them: speculative_config.speculative_model)"
                 )
             self.model.mtp = MiniMaxM3MTP(cfg, num_mtp_modules, mapping, MiniMaxM3DecoderLayer)
         # vocabulary-parallel, gathered: every rank gets the full logits (and samples the same)

@@ -259,3 +259,43 @@ def test_mtp_on_image_prompts_gives_the_target_only_tokens(tmp_path):
         assert tokens(llm.generate(prompts, params)) == want
     finally:
         llm.shutdown()
+
+
+def test_a_standalone_mtp_checkpoint_drafts_as_the_bundled_module(random_mtp, tmp_path):
+    """``speculative_model``: the module's weights from a checkpoint of their own (no
+    ``language_model.`` prefix; its copy of the embedding left) for a target that has none: the
+    same tokens and acceptance as the module bundled in the target's checkpoint."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(random_mtp / "model.safetensors"))
+    config = json.loads((random_mtp / "config.json").read_text())
+    target, standalone = tmp_path / "target", tmp_path / "mtp"
+    target.mkdir(), standalone.mkdir()
+    for name in ("tokenizer.json",):
+        (target / name).write_bytes((random_mtp / name).read_bytes())
+    save_file(
+        {n: w for n, w in weights.items() if ".mtp." not in n}, str(target / "model.safetensors")
+    )
+    (target / "config.json").write_text(json.dumps({**config, "num_mtp_modules": 0}))
+    own = {n.removeprefix("language_model."): w for n, w in weights.items() if ".mtp." in n}
+    own["model.embed_tokens.weight"] = weights["language_model.model.embed_tokens.weight"]
+    save_file(own, str(standalone / "model.safetensors"))
+    (standalone / "config.json").write_text(json.dumps({"model_type": "minimax_m3_mtp"}))
+
+    def run(model_dir, **spec):
+        llm = LLM(
+            model=str(model_dir),
+            device="cpu",
+            speculative_config=MTPDecodingConfig(max_draft_len=3, **spec),
+        )
+        try:
+            outputs = llm.generate(PROMPTS, GREEDY)
+        finally:
+            llm.shutdown()
+        return [(o.outputs[0].token_ids, o.outputs[0].avg_decoded_tokens_per_iter) for o in outputs]
+
+    assert run(target, speculative_model=str(standalone)) == run(random_mtp)
+    with pytest.raises(ValueError, match="num_mtp_modules=0 .*speculative_model"):
+        run(target)  # (the target alone has no module)
