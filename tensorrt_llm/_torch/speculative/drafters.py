@@ -3,8 +3,9 @@ itself, the KV layer it appends to the target's, and the target layers its featu
 
 - Eagle3 (``Eagle3SpecConfig``): its own checkpoint (``load_eagle3``); a layer of its own geometry
   (a sub-page of the target's slots in unified mode); three captured target layers, fused.
-- MTP (``MTPSpecConfig``): the target's own module (``MTPDrafter``); a sparse layer of the target's
-  geometry (whole pages); the target's hidden states after its final norm.
+- MTP (``MTPSpecConfig``): the target's own module (``MTPDrafter``; built and loaded with the
+  target, ``workers.mtp_options``); a sparse layer of the target's geometry (whole pages); the
+  target's input embeddings and its hidden states after the final norm.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 The Eagle3 worker's step carries over unchanged (``eagle3.py``): accept, a first draft step over
 the target step's positions, then a chain of one-token steps. ``MTPDrafter`` gives the module the
 drafter's interface: its features are the target's hidden state after the final norm (the model's
-capture index ``num_hidden_layers``), its input at position p the token p + 1, its output ``h``
-(before the module's final norm) the next chain step's features, and its logits over the target's
-whole vocabulary (the LM head is the target's). Its layer is the target's next layer id: in
-unified mode one more sparse layer of the target's slots, attended directly.
+capture index ``num_hidden_layers``), its input at position p the token p + 1 (in the first step,
+a prompt's next token embedded as the target saw it: ``FirstStep``), its output ``h`` (before the
+module's final norm) the next chain step's features, and its logits over the target's whole
+vocabulary (the LM head is the target's). Its layer is the target's next layer id: in unified mode
+one more sparse layer of the target's slots, attended directly.
 """
 
 from __future__ import annotations
