@@ -36,7 +36,7 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.draft_subpage_view 
     resolve_subpage_tokens,
 )
 from tensorrt_llm._torch.models.checkpoint import load_config
-from tensorrt_llm._torch.models.modeling_minimaxm3_mtp import mtp_layer_config
+from tensorrt_llm._torch.models.modeling_minimaxm3_mtp import mtp_kv_cache_layer
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config
 from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import engine_layer
@@ -136,8 +136,7 @@ def config_from_checkpoint(
     if mtp:
         if not getattr(config, "num_mtp_modules", 0):
             raise ValueError("--mtp: the checkpoint's config has no MTP module (num_mtp_modules)")
-        mtp_layer = mtp_layer_config(config, 1).kv_cache_layers()[-1]
-        layers += (dataclasses.replace(mtp_layer, is_draft=True),)
+        layers += (dataclasses.replace(mtp_kv_cache_layer(config), is_draft=True),)
     elif speculative_model is not None:
         draft = Eagle3Config.from_pretrained(speculative_model)
         layers += (KvCacheLayer(draft.num_key_value_heads, draft.head_dim, is_draft=True),)

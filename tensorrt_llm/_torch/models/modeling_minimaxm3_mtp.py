@@ -40,6 +40,11 @@ def mtp_layer_config(cfg: MiniMaxM3Config, num_modules: int) -> MiniMaxM3Config:
     )
 
 
+def mtp_kv_cache_layer(cfg: MiniMaxM3Config, index: int = 0, mapping: Mapping | None = None):
+    """What module ``index``'s layer caches per token on a rank: one more sparse layer."""
+    return mtp_layer_config(cfg, index + 1).kv_cache_layers(mapping)[-1]
+
+
 class MiniMaxM3MTPLayer(nn.Module):
     def __init__(
         self, cfg: MiniMaxM3Config, index: int, mapping: Mapping, decoder_layer: type[nn.Module]

@@ -83,6 +83,3 @@ class MTPSpecConfig:
     def num_draft_layers(self) -> int:
         """Draft layers appended to the target's KV cache: the module's one sparse layer."""
         return self.num_nextn_predict_layers
-
-
-SpecConfig = Eagle3SpecConfig | MTPSpecConfig

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tensorrt_llm._torch.models.modeling_minimaxm3_mtp import mtp_layer_config
+from tensorrt_llm._torch.models.modeling_minimaxm3_mtp import mtp_kv_cache_layer
+from tensorrt_llm._torch.pyexecutor.model_engine import exchanging_moe
 
 
 @dataclass
@@ -31,18 +32,17 @@ class FirstStep:
 
     def next_embeddings(
         self, following: torch.Tensor, positions: torch.Tensor, embedded: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor:
         """The embedding of each row's next token (``following``, embedded as ``embedded``):
         where that token is the step's next input row (a prompt's next position), that row's
         input embedding, so an image's position gets the image's embedding as the target saw it.
-        Device-only (graph-safe). Returns it and the hidden states."""
+        Device-only (graph-safe)."""
         rows = torch.arange(following.shape[0], device=following.device)
         inside = rows + 1 < following.shape[0]
         same = (following == self.input_ids.roll(-1, 0)) & (positions.roll(-1, 0) == positions + 1)
-        taken = torch.where(
+        return torch.where(
             (same & inside)[:, None], self.embeddings.roll(-1, 0).to(embedded.dtype), embedded
         )
-        return taken, self.hidden
 
 
 class MTPDrafter(nn.Module):
@@ -60,8 +60,7 @@ class MTPDrafter(nn.Module):
 
     def kv_cache_layer(self, mapping=None):
         """The module's layer as this rank's KV cache keeps it: one more sparse layer."""
-        target = self._target[0]
-        return mtp_layer_config(target.config, self.index + 1).kv_cache_layers(mapping)[-1]
+        return mtp_kv_cache_layer(self._target[0].config, self.index, mapping)
 
     def fuse(self, captured: list[torch.Tensor], input_ids: torch.Tensor) -> FirstStep:
         """The first draft step's features: the target's hidden states after its final norm, with
@@ -81,15 +80,14 @@ class MTPDrafter(nn.Module):
         target = self._target[0]
         embeddings = target.model.embed_tokens(input_ids)
         if isinstance(features, FirstStep):
-            embeddings, features = features.next_embeddings(input_ids, positions, embeddings)
-        layer = target.model.mtp.layers[self.index]
-        hidden = layer(embeddings, features, positions, attn_metadata, target.attn_backend)
+            embeddings = features.next_embeddings(input_ids, positions, embeddings)
+            features = features.hidden
+        hidden = self.layer(embeddings, features, positions, attn_metadata, target.attn_backend)
         return hidden, target.mtp_logits(hidden, self.index)
 
     def exchanging_blocks(self) -> list:
         """The module's MoE if its tokens travel between ranks (EP under attention DP)."""
-        mlp = self.layer.transformer_layer.mlp
-        return [mlp] if getattr(mlp, "experts", None) is not None and mlp.experts.all_to_all else []
+        return exchanging_moe(self.layer)
 
     def idle(self, capacity: int | None) -> None:
         """A chain step without rows on this rank: the module's MoE takes part in the exchange."""
