@@ -21,7 +21,11 @@ from tensorrt_llm._torch.pyexecutor.config import (
     PyExecutorConfig,
 )
 from tensorrt_llm._torch.pyexecutor.grammar_matcher import check_backend
-from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig, MTPSpecConfig
+from tensorrt_llm._torch.speculative.interface import (
+    Eagle3SpecConfig,
+    MTPSpecConfig,
+    RelaxedAcceptance,
+)
 from tensorrt_llm.quantization import QuantAlgo
 
 
@@ -120,22 +124,31 @@ class MTPDecodingConfig(_DecodingConfig):
     max_draft_len: int = Field(default=3, ge=1)
     num_nextn_predict_layers: int = Field(default=1, ge=1)
     speculative_model: str | None = None
+    # greedy rows inside a reasoning block accept a draft among the target's ``relaxed_topk``
+    # most likely tokens within ``relaxed_delta`` of the top one's probability
     use_relaxed_acceptance_for_thinking: bool = False
     relaxed_topk: int = Field(default=1, ge=1)
     relaxed_delta: float = Field(default=0.0, ge=0.0)
+    # the reasoning block's markers (None: the tokenizer's ``<mm:think>`` and ``</mm:think>``)
+    begin_thinking_phase_token: int | None = Field(default=None, ge=0)
+    end_thinking_phase_token: int | None = Field(default=None, ge=0)
     draft_kv_cache: Literal["unified", "separate"] = "unified"
 
     def to_runtime(self) -> MTPSpecConfig:
+        relaxed = None
         if self.use_relaxed_acceptance_for_thinking:
-            raise ValueError(
-                "speculative_config.use_relaxed_acceptance_for_thinking=True is not supported: "
-                "drafts are accepted exactly (greedy, or by rejection sampling)"
+            relaxed = RelaxedAcceptance(
+                self.relaxed_topk,
+                self.relaxed_delta,
+                self.begin_thinking_phase_token,
+                self.end_thinking_phase_token,
             )
         return MTPSpecConfig(
             max_draft_len=self.max_draft_len,
             num_nextn_predict_layers=self.num_nextn_predict_layers,
             speculative_model=self.speculative_model,
             draft_kv_cache=self.draft_kv_cache,
+            relaxed=relaxed,
         )
 
 

@@ -42,6 +42,7 @@ from tensorrt_llm._torch.pyexecutor.warm_up import start_up
 from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
 from tensorrt_llm._torch.speculative.drafters import draft_kv_layer, layers_to_capture, load_drafter
 from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
+from tensorrt_llm._torch.speculative.relaxed import with_markers
 from tensorrt_llm._torch.speculative.utils import _should_create_separate_draft_kv_cache
 from tensorrt_llm.logger import logger
 
@@ -164,11 +165,13 @@ def create_py_executor(
     capture_layers, exchange, worker = (), None, None
     if draft_model is not None:
         capture_layers = layers_to_capture(spec, draft_model, config.num_hidden_layers)
+        relaxed = getattr(spec, "relaxed", None)
         resources.resource_managers[ResourceManagerType.SPEC_RESOURCE_MANAGER] = DraftProbStore(
             seq_slots,
             spec.max_draft_len,
             draft_model.draft_vocab_size,
             device,
+            None if relaxed is None else with_markers(relaxed, tokenizer),
         )
         worker = Eagle3OneModelWorker(spec, draft_model, resources, config.vocab_size)
     if exchanging := exchanging_moe(model):  # a graph step's most tokens per rank: the

@@ -248,7 +248,9 @@ class CUDAGraphRunner:
         """A bucket of ``key``'s shape, its metadata first bound to the padding sequence."""
         shape, mode, extras = key
         sampled = mode != GREEDY
-        layout = RowLayout(sampled, sampled and self.spec_worker is not None, extras)
+        worker = self.spec_worker
+        slots = worker is not None and (sampled or worker.draft_probs.phases is not None)
+        layout = RowLayout(sampled, slots, extras)
         if extras:
             self._logits_state.allocate()  # (padding and plain rows read its zero scratch row)
         bucket = self._buckets[key] = new_bucket(

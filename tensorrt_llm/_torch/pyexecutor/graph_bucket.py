@@ -81,6 +81,8 @@ def addresses(
         out.update(counts=logits_state.counts.data_ptr(), bias=logits_state.bias.data_ptr())
     if inputs.layout.q_slots:
         out.update(q=store.table.data_ptr(), has_q=store.has_q.data_ptr())
+        if store.phases is not None:
+            out["phases"] = store.phases.phase.data_ptr()
     for tag, metadata in (("step", bucket.md), ("chain", bucket.chain_md)):
         if metadata is not None:
             out.update({f"{tag}/{k}": v for k, v in metadata.tensor_addresses().items()})

@@ -87,7 +87,8 @@ class StepInputs:
     following: torch.Tensor | None = None
     num_prompts: int = 0  # the first rows that are prompts
     st: SamplingTensors | None = None  # None: every row greedy
-    q_slots: torch.Tensor | None = None  # [n] DraftProbStore slots (sampled Eagle3)
+    # [n] DraftProbStore slots (sampled rows' under speculation; every row's with relaxed acceptance)
+    q_slots: torch.Tensor | None = None
     penalties: PenaltyInputs | None = None
     top_logprobs: int | None = None  # the top logprobs computed per token (None: none)
     request_ids: Sequence[int] = ()  # (host) each row's request (an eager draft chain's metadata)
@@ -224,7 +225,7 @@ class StepInputsBuilder:
         sampled = not all(r.sampling_params.greedy for r in reqs)
         layout = RowLayout(
             sampled=sampled,
-            q_slots=sampled and spec,
+            q_slots=spec and (sampled or self.draft_probs.phases is not None),
             penalties=any(r.sampling_params.processes_logits for r in reqs),
         )
         ints, floats = row_values(reqs, 0, layout, self.logits_state, self.draft_probs)

@@ -8,7 +8,9 @@ so the same code runs eagerly and inside a CUDA graph. Greedy rows and padding r
 last row, the scratch slot, whose ``has_q`` stays false: their drafts are accepted greedily.
 
 It is the executor's ``SPEC_RESOURCE_MANAGER``. The table is allocated when the first sampled
-request arrives (or for the CUDA graphs that read it, at start-up) and never moves after.
+request arrives (or for the CUDA graphs that read it, at start-up) and never moves after. With
+relaxed acceptance it also holds each slot's thinking phase (``relaxed.ThinkingPhases``): then
+greedy rows point at their own slots too (their ``has_q`` stays false).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tensorrt_llm._torch.pyexecutor.resource_manager import BaseResourceManager
+from tensorrt_llm._torch.speculative.relaxed import RelaxedAcceptance, ThinkingPhases
 
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
@@ -27,9 +30,17 @@ if TYPE_CHECKING:
 
 class DraftProbStore(BaseResourceManager):
     def __init__(
-        self, seq_slots: SeqSlotManager, max_draft_len: int, draft_vocab: int, device: torch.device
+        self,
+        seq_slots: SeqSlotManager,
+        max_draft_len: int,
+        draft_vocab: int,
+        device: torch.device,
+        relaxed: RelaxedAcceptance | None = None,
     ) -> None:
         self.seq_slots = seq_slots
+        self.phases = (
+            None if relaxed is None else ThinkingPhases(relaxed, seq_slots.capacity, device)
+        )
         self.shape = (seq_slots.capacity + 1, max_draft_len, draft_vocab)
         self.device = device
         self.table: torch.Tensor | None = None  # [slots + 1, K, Vd] float32
@@ -47,22 +58,25 @@ class DraftProbStore(BaseResourceManager):
         return 0  # (its row is its request slot's)
 
     def slots(self, requests: Sequence[LlmRequest]) -> list[int]:
-        """Each request's slot: its own for a sampled request (``has_q`` cleared at its first
-        step: the row may hold the q of the request that had the slot before), the scratch slot
-        otherwise."""
-        out, new = [], []
+        """Each request's slot: its own for a sampled request, or any with relaxed acceptance
+        (``has_q`` cleared and the thinking phase set at its first step: the row may hold the
+        state of the request that had the slot before), the scratch slot otherwise."""
+        out, new, started = [], [], []
         for req in requests:
-            if req.sampling_params.greedy:
+            if req.sampling_params.greedy and self.phases is None:
                 out.append(self.scratch)
                 continue
             slot = self.seq_slots.slot(req)
             if req.request_id not in self._started:
                 self._started.add(req.request_id)
                 new.append(slot)
+                started.append(req)
             out.append(slot)
         if new:
             self.allocate()
             self.has_q[torch.tensor(new).to(self.device, non_blocking=True)] = False
+            if self.phases is not None:
+                self.phases.start(new, [req.get_tokens() for req in started])
         return out
 
     def allocate(self) -> None:

@@ -122,19 +122,31 @@ class Eagle3OneModelWorker:
     def _accept(self, logits: torch.Tensor, rows: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``logits [n, T, V]`` -> the rows' tokens ``[n, T]`` and accepted counts ``[n]``
         (``acceptance.verify``); a prompt's token is ``sample``'s, as without speculation."""
-        k = self.max_draft_len
-        if rows.st is None:
+        k, store = self.max_draft_len, self.draft_probs
+        valid = torch.arange(k, device=logits.device)[None, :] < rows.num_drafts[:, None]
+        phases = store.phases
+        if rows.st is None and phases is None:
             argmax = logits.argmax(dim=-1)
-            valid = torch.arange(k, device=logits.device)[None, :] < rows.num_drafts[:, None]
             return argmax, greedy_accept(argmax, rows.drafts, valid)
-        store, q, has_q = self.draft_probs, None, None
-        if store.allocated:
-            q, has_q = store.read(rows.q_slots)
-            q = self.draft_model.target_probs(q, self.vocab_size)
-        tokens, accepted = verify(logits, rows.drafts, rows.num_drafts, rows.st, q, has_q)
-        if rows.num_prompts:
-            p = rows.num_prompts
-            tokens[:p, 0] = sample(logits[:p, 0], rows.st.select(slice(0, p)))
+        if phases is not None:  # greedy rows: relaxed in the thinking phase
+            greedy_tokens, greedy_accepted = phases.accept(logits, rows.drafts, valid, rows.q_slots)
+        if rows.st is None:
+            tokens, accepted = greedy_tokens, greedy_accepted
+        else:
+            q, has_q = None, None
+            if store.allocated:
+                q, has_q = store.read(rows.q_slots)
+                q = self.draft_model.target_probs(q, self.vocab_size)
+            tokens, accepted = verify(logits, rows.drafts, rows.num_drafts, rows.st, q, has_q)
+            if phases is not None:
+                greedy = rows.st.temperature <= 0
+                tokens = torch.where(greedy[:, None], greedy_tokens, tokens)
+                accepted = torch.where(greedy, greedy_accepted, accepted)
+            if rows.num_prompts:
+                p = rows.num_prompts
+                tokens[:p, 0] = sample(logits[:p, 0], rows.st.select(slice(0, p)))
+        if phases is not None:
+            phases.advance(rows.q_slots, tokens, accepted)
         return tokens, accepted
 
     def _chain(

@@ -52,6 +52,19 @@ class Eagle3SpecConfig:
 
 
 @dataclass(frozen=True)
+class RelaxedAcceptance:
+    """Relaxed acceptance in the thinking phase (``speculative/relaxed.py``): a greedy row inside
+    a reasoning block accepts a draft among the target's ``topk`` most likely tokens within
+    ``delta`` of the top one's probability. ``begin`` / ``end``: the block's marker ids (None:
+    the tokenizer's ``<mm:think>`` / ``</mm:think>``, found at engine creation)."""
+
+    topk: int = 1
+    delta: float = 0.0
+    begin: int | None = None
+    end: int | None = None
+
+
+@dataclass(frozen=True)
 class MTPSpecConfig:
     """MiniMax-M3's own MTP module as the one-model drafter (``MTPDecodingConfig`` translated).
 
@@ -65,6 +78,7 @@ class MTPSpecConfig:
     num_nextn_predict_layers: int = 1
     speculative_model: str | None = None
     draft_kv_cache: str = "unified"
+    relaxed: RelaxedAcceptance | None = None
 
     def __post_init__(self) -> None:
         if self.max_draft_len < 1:

@@ -101,12 +101,16 @@ def test_a_right_module_is_accepted_and_a_misfed_one_is_not(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the graph path's CPU form")
-def test_mtp_in_the_graph_path_gives_the_target_only_tokens(tmp_path, monkeypatch):
+@pytest.mark.parametrize("relaxed", [False, True], ids=["exact", "relaxed"])
+def test_mtp_in_the_graph_path_gives_the_target_only_tokens(tmp_path, monkeypatch, relaxed):
     """The CUDA graph path's step (``capture=False``, Triton's interpreter): the MTP layer's
-    sparse attention in the verify step and down the chain, in decode and mixed buckets."""
+    sparse attention in the verify step and down the chain, in decode and mixed buckets. With
+    relaxed acceptance (any draft taken in a "thinking phase" opened by ``c``, closed by ``=``),
+    the eager step's tokens: the phases are graph inputs too."""
     pytest.importorskip("triton.language")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from llm_helpers import staggered_outputs
+    from tokenizers import Tokenizer
 
     from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
     from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import CUDAGraphRunner
@@ -128,10 +132,21 @@ def test_mtp_in_the_graph_path_gives_the_target_only_tokens(tmp_path, monkeypatc
             **options,
         )
 
-    base = make()
+    spec = MTPDecodingConfig(max_draft_len=3)
+    if relaxed:
+        ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).token_to_id
+        spec = MTPDecodingConfig(
+            max_draft_len=3,
+            use_relaxed_acceptance_for_thinking=True,
+            relaxed_topk=10**6,
+            relaxed_delta=1.0,
+            begin_thinking_phase_token=ids("c"),
+            end_thinking_phase_token=ids("="),
+        )
+    base = make(speculative_config=spec) if relaxed else make()
     want = tokens(base.generate(PROMPTS[:3], params))
     base.shutdown()
-    llm = make(speculative_config=MTPDecodingConfig(max_draft_len=3))
+    llm = make(speculative_config=spec)
     executor = llm.executor
     runner = CUDAGraphRunner(
         executor.model_engine,
@@ -145,6 +160,8 @@ def test_mtp_in_the_graph_path_gives_the_target_only_tokens(tmp_path, monkeypatc
     try:
         outs = staggered_outputs(llm, PROMPTS[:3], params)
         assert [o.token_ids for o in outs] == want
+        if relaxed:  # a request whose every draft was taken (9 tokens after its first in 3 steps)
+            assert max(o.avg_decoded_tokens_per_iter for o in outs) == 3
         assert runner.num_replays > 0 and runner.num_mixed_replays >= 2
     finally:
         llm.shutdown()
