@@ -142,8 +142,13 @@ class MiniMaxM3DecoderLayer(nn.Module):
         positions: torch.Tensor,
         metadata: AttentionMetadata | None,
         backend: AttentionBackend,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``rows``: only these rows go on past the attention (an MTP module's first draft step
+        writes every position's KV but needs its output at one position per sequence)."""
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, metadata, backend)
+        if rows is not None:
+            hidden = hidden[rows]
         normed = self.post_attention_layernorm(hidden)
         if isinstance(self.mlp, MiniMaxM3SparseMoeBlock):  # (the step's exchange between ranks)
             return hidden + self.mlp(normed, metadata.moe_capacity if metadata else None)

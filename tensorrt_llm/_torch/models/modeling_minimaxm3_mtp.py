@@ -68,11 +68,13 @@ class MiniMaxM3MTPLayer(nn.Module):
         positions: torch.Tensor,
         metadata: AttentionMetadata | None,
         backend: AttentionBackend,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``h`` of the module docstring, before the final norm."""
+        """``h`` of the module docstring, before the final norm (of ``rows`` only, when given:
+        every position's KV is written)."""
         embeddings = torch.where(positions.unsqueeze(-1) == 0, 0, embeddings)
         x = self.eh_proj.matmul(torch.cat([self.enorm(embeddings), self.hnorm(hidden)], dim=-1))
-        return self.transformer_layer(x, positions, metadata, backend)
+        return self.transformer_layer(x, positions, metadata, backend, rows)
 
 
 class MiniMaxM3MTP(nn.Module):

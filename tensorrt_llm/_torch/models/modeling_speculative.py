@@ -206,13 +206,17 @@ class Eagle3DraftModel(nn.Module):
         features: torch.Tensor,
         positions: torch.Tensor,
         attn_metadata: AttentionMetadata | None,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids`` (token p+1 at position p) and ``features`` ``[..., H]`` -> the drafter's hidden
-        ``h`` (the next step's features) and draft-vocabulary logits."""
+        ``h`` (the next step's features) and draft-vocabulary logits; of ``rows`` only when given
+        (every position's KV is written)."""
         layer = self.midlayer
         embeds = self.embed_tokens(input_ids).to(features.dtype)
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(features)], dim=-1)
         hidden = features + layer.self_attn(x, positions, attn_metadata, self.attn_backend)
+        if rows is not None:
+            hidden = hidden[rows]
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return hidden, self.lm_head(self.norm(hidden)).float()
 

@@ -9,7 +9,8 @@ Per step, after the target forward over [last token + drafts] (or a prompt chunk
 2. **first draft step** over the same positions as the target step, inside the metadata's draft
    swap: position p gets token p+1 (the accepted tokens and the bonus) and the fused target features
    at p, so the drafter's KV for every accepted position is final; rows past the accepted ones write
-   throwaway KV beyond the history (rewound later). The row at the last accepted position yields d1.
+   throwaway KV beyond the history (rewound later). Past the attention only the row at the last
+   accepted position goes on (its MLP or MoE and the LM head): it yields d1.
 3. **chain** ``max_draft_len - 1`` more one-token steps, each on the previous step's drafter hidden.
 """
 
@@ -104,17 +105,17 @@ class Eagle3OneModelWorker:
             following[inputs.token_index.flatten()] = after  # repeated indices get one value
         draft_manager = self.resolve_draft_kv()
         features = self.draft_model.fuse(captured, inputs.input_ids)
-        with md.swap_kv_cache_manager(draft_manager):
-            hidden, draft_logits = self.draft_model(following, features, md.position_ids, md)
+        picks = inputs.first_tokens + accepted  # each row's last accepted position's token
+        with md.swap_kv_cache_manager(draft_manager):  # (past the attention: the picks only)
+            hidden, draft_logits = self.draft_model(following, features, md.position_ids, md, picks)
         if num_rows == 0:  # (under attention DP the others' chains exchange: take part)
             for _ in range(self.max_draft_len - 1):
                 self.draft_model.idle(md.moe_capacity)
             return tokens, accepted, inputs.drafts
-        picks = inputs.first_tokens + accepted
         last = md.position_ids[picks]  # the last accepted position
         if chain_md is None and self.max_draft_len > 1:
             chain_md = self._chain_metadata(md, inputs.request_ids, last, draft_manager)
-        drafts, q = self._chain(hidden[picks], draft_logits[picks], last, chain_md, inputs.st)
+        drafts, q = self._chain(hidden, draft_logits, last, chain_md, inputs.st)
         if q is not None:
             self.draft_probs.write(inputs.q_slots, q, inputs.st.temperature > 0)
         return tokens, accepted, drafts

@@ -74,15 +74,19 @@ class MTPDrafter(nn.Module):
         features: torch.Tensor | FirstStep,
         positions: torch.Tensor,
         attn_metadata,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids`` (token p + 1 at position p) and ``features`` (the first step's, or the
-        previous chain step's ``h``) -> the module's ``h`` and its logits ``[n, V]`` (float32)."""
+        previous chain step's ``h``) -> the module's ``h`` and its logits ``[n, V]`` (float32),
+        of ``rows`` only when given (the KV of every position is written; the MoE and the LM
+        head run for those rows alone)."""
         target = self._target[0]
         embeddings = target.model.embed_tokens(input_ids)
         if isinstance(features, FirstStep):
             embeddings = features.next_embeddings(input_ids, positions, embeddings)
             features = features.hidden
-        hidden = self.layer(embeddings, features, positions, attn_metadata, target.attn_backend)
+        backend = target.attn_backend
+        hidden = self.layer(embeddings, features, positions, attn_metadata, backend, rows)
         return hidden, target.mtp_logits(hidden, self.index)
 
     def exchanging_blocks(self) -> list:
