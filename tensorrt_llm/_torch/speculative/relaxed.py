@@ -85,7 +85,7 @@ class ThinkingPhases:
         argmax = logits.argmax(dim=-1)
         probs = torch.softmax(logits[:, :k].float(), dim=-1)
         top_p, top_ids = probs.topk(min(r.topk, probs.shape[-1]), dim=-1)
-        close = top_p >= top_p[..., :1] - r.delta
+        close = (top_p >= top_p[..., :1] - r.delta) & (top_p > 0)  # (never a masked-out token)
         in_top = ((top_ids == drafts[..., None]) & close).any(dim=-1)
         marker = (drafts == r.begin) | (drafts == r.end)
         # the phase before each draft: the slot's, then as each earlier draft leaves it

@@ -51,6 +51,11 @@ def test_thinking_rows_accept_a_close_second_choice_and_others_only_the_top_one(
     assert accepted.tolist() == [3, 0]
     assert tokens[0].tolist() == [2, 2, 2, 1]  # the drafts, then the target's own token
     assert tokens[1, 0] == 1  # outside the block: the target's own token at once
+    # a token the logits rule out (a grammar's mask) is refused however loose the bounds
+    masked = logits.clone()
+    masked[..., 2] = float("-inf")
+    phases, slots = _phases(topk=VOCAB, delta=1.0, thinking=[True])
+    assert phases.accept(masked[:1], drafts[:1], valid[:1], slots)[1].tolist() == [0]
     # a second choice further than delta from the top one, or past topk, is refused
     for topk, delta in ((2, 0.05), (1, 0.2)):
         phases, slots = _phases(topk, delta, thinking=[True])
