@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
@@ -181,6 +182,50 @@ def apply_preset(args, presets: dict[str, tuple[int, int, int]]) -> torch.device
     args.batch_tokens = args.batch_tokens or batch_tokens
     args.conversations = args.conversations or conversations
     return device
+
+
+def set_lr(optimizer: torch.optim.Optimizer, step: int, args) -> None:
+    """The cosine schedule's rate at ``step`` of ``args.steps`` (peak ``args.lr``, 50 warm-up)."""
+    for group in optimizer.param_groups:
+        group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=50)
+
+
+def drafter_update(
+    optimizer: torch.optim.Optimizer, params: list, loss: torch.Tensor, what: str, step: int
+) -> None:
+    """One update of a drafter from ``loss`` (clipped at norm 1); a loss that is not finite stops
+    the script with a message naming ``what``."""
+    if not torch.isfinite(loss):
+        raise SystemExit(f"{what}: loss is {loss.item()} at step {step}; try a lower --lr")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+
+
+def mixed_precision(device: torch.device):
+    """The training forward's autocast: bf16 on CUDA, none (fp32) on the CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def drafter_arguments(parser: argparse.ArgumentParser, out: str, seed: int) -> None:
+    """The options the drafter scripts share (``--target``, ``--out`` defaulting to ``out``, the
+    schedule, ``--format``)."""
+    parser.add_argument("--target", type=Path, default=Path("examples/models/m3-tiny/target"))
+    parser.add_argument("--out", type=Path, default=Path(out))
+    parser.add_argument("--seed", type=int, default=seed)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--batch-tokens", type=int, default=None)
+    parser.add_argument("--conversations", type=int, default=None)
+    parser.add_argument("--max-draft-len", type=int, default=3)
+    # 2e-3 diverged (NaN) past ~800-1700 steps of a 6000-7000-step Eagle3 schedule
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--format", default="plain", choices=["plain", "m3"], help="the target's chat protocol"
+    )
 
 
 def write_training_record(

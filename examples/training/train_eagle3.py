@@ -25,7 +25,10 @@ from common import (  # noqa: E402
     apply_preset,
     build_tokenizer,
     chained_soft_loss,
-    cosine_lr,
+    drafter_arguments,
+    drafter_update,
+    mixed_precision,
+    set_lr,
     write_training_record,
 )
 
@@ -67,16 +70,7 @@ def feature_rms(target, batches: Batches, layers: tuple[int, ...], device) -> fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", type=Path, default=Path("examples/models/m3-tiny/target"))
-    parser.add_argument("--out", type=Path, default=Path("examples/models/m3-tiny/eagle3"))
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--batch-tokens", type=int, default=None)
-    parser.add_argument("--conversations", type=int, default=None)
-    parser.add_argument("--max-draft-len", type=int, default=3)
-    # 2e-3 diverged (NaN) past ~800-1700 steps of a 6000-7000-step schedule
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--device", default="auto")
+    drafter_arguments(parser, "examples/models/m3-tiny/eagle3", seed=1)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument(
         "--capture-layers",
@@ -89,9 +83,6 @@ def main() -> None:
         type=lambda text: tuple(float(x) for x in text.split(",")),
         default=TRAINING_MIX,
         help="shares of gsm8k-tiny, multiturn-copy and long-prompt in the corpus (plain format)",
-    )
-    parser.add_argument(
-        "--format", default="plain", choices=["plain", "m3"], help="the target's chat protocol"
     )
     args = parser.parse_args()
     device = apply_preset(args, {"cpu": (300, 8192, 10000), "gpu": (6000, 8192, 40000)})
@@ -128,17 +119,12 @@ def main() -> None:
     print(f"fc initialised for features of RMS {rms:.1f}")
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if device.type == "cuda"
-        else torch.autocast("cpu", enabled=False)
-    )
+    autocast = mixed_precision(device)
     steps = args.max_draft_len + 1
     start = time.time()
     bar = tqdm(range(args.steps), desc="eagle3", mininterval=2.0)
     for step in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=50)
+        set_lr(optimizer, step, args)
         ids, mask = batches.sample()
         ids, mask = ids.to(device), mask.to(device)
         with autocast:
@@ -147,12 +133,7 @@ def main() -> None:
                 target_probs = torch.softmax(target.compute_logits(hidden), dim=-1)  # [B, T, V]
             outputs = ttt_logits(draft, captured, ids, steps)
         loss = chained_soft_loss(outputs, target_probs, mask)
-        if not torch.isfinite(loss):
-            raise SystemExit(f"eagle3: loss is {loss.item()} at step {step}; try a lower --lr")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
+        drafter_update(optimizer, params, loss, "eagle3", step)
         if step % 25 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
     draft.eval()

@@ -31,7 +31,10 @@ from common import (  # noqa: E402
     apply_preset,
     build_tokenizer,
     chained_soft_loss,
-    cosine_lr,
+    drafter_arguments,
+    drafter_update,
+    mixed_precision,
+    set_lr,
     write_training_record,
 )
 
@@ -57,20 +60,9 @@ def with_module(target_dir: Path, seed: int, device: torch.device):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", type=Path, default=Path("examples/models/m3-tiny/target"))
-    parser.add_argument("--out", type=Path, default=Path("examples/models/m3-tiny/target"))
-    parser.add_argument("--seed", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--batch-tokens", type=int, default=None)
-    parser.add_argument("--conversations", type=int, default=None)
-    parser.add_argument("--max-draft-len", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    drafter_arguments(parser, "examples/models/m3-tiny/target", seed=2)
     parser.add_argument("--dense-fraction", type=float, default=0.5)
     parser.add_argument("--indexer-loss-weight", type=float, default=0.1)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument(
-        "--format", default="plain", choices=["plain", "m3"], help="the target's chat protocol"
-    )
     args = parser.parse_args()
     device = apply_preset(args, {"cpu": (300, 8192, 10000), "gpu": (6000, 8192, 40000)})
 
@@ -87,18 +79,13 @@ def main() -> None:
         chat_format=args.format,
     )
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if device.type == "cuda"
-        else torch.autocast("cpu", enabled=False)
-    )
+    autocast = mixed_precision(device)
     steps = args.max_draft_len + 1
     chain = ChainBackend(train_indexer=True)
     start = time.time()
     bar = tqdm(range(args.steps), desc="mtp", mininterval=2.0)
     for step in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=50)
+        set_lr(optimizer, step, args)
         ids, mask = batches.sample()
         ids, mask = ids.to(device), mask.to(device)
         with autocast:
@@ -113,12 +100,7 @@ def main() -> None:
                 model.attn_backend = saved
         loss = chained_soft_loss(outputs, target_probs, mask)
         total = loss + args.indexer_loss_weight * chain.indexer_loss
-        if not torch.isfinite(total):
-            raise SystemExit(f"mtp: loss is {total.item()} at step {step}; try a lower --lr")
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
+        drafter_update(optimizer, params, total, "mtp", step)
         if step % 25 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}", sparse=chain.msa_sparse)
     model.eval()

@@ -24,8 +24,9 @@ from common import (  # noqa: E402
     Batches,
     apply_preset,
     build_tokenizer,
-    cosine_lr,
+    mixed_precision,
     save_tokenizer,
+    set_lr,
     write_training_record,
 )
 
@@ -153,18 +154,13 @@ def main() -> None:
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01
     )
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if device.type == "cuda"
-        else torch.autocast("cpu", enabled=False)
-    )
+    autocast = mixed_precision(device)
     start = time.time()
     bar = tqdm(range(args.steps), desc="target", mininterval=2.0)
     with use_training_backend(model, train_indexer=True) as backend:
         for step in bar:
             backend.msa_sparse = step >= args.dense_fraction * args.steps
-            for group in optimizer.param_groups:
-                group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=50)
+            set_lr(optimizer, step, args)
             ids, mask = batches.sample()
             ids, mask = ids.to(device), mask.to(device)
             with autocast:

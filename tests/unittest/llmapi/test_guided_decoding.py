@@ -36,18 +36,24 @@ REGEX = r"(yes|no)-[0-9]{2}"
 EBNF = 'root ::= "sum:" [0-9] [0-9]? " " ("ok" | "bad")'
 
 
+def guided_llm(model, max_batch_size: int = 8, **options) -> LLM:
+    """An ``LLM`` of ``model`` on the CPU with xgrammar, KV for ``max_batch_size`` requests."""
+    return LLM(
+        str(model),
+        device="cpu",
+        guided_decoding_backend="xgrammar",
+        max_batch_size=max_batch_size,
+        kv_cache_config=KvCacheConfig(max_tokens=max_batch_size * 768),
+        **options,
+    )
+
+
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
     model = write_tiny_checkpoint(
         tmp_path_factory.mktemp("tiny_json"), alphabet=JSON_ALPHABET, max_position_embeddings=1024
     )
-    llm = LLM(
-        str(model),
-        device="cpu",
-        guided_decoding_backend="xgrammar",
-        max_batch_size=8,
-        kv_cache_config=KvCacheConfig(max_tokens=8 * 768),
-    )
+    llm = guided_llm(model)
     yield llm
     llm.shutdown()
 
@@ -199,12 +205,9 @@ def spec_llm(llm, tmp_path_factory):
 
     target = llm.args.model
     drafter = write_tiny_eagle3(tmp_path_factory.mktemp("draft"), Path(target))
-    spec = LLM(
+    spec = guided_llm(
         target,
-        device="cpu",
-        guided_decoding_backend="xgrammar",
         max_batch_size=32,
-        kv_cache_config=KvCacheConfig(max_tokens=32 * 768),
         speculative_config=Eagle3DecodingConfig(
             max_draft_len=3, speculative_model=str(drafter), draft_kv_cache="unified"
         ),
@@ -252,14 +255,7 @@ def test_the_overlap_scheduler_overlaps_guided_steps_and_gives_the_same_tokens(l
     next step's first part runs while the host reads the step before and fills its mask."""
     prompts = ["give json: ", "yes or no ", "sum 4+5 "]
     sampling = [params(g, False) for g, _ in CASES]
-    plain = LLM(
-        llm.args.model,
-        device="cpu",
-        guided_decoding_backend="xgrammar",
-        max_batch_size=8,
-        kv_cache_config=KvCacheConfig(max_tokens=8 * 768),
-        disable_overlap_scheduler=True,
-    )
+    plain = guided_llm(llm.args.model, disable_overlap_scheduler=True)
     try:
         want = [o.outputs[0].token_ids for o in plain.generate(prompts, sampling)]
     finally:
@@ -281,14 +277,7 @@ def test_mtp_under_a_grammar_gives_the_target_only_tokens(tmp_path):
     sampling = [params(g, False) for g, _ in CASES] + [params(None, False)]
     outputs = []
     for spec in (None, MTPDecodingConfig(max_draft_len=3)):
-        llm = LLM(
-            str(model),
-            device="cpu",
-            guided_decoding_backend="xgrammar",
-            max_batch_size=8,
-            kv_cache_config=KvCacheConfig(max_tokens=8 * 768),
-            speculative_config=spec,
-        )
+        llm = guided_llm(model, speculative_config=spec)
         try:
             outputs.append([o.outputs[0].token_ids for o in llm.generate(prompts, sampling)])
         finally:
