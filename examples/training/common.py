@@ -242,6 +242,8 @@ def write_training_record(
         "batch_tokens": args.batch_tokens,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }
+    if getattr(args, "init_from", None) is not None:
+        record["init_from"] = str(args.init_from)
     (args.out / name).write_text(json.dumps(record, indent=2) + "\n")
 
 

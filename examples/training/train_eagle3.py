@@ -31,6 +31,7 @@ from common import (  # noqa: E402
     set_lr,
     write_training_record,
 )
+from warm_start import eagle3_source, warm_start  # noqa: E402
 
 from tensorrt_llm._torch.models.checkpoint import load_model, random_eagle3, save_pretrained  # noqa: E402
 from tensorrt_llm._torch.models.modeling_speculative import (  # noqa: E402
@@ -84,6 +85,18 @@ def main() -> None:
         default=TRAINING_MIX,
         help="shares of gsm8k-tiny, multiturn-copy and long-prompt in the corpus (plain format)",
     )
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start from this trained drafter (of --init-target; another tokenizer allowed)",
+    )
+    parser.add_argument(
+        "--init-target",
+        type=Path,
+        default=Path("examples/models/m3-tiny/target"),
+        help="the target --init-from drafted for (its tokenizer)",
+    )
     args = parser.parse_args()
     device = apply_preset(args, {"cpu": (300, 8192, 10000), "gpu": (6000, 8192, 40000)})
 
@@ -94,15 +107,19 @@ def main() -> None:
     tcfg = target.config
     layers = args.capture_layers or default_layers_to_capture(tcfg.num_hidden_layers)
     config = draft_config(tcfg, layers, args.heads)
-    draft = (
-        random_eagle3(config, tcfg.num_hidden_layers, seed=args.seed, std=0.02).to(device).train()
-    )
+    draft = random_eagle3(config, tcfg.num_hidden_layers, seed=args.seed, std=0.02)
+    tokenizer = build_tokenizer(args.format)
+    if args.init_from is not None:
+        old = eagle3_source(args.init_from, args.init_target)
+        counts = warm_start(draft, tokenizer, old, args.init_from, keep=("d2t",))
+        print(f"from {args.init_from}: vocabulary rows {counts}")
+    draft = draft.to(device).train()
     draft.embed_tokens = target.model.embed_tokens
     print(
         f"eagle3: {sum(p.numel() for p in draft.parameters() if p.requires_grad) / 1e6:.2f}M parameters on {device}"
     )
     batches = Batches(
-        build_tokenizer(args.format),
+        tokenizer,
         args.seed + 100,
         args.conversations,
         args.batch_tokens,
@@ -110,13 +127,14 @@ def main() -> None:
         mix=args.mix,
         chat_format=args.format,
     )
-    # fc starts at unit scale on the target's features: the published architecture's residual
-    # stream is large (RMS ~60 on m3-tiny), and fc(features) is the drafter's residual, so at the
-    # usual init it would dwarf the attention's output, the part that copies from the context
-    rms = feature_rms(target, batches, layers, device)
-    with torch.no_grad():
-        draft.fc.weight /= rms
-    print(f"fc initialised for features of RMS {rms:.1f}")
+    if args.init_from is None:
+        # fc starts at unit scale on the target's features: the published architecture's residual
+        # stream is large (RMS ~60 on m3-tiny), and fc(features) is the drafter's residual, so at
+        # the usual init it would dwarf the attention's output, the part that copies from context
+        rms = feature_rms(target, batches, layers, device)
+        with torch.no_grad():
+            draft.fc.weight /= rms
+        print(f"fc initialised for features of RMS {rms:.1f}")
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     autocast = mixed_precision(device)

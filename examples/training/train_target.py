@@ -29,6 +29,7 @@ from common import (  # noqa: E402
     set_lr,
     write_training_record,
 )
+from warm_start import target_source, warm_start  # noqa: E402
 
 from tensorrt_llm._torch.models.checkpoint import random_model, save_pretrained  # noqa: E402
 from tensorrt_llm._torch.models.configuration_minimaxm3 import (  # noqa: E402
@@ -127,6 +128,12 @@ def main() -> None:
     parser.add_argument(
         "--format", default="plain", choices=["plain", "m3"], help="the chat protocol taught"
     )
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start from this trained target (another tokenizer allowed: warm_start.py)",
+    )
     args = parser.parse_args()
     # an m3 batch trains fewer reply tokens (its prompts are longer), and the digits a reply copies
     # or computes are what a target learns last, slower in the m3 format than in the plain one for
@@ -140,7 +147,11 @@ def main() -> None:
     tokenizer = build_tokenizer(args.format)
     eos = "[e~[" if args.format == "m3" else "<|end|>"
     config = target_config(tokenizer.get_vocab_size(), tokenizer.token_to_id(eos), args)
-    model = random_model(config, seed=args.seed, std=0.02).to(device).train()
+    model = random_model(config, seed=args.seed, std=0.02)
+    if args.init_from is not None:
+        counts = warm_start(model, tokenizer, target_source(args.init_from), args.init_from)
+        print(f"from {args.init_from}: vocabulary rows {counts}")
+    model = model.to(device).train()
     print(f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {device}")
     batches = Batches(
         tokenizer,
