@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 BUNDLED_DIR = Path(__file__).resolve().parents[1] / "examples" / "models" / "m3-tiny"
@@ -26,3 +27,18 @@ def bundled_eagle3(draft_kv_cache: str = "unified") -> dict:
         "speculative_model": str(BUNDLED_DRAFT),
         "draft_kv_cache": draft_kv_cache,
     }
+
+
+@functools.cache
+def _bundled_tokenizer():
+    from tensorrt_llm.tokenizer import TransformersTokenizer
+
+    return TransformersTokenizer.from_pretrained(bundled_target())
+
+
+def bundled_prompt(content: str, **template_kwargs) -> str:
+    """A one-turn prompt as the bundled checkpoint's chat template renders it (MiniMax-M3's
+    protocol; ``template_kwargs`` such as ``thinking_mode``), for ``/v1/completions`` and
+    ``LLM.generate``."""
+    messages = [{"role": "user", "content": content}]
+    return _bundled_tokenizer().apply_chat_template(messages, **template_kwargs)

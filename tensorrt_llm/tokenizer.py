@@ -15,6 +15,20 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"  # a checkpoint's template, as the hu
 USER, ASSISTANT, END = "<|user|>", "<|assistant|>", "<|end|>"
 CHAT_SPECIAL_TOKENS = ["<unk>", "<pad>", END, USER, ASSISTANT]
 CHAT_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;?!+-=*/()'\"\n"
+# The plain chat format of the first bundled model (and of the tests' tiny checkpoints):
+#   <|user|>{content}<|end|><|assistant|>{content}<|end|>...   (+ "<|assistant|>" to prompt a reply)
+# A system message takes the user tag.
+PLAIN_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] not in ['user', 'assistant', 'system'] -%}"
+    "{{- raise_exception('messages[' ~ loop.index0 ~ '].role=' ~ message['role'] ~ "
+    "\": expected 'user', 'assistant' or 'system'\") -}}"
+    "{%- endif -%}"
+    "{{- '<|assistant|>' if message['role'] == 'assistant' else '<|user|>' -}}"
+    "{{- message['content'] -}}<|end|>"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+)
 # MiniMax-M3's chat protocol in a character tokenizer: the turn markers are control tokens; the
 # reasoning and tool-call markers single tokens that decode to their text (the parsers read
 # them); the alphabet writes JSON and XML too.

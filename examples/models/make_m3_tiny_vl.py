@@ -62,7 +62,9 @@ def make(out_dir: str | Path, seed: int = 0) -> Path:
             tensor.copy_(source)
     save_pretrained(model, config, target_dir)
     tokenizer.save(str(target_dir / "tokenizer.json"))
-    shutil.copy(BUNDLED_TARGET / "tokenizer_config.json", target_dir)
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        if (BUNDLED_TARGET / name).is_file():
+            shutil.copy(BUNDLED_TARGET / name, target_dir)
     (target_dir / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
     draft_dir.mkdir(parents=True, exist_ok=True)
     draft = json.loads((BUNDLED_DRAFT / "config.json").read_text())

@@ -21,24 +21,12 @@ from tensorrt_llm.tokenizer import (
     CHAT_ALPHABET,
     CHAT_SPECIAL_TOKENS,
     END,
+    PLAIN_CHAT_TEMPLATE,
     build_char_tokenizer,
     render_chat_template,
 )
 
-# The bundled checkpoints' chat template (Jinja, in tokenizer_config.json as Hugging Face keeps it):
-#   <|user|>{content}<|end|><|assistant|>{content}<|end|>...   (+ "<|assistant|>" to prompt a reply)
-# A system message takes the user tag.
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if message['role'] not in ['user', 'assistant', 'system'] -%}"
-    "{{- raise_exception('messages[' ~ loop.index0 ~ '].role=' ~ message['role'] ~ "
-    "\": expected 'user', 'assistant' or 'system'\") -}}"
-    "{%- endif -%}"
-    "{{- '<|assistant|>' if message['role'] == 'assistant' else '<|user|>' -}}"
-    "{{- message['content'] -}}<|end|>"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
-)
+CHAT_TEMPLATE = PLAIN_CHAT_TEMPLATE  # the plain format's (``--format plain``)
 
 
 def render(messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -243,8 +231,16 @@ def write_training_record(
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }
     if getattr(args, "init_from", None) is not None:
-        record["init_from"] = str(args.init_from)
+        record["init_from"] = started_from(args.init_from)
     (args.out / name).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def started_from(model_dir: Path) -> dict:
+    """What a warm start began from: the checkpoint's path and its own ``training.json`` (so a
+    record names every corpus its weights have seen, stage by stage)."""
+    path = Path(model_dir) / "training.json"
+    record = json.loads(path.read_text()) if path.is_file() else None
+    return {"path": str(model_dir), "training": record}
 
 
 def pick_device(name: str) -> torch.device:

@@ -4,7 +4,7 @@ token (TTFT), the gaps between tokens (ITL), the time per output token after the
 where the server reports it (``avg_decoded_tokens_per_iter``), the acceptance length.
 
 Output tokens are counted from the usage the server sends last (``stream_options.include_usage``);
-a server that sends none is counted one token per content chunk. A chunk that carries several
+a server that sends none is counted one token per chunk of text (reasoning, content or a tool call). A chunk that carries several
 tokens (speculative decoding emits several per step) spreads its gap over them.
 """
 
@@ -96,14 +96,22 @@ class RequestResult:
 
 
 def _chunk_tokens(event: dict) -> tuple[str, dict | None]:
-    """The text and the choice of one streamed chunk (chat or completions)."""
+    """The text and the choice of one streamed chunk (chat or completions; a chat chunk's text
+    is its reasoning, content and tool-call deltas together)."""
     choices = event.get("choices") or []
     if not choices:
         return "", None
     choice = choices[0]
     delta = choice.get("delta")
-    text = (delta.get("content") if delta is not None else choice.get("text")) or ""
-    return text, choice
+    if delta is None:
+        return choice.get("text") or "", choice
+    # what the model wrote in this chunk, however the server's parsers filed it
+    calls = "".join(
+        (call.get("function") or {}).get(key) or ""
+        for call in delta.get("tool_calls") or []
+        for key in ("name", "arguments")
+    )
+    return (delta.get("reasoning_content") or "") + (delta.get("content") or "") + calls, choice
 
 
 async def one_request(

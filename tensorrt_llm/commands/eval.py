@@ -61,6 +61,15 @@ def has_mtp_module(model_dir: str) -> bool:
     return bool(getattr(load_config(model_dir), "num_mtp_modules", 0))
 
 
+def speaks_m3(model_dir: str) -> bool:
+    """Whether the checkpoint's tokenizer has MiniMax-M3's tool-call namespace token (its tools
+    and reasoning can be evaluated)."""
+    from tokenizers import Tokenizer
+
+    path = Path(model_dir) / "tokenizer.json"
+    return path.is_file() and "]<]minimax[>[" in Tokenizer.from_file(str(path)).get_vocab()
+
+
 def make_llm_factory(args):
     from tensorrt_llm import LLM
     from tensorrt_llm.llmapi import KvCacheConfig, QuantConfig
@@ -156,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             settings,
             None if args.no_disaggregated else deployment_options_factory(args),
             mtp=has_mtp_module(args.model),
+            tool_use=speaks_m3(args.model),
         )
         print(f"wrote {args.out_dir}/al_table.md, al_table.json, al_per_turn.png")
         return 0 if summary["outputs_identical_in_every_mode"] else 1

@@ -32,12 +32,15 @@ def build_al_table(
     settings: dict | None = None,
     deployment_options: Callable[[str | None], dict] | None = None,
     mtp: bool = False,
+    tool_use: bool = False,
 ) -> dict:
     """``make_llm(mode)`` builds an LLM for a draft KV mode (None: no speculation); ``settings``
     (tokens per block, draft length, device) are recorded with the results. With
     ``deployment_options(mode)`` (the servers' LLM options) every mode also runs disaggregated:
     a router, a context and a generation server started on loopback, driven over HTTP. ``mtp``:
-    the target's MTP module drafts in rows of its own too."""
+    the target's MTP module drafts in rows of its own too. ``tool_use`` (a checkpoint that speaks
+    MiniMax-M3's protocol): each mode also runs the tool-use task (``m3_runner``, adaptive mode;
+    aggregated only), its accuracy and AL in the row."""
     modes = MODES + (MTP_MODES if mtp else ())
     results = {}
     outputs = {}
@@ -48,6 +51,16 @@ def build_al_table(
         turns = run_multiturn_copy(llm, num_conversations, progress)
         results[label] = _row(gsm8k, turns)
         outputs[label] = [gsm8k["texts"]] + [t.texts for t in turns]
+        if tool_use:
+            from tensorrt_llm.evaluate.m3_runner import run_tool_use
+
+            tools = run_tool_use(llm, num_gsm8k, "adaptive", progress)
+            results[label].update(
+                tool_calls_right=tools["calls_right"],
+                tool_answers_right=tools["answers_are_the_tools"],
+                tool_use_al=tools["al"],
+            )
+            outputs[label].append(tools["texts"])
         llm.shutdown()
         if deployment_options is None:
             continue
@@ -106,14 +119,21 @@ def _row(gsm8k: dict, turns: list) -> dict:
 
 
 def markdown(summary: dict) -> str:
+    tools = any("tool_use_al" in r for r in summary["modes"].values())
     rows = [
-        "| mode | gsm8k-tiny accuracy | gsm8k-tiny AL (cold) | multiturn-copy AL, cold turn 1 | multiturn-copy AL, reused turns 2-4 |",
-        "| --- | --- | --- | --- | --- |",
+        "| mode | gsm8k-tiny accuracy | gsm8k-tiny AL (cold) | multiturn-copy AL, cold turn 1 | multiturn-copy AL, reused turns 2-4 |"
+        + (" tool use: calls right | tool-use AL |" if tools else ""),
+        "| --- | --- | --- | --- | --- |" + (" --- | --- |" if tools else ""),
     ]
     for label, r in summary["modes"].items():
-        rows.append(
-            f"| {label} | {r['gsm8k_accuracy']:.2%} | {r['gsm8k_al']:.2f} | {r['cold_al']:.2f} | {r['reused_al']:.2f} |"
-        )
+        row = f"| {label} | {r['gsm8k_accuracy']:.2%} | {r['gsm8k_al']:.2f} | {r['cold_al']:.2f} | {r['reused_al']:.2f} |"
+        if tools:
+            row += (
+                f" {r['tool_calls_right']:.2%} | {r['tool_use_al']:.2f} |"
+                if "tool_use_al" in r
+                else " - | - |"
+            )
+        rows.append(row)
     rows += [
         "",
         f"Target outputs identical in every mode: {'yes' if summary['outputs_identical_in_every_mode'] else 'NO'}.",

@@ -88,14 +88,20 @@ class Deployment:
         return path
 
     def server(
-        self, name: str, options: dict, device: str = "cpu", gpus: str | None = None
+        self,
+        name: str,
+        options: dict,
+        device: str = "cpu",
+        gpus: str | None = None,
+        flags: list[str] = (),
     ) -> None:
         """A model server with LLM ``options`` (the bundled model when they name none), on the
-        GPUs ``gpus`` (``CUDA_VISIBLE_DEVICES``, e.g. "1") when given."""
+        GPUs ``gpus`` (``CUDA_VISIBLE_DEVICES``, e.g. "1") when given, with more ``trtllm-serve``
+        ``flags`` (``--reasoning_parser minimax_m3``)."""
         config = self.write_yaml(f"{name}.yaml", options)
         if gpus is not None:
             self.envs[name] = {"CUDA_VISIBLE_DEVICES": gpus}
-        self.start(name, ["--config", str(config), "--device", device])
+        self.start(name, ["--config", str(config), "--device", device, *flags])
 
     def router(self, name: str, context: list[str], generation: list[str]) -> None:
         """A disaggregated router in front of the named servers."""

@@ -10,6 +10,7 @@ reasoning split off (``reasoning_parser``), its tool calls read (``tool_parser``
   result.
 
 Problems: gsm8k-tiny's evaluation stream (``tasks.evaluation_problems``), held out of training.
+Each result has the mean AL of its replies (``al``: 1 without speculative decoding).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 from collections.abc import Callable
 
 from tensorrt_llm.evaluate.m3_tasks import ARITHMETIC_TOOLS
+from tensorrt_llm.evaluate.runner import mean_al
 from tensorrt_llm.evaluate.tasks import evaluation_problems, parse_answer
 from tensorrt_llm.llmapi.reasoning_parser import ReasoningParserFactory
 from tensorrt_llm.sampling_params import SamplingParams
@@ -54,12 +56,13 @@ def run_gsm8k_thinking(llm, count: int, mode: str, progress: Callable[[str], Non
         "thinking_mode": mode,
         "accuracy": sum(correct) / len(correct),
         "reasoned": sum(bool(r[0]) for r in replies) / len(replies),
+        "al": mean_al([r[3] for r in replies]),
         "num_samples": len(correct),
         "texts": [r[3].outputs[0].text for r in replies],
     }
     progress(
         f"gsm8k-tiny ({mode}): {sum(correct)}/{len(correct)} correct, "
-        f"{result['reasoned']:.2f} reasoned"
+        f"{result['reasoned']:.2f} reasoned, AL {result['al']:.3f}"
     )
     return result
 
@@ -92,11 +95,13 @@ def run_tool_use(llm, count: int, mode: str, progress: Callable[[str], None] = p
         "thinking_mode": mode,
         "calls_right": sum(calls_right) / len(calls_right),
         "answers_are_the_tools": sum(answered) / len(calls_right),
+        "al": mean_al([r[3] for r in first + second]),
         "num_samples": len(calls_right),
+        "texts": [r[3].outputs[0].text for r in first + second],
     }
     progress(
         f"tool-use ({mode}): calls right {result['calls_right']:.3f}, answers from the tool "
-        f"{result['answers_are_the_tools']:.3f}"
+        f"{result['answers_are_the_tools']:.3f}, AL {result['al']:.3f}"
     )
     return result
 

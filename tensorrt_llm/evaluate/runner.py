@@ -1,7 +1,9 @@
 """Running the tasks against an ``LLM``, and the acceptance-length (AL) table.
 
 Every task is greedy. AL is ``avg_decoded_tokens_per_iter``: tokens per generation step (accepted
-drafts + 1), averaged over a turn's requests; 1.0 without speculation.
+drafts + 1), averaged over a turn's requests; 1.0 without speculation. A reply is scored, and kept
+in a conversation's history, by its content as a chat client reads it (``reply_content``): a
+MiniMax-M3 model's reasoning block split off.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensorrt_llm.evaluate.tasks import evaluation_problems, parse_answer
+from tensorrt_llm.llmapi.reasoning_parser import ReasoningParserFactory
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import SamplingParams
 
@@ -27,7 +30,16 @@ class TurnResult:
     texts: list[str] = field(default_factory=list)
 
 
-def _mean_al(outputs) -> float:
+def reply_content(text: str, prompt: str | None = None) -> str:
+    """The content of a reply as ``trtllm-serve --reasoning_parser minimax_m3`` returns it: a
+    ``<mm:think>`` block or a bare ``</mm:think>`` split off (where the reply starts read from the
+    rendered ``prompt`` when given); text without the markers (a plain-format model's, or content
+    a server has parsed already) is unchanged."""
+    parser = ReasoningParserFactory.create_reasoning_parser("minimax_m3", prompt=prompt)
+    return parser.parse(text).content
+
+
+def mean_al(outputs) -> float:
     values = [o.outputs[0].avg_decoded_tokens_per_iter or 1.0 for o in outputs]
     return sum(values) / len(values)
 
@@ -49,12 +61,12 @@ def run_gsm8k(llm, count: int, progress: Callable[[str], None] = print) -> dict:
     prompts = [llm.tokenizer.apply_chat_template(messages[:1]) for messages, _ in problems]
     outputs = llm.generate(prompts, GREEDY)
     correct = [
-        parse_answer(o.outputs[0].text) == answer
-        for o, (_, answer) in zip(outputs, problems, strict=True)
+        parse_answer(reply_content(o.outputs[0].text, p)) == answer
+        for p, o, (_, answer) in zip(prompts, outputs, problems, strict=True)
     ]
     result = {
         "accuracy": sum(correct) / len(correct),
-        "al": _mean_al(outputs),
+        "al": mean_al(outputs),
         "num_samples": len(correct),
         "token_ids": [o.outputs[0].token_ids for o in outputs],
         "texts": [o.outputs[0].text for o in outputs],
@@ -68,13 +80,13 @@ def run_long_prompt(llm, count: int, progress: Callable[[str], None] = print) ->
     prompts = [llm.tokenizer.apply_chat_template(messages[:1]) for messages, _ in items]
     outputs = llm.generate(prompts, GREEDY)
     correct = [
-        f"The secret code is {code}." == o.outputs[0].text
-        for o, (_, code) in zip(outputs, items, strict=True)
+        f"The secret code is {code}." == reply_content(o.outputs[0].text, p)
+        for p, o, (_, code) in zip(prompts, outputs, items, strict=True)
     ]
     lengths = [len(llm.tokenizer.encode(p)) for p in prompts]
     result = {
         "accuracy": sum(correct) / len(correct),
-        "al": _mean_al(outputs),
+        "al": mean_al(outputs),
         "num_samples": len(correct),
         "min_prompt_tokens": min(lengths),
         "token_ids": [o.outputs[0].token_ids for o in outputs],
@@ -97,13 +109,14 @@ def run_multiturn_copy(
         for history, conv in zip(histories, convs, strict=True):
             history.append(conv[2 * t])
         before = llm.get_stats()["num_reused_tokens"]
-        outputs = llm.generate([llm.tokenizer.apply_chat_template(h) for h in histories], GREEDY)
-        exact = [
-            o.outputs[0].text == c[2 * t + 1]["content"]
-            for o, c in zip(outputs, convs, strict=True)
+        prompts = [llm.tokenizer.apply_chat_template(h) for h in histories]
+        outputs = llm.generate(prompts, GREEDY)
+        replies = [
+            reply_content(o.outputs[0].text, p) for p, o in zip(prompts, outputs, strict=True)
         ]
+        exact = [r == c[2 * t + 1]["content"] for r, c in zip(replies, convs, strict=True)]
         turn = TurnResult(
-            al=_mean_al(outputs),
+            al=mean_al(outputs),
             exact=sum(exact) / len(exact),
             reused_tokens=llm.get_stats()["num_reused_tokens"] - before,
             token_ids=[o.outputs[0].token_ids for o in outputs],
@@ -113,8 +126,8 @@ def run_multiturn_copy(
         progress(
             f"multiturn-copy turn {t + 1}: AL {turn.al:.3f}, exact {turn.exact:.2f}, reused {turn.reused_tokens} tokens"
         )
-        for history, o in zip(histories, outputs, strict=True):
-            history.append({"role": "assistant", "content": o.outputs[0].text})
+        for history, reply in zip(histories, replies, strict=True):
+            history.append({"role": "assistant", "content": reply})
     return turns
 
 
@@ -125,7 +138,8 @@ def run_gsm8k_http(url: str, count: int, progress: Callable[[str], None] = print
     problems = evaluation_problems("gsm8k-tiny", count)
     replies = chat_many(url, [messages[:1] for messages, _ in problems], GREEDY.max_tokens)
     correct = [
-        parse_answer(r["text"]) == answer for r, (_, answer) in zip(replies, problems, strict=True)
+        parse_answer(reply_content(r["text"])) == answer
+        for r, (_, answer) in zip(replies, problems, strict=True)
     ]
     result = {
         "accuracy": sum(correct) / len(correct),
@@ -151,7 +165,8 @@ def run_multiturn_copy_http(
             history.append(conv[2 * t])
         before = metric(reuse_url, "trtllm_prefix_reused_tokens_total")
         replies = chat_many(url, histories, GREEDY.max_tokens)
-        exact = [r["text"] == c[2 * t + 1]["content"] for r, c in zip(replies, convs, strict=True)]
+        contents = [reply_content(r["text"]) for r in replies]
+        exact = [r == c[2 * t + 1]["content"] for r, c in zip(contents, convs, strict=True)]
         turn = TurnResult(
             al=sum(r["al"] for r in replies) / len(replies),
             exact=sum(exact) / len(exact),
@@ -162,6 +177,6 @@ def run_multiturn_copy_http(
         progress(
             f"multiturn-copy turn {t + 1} via {url}: AL {turn.al:.3f}, exact {turn.exact:.2f}, reused {turn.reused_tokens} tokens"
         )
-        for history, r in zip(histories, replies, strict=True):
-            history.append({"role": "assistant", "content": r["text"]})
+        for history, content in zip(histories, contents, strict=True):
+            history.append({"role": "assistant", "content": content})
     return turns

@@ -68,7 +68,7 @@ async def check_hold_room(llm: LLM, disagg: DisaggregatedParams | None) -> None:
 
 
 def refuse_control_tokens(tokenizer, texts: list[tuple[str, str]]) -> None:
-    """Message text is text: a special token in it (``<|end|><|assistant|>``) would be read as
+    """Message text is text: a special token in it (M3's ``[e~[`` or ``]~b]``) would be read as
     the chat template's control token, so it is refused. ``texts`` as ``(param, text)``."""
     specials = tokenizer.special_tokens
     for param, text in texts:

@@ -1,13 +1,17 @@
 """Three processes on loopback: a router, a context server and a generation server (NIXL over UCX,
-DRAM), against an aggregated server, all on the bundled model with Eagle3 and the unified cache."""
+DRAM), against an aggregated server, all on the bundled model with Eagle3 and the unified cache and
+MiniMax-M3's reasoning and tool parsers."""
 
+import json
 import time
 
 import httpx
 import openai
 import pytest
 
+from tensorrt_llm.bundled import bundled_prompt
 from tensorrt_llm.evaluate.deployment import disaggregation_options, metric, running
+from tensorrt_llm.evaluate.m3_tasks import ARITHMETIC_TOOLS
 
 pytest.importorskip("nixl")
 pytestmark = pytest.mark.slow
@@ -23,9 +27,10 @@ def deployment(tmp_path_factory):
     with running(tmp_path_factory.mktemp("disagg")) as servers:
         servers.reserve("ctx", "gen", "router", "agg")
         worker = disaggregation_options({"kv_cache_config": {"max_tokens": 65536}})
-        servers.server("ctx", worker)
-        servers.server("gen", worker)
-        servers.server("agg", {})
+        parsers = ["--reasoning_parser", "minimax_m3", "--tool_parser", "minimax_m3"]
+        servers.server("ctx", worker, flags=parsers)
+        servers.server("gen", worker, flags=parsers)
+        servers.server("agg", {}, flags=parsers)
         servers.router("router", ["ctx"], ["gen"])
         servers.wait_healthy()
         yield servers.urls
@@ -67,6 +72,46 @@ def test_disaggregated_replies_equal_aggregated_and_the_kv_really_moved(deployme
         assert metric(url, 'trtllm_kv_cache_slots{state="used"}') == 0
 
 
+def chat(url: str, stream: bool, **fields) -> dict:
+    """A chat reply as its parts: content, reasoning and tool calls (``id`` aside), whole or
+    joined from the stream."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    messages = [{"role": "user", "content": QUESTIONS[0]}]
+    reply = client.chat.completions.create(
+        model="target", messages=messages, temperature=0, max_tokens=80, stream=stream, **fields
+    )
+    if not stream:
+        message = reply.choices[0].message
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        reasoning = message.model_extra.get("reasoning_content") or ""
+        return {"content": message.content or "", "reasoning": reasoning, "calls": calls}
+    parts = {"content": "", "reasoning": "", "calls": {}}
+    for chunk in reply:
+        delta = chunk.choices[0].delta
+        parts["content"] += delta.content or ""
+        parts["reasoning"] += getattr(delta, "reasoning_content", None) or ""
+        for call in delta.tool_calls or []:
+            name, args = parts["calls"].get(call.index, ("", ""))
+            parts["calls"][call.index] = (
+                name + (call.function.name or ""),
+                args + (call.function.arguments or ""),
+            )
+    parts["calls"] = [parts["calls"][i] for i in sorted(parts["calls"])]
+    return parts
+
+
+def test_disaggregated_reasoning_and_tool_calls_equal_aggregated(deployment):
+    thinking = {"extra_body": {"chat_template_kwargs": {"thinking_mode": "enabled"}}}
+    tools = {"tools": ARITHMETIC_TOOLS}
+    for fields in (thinking, tools):
+        expected = chat(deployment["agg"], False, **fields)
+        for stream in (False, True):
+            assert chat(deployment["router"], stream, **fields) == expected, (fields, stream)
+    assert chat(deployment["agg"], False, **thinking)["reasoning"]
+    ((name, arguments),) = chat(deployment["agg"], False, **tools)["calls"]
+    assert name == "add" and json.loads(arguments) == {"a": 58, "b": 67}
+
+
 def test_a_hundred_mixed_requests_with_cancellations_leave_no_slot_held(deployment):
     router = deployment["router"]
     jobs = []
@@ -93,7 +138,7 @@ def test_a_hundred_mixed_requests_with_cancellations_leave_no_slot_held(deployme
             reply = httpx.post(
                 router + "/v1/completions",
                 json={
-                    "prompt": f"<|user|>{question}<|end|><|assistant|>",
+                    "prompt": bundled_prompt(question),
                     "max_tokens": 40,
                     "temperature": 0,
                 },

@@ -25,7 +25,7 @@ _scalars = st.one_of(
     st.integers(min_value=2**63 - 20, max_value=2**64 + 1),
     st.floats(),  # NaN and infinities too (JSON as Python writes it)
     st.text(max_size=12),
-    st.just("<|end|><|assistant|>"),
+    st.just("[e~[\n]~b]ai\n"),
     st.just("\ud800"),
 )
 _json = st.recursive(

@@ -44,10 +44,13 @@ def _serve_in_thread(app):
 
 @pytest.fixture(scope="module")
 def bundled_server():
-    """A live trtllm-serve of the bundled model (Eagle3 unified, CPU): (OpenAIServer, base URL)."""
+    """A live trtllm-serve of the bundled model (Eagle3 unified, CPU) with MiniMax-M3's reasoning
+    and tool parsers, as the README runs it: (OpenAIServer, base URL)."""
     from tensorrt_llm.commands.serve import build_server
 
-    server = build_server(None, None, device="cpu")
+    server = build_server(
+        None, None, device="cpu", reasoning_parser="minimax_m3", tool_parser="minimax_m3"
+    )
     url, stop = _serve_in_thread(server.app)
     yield server, url
     stop()

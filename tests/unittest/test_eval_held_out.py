@@ -3,6 +3,8 @@ records its corpus (seed, size) and what it holds out, truthfully, and rebuildin
 that record finds none of the problems the AL table and the tests evaluate."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,20 +32,40 @@ def test_each_record_names_the_seed_its_script_used():
     assert drafter["corpus_seed"] == drafter["seed"] + 100  # train_eagle3.py's corpus offset
 
 
-@pytest.mark.parametrize("model_dir", [BUNDLED_TARGET, BUNDLED_DRAFT], ids=["target", "drafter"])
-def test_the_corpus_rebuilt_from_its_record_holds_no_evaluation_problem(model_dir):
-    rec = record(model_dir)
-    held = rec["held_out"]
-    assert {k: v for k, v in held.items() if k != "conversations_skipped"} == held_out_record()
-    mix = tuple(rec["mix"].values()) if "mix" in rec else TRAINING_MIX  # the target's predates it
+def stages(rec: dict):
+    """A record and those of the checkpoints it was started from (``init_from``), newest first."""
+    while rec is not None:
+        yield rec
+        rec = (rec.get("init_from") or {}).get("training")
+
+
+def rebuilt(rec: dict) -> tuple[set[str], int]:
+    """The first user turns of the corpus a record names, and how many it skipped."""
+    if rec.get("chat_format") == "m3":
+        sys.path.insert(0, str(Path(__file__).parents[2] / "examples" / "training"))
+        from m3_format import m3_conversations
+
+        convs, skipped = m3_conversations(
+            rec["corpus_seed"], rec["conversations"], evaluation_questions(), rec["long_min_chars"]
+        )
+        return {c.messages[0]["content"] for c in convs}, skipped
+    mix = tuple(rec["mix"].values()) if "mix" in rec else TRAINING_MIX  # the first predates it
     convs, skipped = training_conversations(
         rec["corpus_seed"], rec["conversations"], rec["long_min_chars"], evaluation_questions(), mix
     )
-    assert skipped == held["conversations_skipped"] > 0  # the record is the corpus trained on
-    firsts = {c[0]["content"] for c in convs}
-    for task in EVAL_STREAMS:
-        problems = evaluation_problems(task, MAX_EVAL_PROBLEMS)
-        assert not {first_user_turn(p) for p in problems} & firsts, task
+    return {c[0]["content"] for c in convs}, skipped
+
+
+@pytest.mark.parametrize("model_dir", [BUNDLED_TARGET, BUNDLED_DRAFT], ids=["target", "drafter"])
+def test_the_corpora_rebuilt_from_the_records_hold_no_evaluation_problem(model_dir):
+    for rec in stages(record(model_dir)):
+        held = rec["held_out"]
+        assert {k: v for k, v in held.items() if k != "conversations_skipped"} == held_out_record()
+        firsts, skipped = rebuilt(rec)
+        assert skipped == held["conversations_skipped"] > 0  # the record is the corpus trained on
+        for task in EVAL_STREAMS:
+            problems = evaluation_problems(task, MAX_EVAL_PROBLEMS)
+            assert not {first_user_turn(p) for p in problems} & firsts, task
 
 
 def test_without_the_exclusion_the_corpora_would_hold_evaluation_problems():

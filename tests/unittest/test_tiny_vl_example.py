@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tensorrt_llm.bundled import bundled_prompt
 from tensorrt_llm.inputs import IMAGE_TOKEN
 
 ROOT = Path(__file__).parents[2]
@@ -24,7 +25,14 @@ def test_the_vl_example_answers_text_as_the_bundled_model(
     from tensorrt_llm.commands.serve import build_server
 
     target = make(tmp_path / "m3-tiny-vl")
-    server = build_server(target, None, "cpu", allowed_local_media_path=ROOT / "examples")
+    server = build_server(
+        target,
+        None,
+        "cpu",
+        allowed_local_media_path=ROOT / "examples",
+        reasoning_parser="minimax_m3",
+        tool_parser="minimax_m3",
+    )
     url, stop = serve_in_thread(server.app)
     try:
         vl = openai.OpenAI(base_url=url + "/v1", api_key="unused")
@@ -78,10 +86,10 @@ def test_the_vl_example_on_cuda_is_lossless_under_eagle3(tmp_path):
         "speculative_model": str(target.parent / "eagle3"),
     }
     picture = Image.open(ROOT / "examples/results/al_per_turn.png")
-    question = f"<|user|>{QUESTION}<|end|><|assistant|>"
+    question = bundled_prompt(QUESTION)
     prompts = [question] + [
         {
-            "prompt": f"<|user|>{QUESTION}{IMAGE_TOKEN}<|end|><|assistant|>",
+            "prompt": bundled_prompt(f"{QUESTION}{IMAGE_TOKEN}"),
             "multi_modal_data": {"image": [picture.resize(size)]},
         }
         for size in ((200, 100), (64, 64), (300, 300))

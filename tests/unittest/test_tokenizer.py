@@ -50,18 +50,21 @@ def test_transformers_renders_every_evaluation_conversation_as_the_server_does()
         assert ours.encode(ours.apply_chat_template(conversation)) == list(ids)
 
 
-def test_the_template_renders_the_format_the_bundled_model_was_trained_on():
+def test_the_bundled_template_is_m3s_and_renders_its_protocol():
     ours = TransformersTokenizer.from_pretrained(bundled_target())
+    root = Path(__file__).parents[2]
+    assert ours.chat_template == (root / "examples/templates/minimax_m3.jinja").read_text()
     messages = [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": " yo "},
-        {"role": "system", "content": "q"},
+        {"role": "user", "content": "q"},
     ]
-    assert ours.apply_chat_template(messages) == (
-        "<|user|>hi<|end|><|assistant|> yo <|end|><|user|>q<|end|><|assistant|>"
-    )
-    with pytest.raises(ValueError, match=r"messages\[1\].role=tool: expected"):
-        ours.apply_chat_template([messages[0], {"role": "tool", "content": "x"}])
+    text = ours.apply_chat_template(messages, thinking_mode="disabled")
+    assert text.startswith("]~!b[]~b]system\nYou are MiniMax-M3")
+    assert "Answer directly, without reasoning.\n" in text
+    assert text.endswith("]~b]user\nhi[e~[\n]~b]ai\n yo [e~[\n]~b]user\nq[e~[\n]~b]ai\n</mm:think>")
+    with pytest.raises(ValueError, match=r"messages\[1\].role=robot: expected"):
+        ours.apply_chat_template([messages[0], {"role": "robot", "content": "x"}])
 
 
 def checkpoint(tmp_path, **config):
@@ -155,10 +158,11 @@ def test_a_long_text_is_tokenized_without_holding_the_gil():
 
 def test_a_text_too_long_for_max_seq_len_is_refused_by_its_length():
     tokenizer = TransformersTokenizer.from_pretrained(bundled_target())
-    assert tokenizer.max_chars_per_token == len("<|assistant|>")  # its longest token
-    tokenizer.check_fits("a" * 13 * 100, 100)
-    with pytest.raises(ValueError, match="1301 characters: over 1300"):
-        tokenizer.check_fits("a" * 1301, 100)
+    longest = max(len(t) for t in tokenizer.tokenizer.get_vocab())  # a phrase token of the template
+    assert tokenizer.max_chars_per_token == longest > 100
+    tokenizer.check_fits("a" * longest * 100, 100)
+    with pytest.raises(ValueError, match=f"{longest * 100 + 1} characters: over {longest * 100}"):
+        tokenizer.check_fits("a" * (longest * 100 + 1), 100)
 
 
 def test_the_length_bound_is_claimed_only_where_no_character_can_vanish():

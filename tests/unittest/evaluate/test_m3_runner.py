@@ -26,7 +26,12 @@ class ScriptedModel:
         self.mistake = mistake
 
     def generate(self, prompts, params):
-        return [SimpleNamespace(outputs=[SimpleNamespace(text=self.reply(p))]) for p in prompts]
+        return [
+            SimpleNamespace(
+                outputs=[SimpleNamespace(text=self.reply(p), avg_decoded_tokens_per_iter=1.0)]
+            )
+            for p in prompts
+        ]
 
     def reply(self, prompt: str) -> str:
         opened = prompt.endswith("<mm:think>")

@@ -76,14 +76,13 @@ VL_PREPROCESSOR = {"size": {"shortest_edge": 64, "longest_edge": 32 * 32}}
 
 def write_tiny_vl_checkpoint(model_dir: Path, seed: int = 0, num_mtp_modules: int = 0) -> Path:
     """A random-init tiny MiniMax-M3 with a vision tower (hub layout), a character tokenizer that
-    knows the image marks, the chat template of the bundled model and a preprocessor config
+    knows the image marks, the plain chat template and a preprocessor config
     (``num_mtp_modules``: with its MTP module)."""
     import json
 
     from tensorrt_llm.inputs.multimodal_prompts import IMAGE_TOKEN, VISION_END, VISION_START
-    from tensorrt_llm.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS
+    from tensorrt_llm.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, PLAIN_CHAT_TEMPLATE
 
-    bundled = Path(__file__).parents[3] / "examples" / "models" / "m3-tiny" / "target"
     specials = [*CHAT_SPECIAL_TOKENS, IMAGE_TOKEN, VISION_START, VISION_END]
     tokenizer = build_char_tokenizer(CHAT_ALPHABET, specials)
     text = {
@@ -108,9 +107,14 @@ def write_tiny_vl_checkpoint(model_dir: Path, seed: int = 0, num_mtp_modules: in
     mtp = {"num_mtp_modules": num_mtp_modules} if num_mtp_modules else {}
     save_pretrained(random_model(config, seed=seed, std=0.15, **mtp), config, model_dir)
     tokenizer.save(str(model_dir / "tokenizer.json"))
-    (model_dir / "tokenizer_config.json").write_text(
-        (bundled / "tokenizer_config.json").read_text()
-    )
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": PLAIN_CHAT_TEMPLATE,
+        "eos_token": "<|end|>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+    }
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     (model_dir / "preprocessor_config.json").write_text(json.dumps(VL_PREPROCESSOR))
     return model_dir
 

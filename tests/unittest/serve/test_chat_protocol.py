@@ -120,7 +120,6 @@ def test_the_request_variables_and_history_reach_the_template():
         "{% for c in m.tool_calls or [] %}(call {{ c.function.name }} a={{ c.function.arguments.a }})"
         "{% endfor %};{% endfor %}mode={{ thinking_mode }}"
     )
-    # (the bundled tokenizer writes no angle brackets: the template marks with parentheses)
     tokenizer = TransformersTokenizer.from_pretrained(BUNDLED_TARGET, chat_template=template)
     llm = SimpleNamespace(tokenizer=tokenizer)
     body = ChatCompletionRequest(

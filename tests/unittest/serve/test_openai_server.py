@@ -6,6 +6,8 @@ import httpx
 import openai
 import pytest
 
+from tensorrt_llm.bundled import bundled_prompt
+
 
 @pytest.fixture(scope="module")
 def server(bundled_server):
@@ -41,7 +43,7 @@ def test_chat_completion_streamed_equals_non_streamed(client):
 
 
 def test_completion_streamed_equals_non_streamed_with_a_stop_string(client):
-    prompt = f"<|user|>{QUESTION}<|end|><|assistant|>"
+    prompt = bundled_prompt(QUESTION, thinking_mode="disabled")
     whole = client.completions.create(
         model="target", prompt=prompt, temperature=0, max_tokens=80, stop=[", so"]
     )
@@ -72,7 +74,7 @@ def test_a_disconnected_stream_frees_its_slots_and_metrics_report(server):
         "POST",
         url + "/v1/completions",
         json={
-            "prompt": "<|user|>" + "Repeat the list. " * 3,
+            "prompt": "Repeat the list. " * 3,
             "max_tokens": 500,
             "stream": True,
             "ignore_eos": True,
@@ -92,7 +94,7 @@ def test_a_disconnected_stream_frees_its_slots_and_metrics_report(server):
 def test_a_disconnected_non_streamed_request_is_cancelled(server):
     # issue 11, item 10: an abandoned non-streamed request used to run to its end, holding slots
     srv, url = server
-    body = {"prompt": "<|user|>" + "Count on. " * 3, "max_tokens": 900, "ignore_eos": True}
+    body = {"prompt": "Count on. " * 3, "max_tokens": 900, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + "/v1/completions", json=body, timeout=httpx.Timeout(5.0, read=1.0))
     deadline = time.time() + 5  # the 900 tokens alone take far longer on the CPU
@@ -224,10 +226,12 @@ def test_include_usage_ends_the_stream_with_the_usage(client):
 
 def test_logprobs_in_chat_and_completions_streamed_or_not(client):
     # issue 12, acceptance 2: a greedy token's logprob is the largest of its top_logprobs
+    # (thinking disabled: every token is content; a reasoning block's tokens have theirs too)
     messages = [{"role": "user", "content": QUESTION}]
     common = {"model": "target", "max_tokens": 10, "temperature": 0}
+    extra = {"ignore_eos": True, "chat_template_kwargs": {"thinking_mode": "disabled"}}
     chat = client.chat.completions.create(
-        messages=messages, logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True}, **common
+        messages=messages, logprobs=True, top_logprobs=3, extra_body=extra, **common
     )
     content = chat.choices[0].logprobs.content
     assert len(content) == chat.usage.completion_tokens == 10
@@ -241,7 +245,7 @@ def test_logprobs_in_chat_and_completions_streamed_or_not(client):
         logprobs=True,
         top_logprobs=3,
         stream=True,
-        extra_body={"ignore_eos": True},
+        extra_body=extra,
         **common,
     )
     streamed = [
@@ -280,6 +284,7 @@ def test_n_samples_and_prompt_lists(server, client):
         max_tokens=12,
         temperature=0,
         n=3,
+        extra_body={"chat_template_kwargs": {"thinking_mode": "disabled"}},  # all content
     )
     assert [c.index for c in chat.choices] == [0, 1, 2]
     assert len({c.message.content for c in chat.choices}) == 1

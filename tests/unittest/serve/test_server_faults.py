@@ -13,7 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-PROMPT = "<|user|>Ann has 58 cups. Ann gets 67 more cups. How many cups?<|end|><|assistant|>"
+from tensorrt_llm.bundled import bundled_prompt
+
+PROMPT = bundled_prompt("Ann has 58 cups. Ann gets 67 more cups. How many cups?")
 STREAM = {"prompt": PROMPT, "max_tokens": 24, "ignore_eos": True, "temperature": 0}
 
 
