@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -42,6 +41,8 @@ from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 from tensorrt_llm.tokenizer import (
     CHAT_ALPHABET,
     CHAT_SPECIAL_TOKENS,
+    END,
+    PLAIN_CHAT_TEMPLATE,
     TOKENIZER_CONFIG,
     TOKENIZER_FILE,
     build_char_tokenizer,
@@ -151,8 +152,8 @@ def write_dummy_checkpoints(
     """The benchmark target of ``scale`` and its drafter as checkpoints of configs only, for
     ``load_format="dummy"`` (the LLM makes random weights on the device), under ``root``;
     the target with a character tokenizer padded to its vocabulary (every id a model of random
-    weights emits decodes to text) and the bundled checkpoint's chat template, so that a server
-    can run it. Returns the target's and the drafter's folders."""
+    weights emits decodes to text) and the plain chat template (short prompts, as the earlier
+    figures had), so that a server can run it. Returns the target's and the drafter's folders."""
     target = bench_target_config(scale, max_positions, mlp)
     folders = []
     for config, name in ((target, "target"), (bench_eagle3_config(target), "eagle3")):
@@ -161,7 +162,8 @@ def write_dummy_checkpoints(
         folders.append(root / name)
     tokenizer = build_char_tokenizer(CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, target.vocab_size)
     tokenizer.save(str(folders[0] / TOKENIZER_FILE))
-    shutil.copy(Path(BUNDLED_TARGET) / TOKENIZER_CONFIG, folders[0] / TOKENIZER_CONFIG)
+    config = {"chat_template": PLAIN_CHAT_TEMPLATE, "eos_token": END, "pad_token": "<pad>"}
+    (folders[0] / TOKENIZER_CONFIG).write_text(json.dumps(config))
     return folders[0], folders[1]
 
 

@@ -36,6 +36,9 @@ TEMPLATE = (Path(__file__).resolve().parents[1] / "templates" / "minimax_m3.jinj
 EOS = "[e~["
 # gsm8k-tiny (thinking modes), tool use, multiturn-copy, long-prompt
 M3_MIX = (0.35, 0.25, 0.25, 0.15)
+# the vocabulary, padded with filler tokens to a multiple of 8: the vocabulary-parallel embedding
+# and LM heads split evenly over up to 8 tensor-parallel ranks (published vocabularies are padded)
+VOCAB_SIZE = 136
 
 
 # Whole phrases of the template and of tool markup, one token each (as a BPE tokenizer trained
@@ -75,7 +78,10 @@ PHRASE_TOKENS = [
 
 def build_m3_tokenizer() -> Tokenizer:
     return build_char_tokenizer(
-        M3_ALPHABET, M3_SPECIAL_TOKENS, text_tokens=[*M3_TEXT_TOKENS, *PHRASE_TOKENS]
+        M3_ALPHABET,
+        M3_SPECIAL_TOKENS,
+        vocab_size=VOCAB_SIZE,
+        text_tokens=[*M3_TEXT_TOKENS, *PHRASE_TOKENS],
     )
 
 

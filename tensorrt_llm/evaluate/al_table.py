@@ -42,8 +42,7 @@ def build_al_table(
     MiniMax-M3's protocol): each mode also runs the tool-use task (``m3_runner``, adaptive mode;
     aggregated only), its accuracy and AL in the row."""
     modes = MODES + (MTP_MODES if mtp else ())
-    results = {}
-    outputs = {}
+    results, outputs, tool_outputs = {}, {}, {}
     for label, mode in modes:
         progress(f"== {label}")
         llm = make_llm(mode)
@@ -52,33 +51,20 @@ def build_al_table(
         results[label] = _row(gsm8k, turns)
         outputs[label] = [gsm8k["texts"]] + [t.texts for t in turns]
         if tool_use:
-            from tensorrt_llm.evaluate.m3_runner import run_tool_use
-
-            tools = run_tool_use(llm, num_gsm8k, "adaptive", progress)
-            results[label].update(
-                tool_calls_right=tools["calls_right"],
-                tool_answers_right=tools["answers_are_the_tools"],
-                tool_use_al=tools["al"],
-            )
-            outputs[label].append(tools["texts"])
+            row, tool_outputs[label] = _tool_use(llm, num_gsm8k, progress)
+            results[label].update(row)
         llm.shutdown()
-        if deployment_options is None:
-            continue
-        from tensorrt_llm.evaluate.deployment import disaggregated_deployment
-
-        progress(f"== {label}, disaggregated")
-        with disaggregated_deployment(
-            deployment_options(mode), device=(settings or {}).get("device", "cpu")
-        ) as urls:
-            gsm8k = run_gsm8k_http(urls["router"], num_gsm8k, progress)
-            turns = run_multiturn_copy_http(
-                urls["router"], num_conversations, urls["ctx"], progress
+        if deployment_options is not None:
+            key = f"{label}, disaggregated"
+            progress(f"== {key}")
+            device = (settings or {}).get("device", "cpu")
+            results[key], outputs[key] = _disaggregated(
+                deployment_options(mode), device, num_gsm8k, num_conversations, progress
             )
-        key = f"{label}, disaggregated"
-        results[key] = _row(gsm8k, turns)
-        outputs[key] = [gsm8k["texts"]] + [t.texts for t in turns]
-    reference = outputs[MODES[0][0]]
-    identical = all(texts == reference for texts in outputs.values())
+    reference = MODES[0][0]
+    identical = all(texts == outputs[reference] for texts in outputs.values()) and all(
+        texts == tool_outputs[reference] for texts in tool_outputs.values()
+    )
     unified, separate = results["Eagle3 unified"], results["Eagle3 separate"]
     summary = {
         "modes": results,
@@ -104,6 +90,29 @@ def build_al_table(
     plot(summary, out_dir / "al_per_turn.png")
     progress(markdown(summary))
     return summary
+
+
+def _tool_use(llm, count: int, progress) -> tuple[dict, list[str]]:
+    """The tool-use task's row fields (adaptive mode) and its replies."""
+    from tensorrt_llm.evaluate.m3_runner import run_tool_use
+
+    tools = run_tool_use(llm, count, "adaptive", progress)
+    row = {
+        "tool_calls_right": tools["calls_right"],
+        "tool_answers_right": tools["answers_are_the_tools"],
+        "tool_use_al": tools["al"],
+    }
+    return row, tools["texts"]
+
+
+def _disaggregated(options: dict, device: str, num_gsm8k: int, num_conversations: int, progress):
+    """A mode's row and replies through a router, a context and a generation server."""
+    from tensorrt_llm.evaluate.deployment import disaggregated_deployment
+
+    with disaggregated_deployment(options, device=device) as urls:
+        gsm8k = run_gsm8k_http(urls["router"], num_gsm8k, progress)
+        turns = run_multiturn_copy_http(urls["router"], num_conversations, urls["ctx"], progress)
+    return _row(gsm8k, turns), [gsm8k["texts"]] + [t.texts for t in turns]
 
 
 def _row(gsm8k: dict, turns: list) -> dict:

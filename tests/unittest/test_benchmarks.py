@@ -195,7 +195,7 @@ def test_nixl_agent_benchmark_reads_through_both_kinds_of_agent():
 
 def test_the_published_width_serving_checkpoint_decodes_every_id_and_renders_chats(tmp_path):
     # bench_serving --model-scale full: configs only (dummy weights), a tokenizer covering the
-    # published vocabulary, the bundled chat template
+    # published vocabulary, the plain chat template
     from tensorrt_llm._torch.models.configuration_minimaxm3 import MiniMaxM3Config
     from tensorrt_llm.tokenizer import TransformersTokenizer
 

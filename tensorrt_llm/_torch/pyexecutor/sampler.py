@@ -146,25 +146,29 @@ def _below(u: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, st: SamplingTensors, lane: int = LANE_TOKEN) -> torch.Tensor:
-    """``logits [N, V]`` -> tokens ``[N]``. Greedy rows take the argmax. Without a top-k in the
-    batch, sampled rows draw by rejection against a rising pivot (``nucleus``: no sort; a Triton
-    program per row on CUDA). With one, they draw by inverse transform over their kept tokens in
-    sorted order (``filtered_probs``' distribution, without spreading it back over the vocabulary):
-    one sort and one running sum."""
+    """``logits [N, V]`` -> tokens ``[N]``. Greedy rows take the argmax. A sampled row without a
+    top-k draws by rejection against a rising pivot (``nucleus``: no sort; a Triton program per row
+    on CUDA); one with a top-k by inverse transform over its kept tokens in sorted order
+    (``filtered_probs``' distribution, without spreading it back over the vocabulary): one sort and
+    one running sum, for the whole batch when any row has a top-k. Which way a row draws is its
+    own, so a seeded request gets the same tokens whatever shares its batch."""
     if st.all_greedy:
         return logits.argmax(dim=-1)
-    if not st.uses_top_k:  # (greedy rows get their argmax there too)
-        if logits.is_cuda:
-            return nucleus_kernel_sample(
-                logits, st.temperature, st.top_p, st.seed, st.counter, lane
-            )
-        lanes = lane + torch.arange(NUCLEUS_ROUNDS, device=logits.device) * LANE_STRIDE
-        u = uniform(st.seed[:, None], st.counter[:, None], lanes)  # [N, rounds]
-        return nucleus_torch(logits, st.temperature, st.top_p, u)
+    nucleus = _nucleus_sample(logits, st, lane)  # (greedy rows get their argmax there too)
+    if not st.uses_top_k:
+        return nucleus
     greedy = logits.argmax(dim=-1)
     _, order, cum, last = _sorted_kept(logits, st)
     total = cum.gather(1, last)
     target = _below(uniform(st.seed, st.counter, lane)[:, None], total)
     index = torch.minimum(torch.searchsorted(cum, target, right=True), last)
-    drawn = order.gather(1, index).squeeze(-1)
+    drawn = torch.where(st.top_k > 0, order.gather(1, index).squeeze(-1), nucleus)
     return torch.where(st.temperature > 0, drawn, greedy)
+
+
+def _nucleus_sample(logits: torch.Tensor, st: SamplingTensors, lane: int) -> torch.Tensor:
+    if logits.is_cuda:
+        return nucleus_kernel_sample(logits, st.temperature, st.top_p, st.seed, st.counter, lane)
+    lanes = lane + torch.arange(NUCLEUS_ROUNDS, device=logits.device) * LANE_STRIDE
+    u = uniform(st.seed[:, None], st.counter[:, None], lanes)  # [N, rounds]
+    return nucleus_torch(logits, st.temperature, st.top_p, u)

@@ -11,12 +11,13 @@ import random
 import pytest
 import torch
 from llm_helpers import staggered_outputs  # noqa: E402  (the tests' folder)
+from tokenizers import Tokenizer
 
 from tensorrt_llm import LLM, GuidedDecodingParams, SamplingParams
 from tensorrt_llm._torch.pyexecutor.config import CudaGraphOptions
 from tensorrt_llm._torch.pyexecutor.cuda_graph_runner import PADDING_REQUEST_ID, CUDAGraphRunner
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
-from tensorrt_llm.bundled import BUNDLED_DRAFT
+from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 from tensorrt_llm.evaluate.tasks import gsm8k_tiny
 from tensorrt_llm.llmapi.llm_args import CudaGraphConfig, Eagle3DecodingConfig, KvCacheConfig
 
@@ -169,9 +170,11 @@ def test_sampled_eagle3_in_the_graph_gives_the_eager_tokens_and_al():
     llm.shutdown()
 
 
+# the second prompt's reply opens a reasoning block: biased away, it answers directly
+THINK = Tokenizer.from_file(str(BUNDLED_TARGET / "tokenizer.json")).token_to_id("<mm:think>")
 PENALIZED = [
     SamplingParams(max_tokens=8, presence_penalty=2.0, frequency_penalty=2.0, ignore_eos=True),
-    SamplingParams(max_tokens=8, logit_bias={67: -100.0}, ignore_eos=True),
+    SamplingParams(max_tokens=8, logit_bias={THINK: -100.0}, ignore_eos=True),
     SamplingParams(max_tokens=8, temperature=1.0, seed=3, frequency_penalty=2.0, ignore_eos=True),
 ]
 
@@ -186,7 +189,7 @@ def eager_penalized() -> list[list[int]]:
     eager = make_llm(None)
     want = penalized(eager)
     plain = eager_run(None)[0]
-    assert 67 in plain[1] and 67 not in want[1]
+    assert THINK in plain[1] and THINK not in want[1]
     eager.shutdown()
     return want
 

@@ -45,8 +45,12 @@ def streamed_call(chunks) -> tuple[dict, str]:
     return calls, finish
 
 
-@pytest.mark.parametrize("mode", ["disabled", "adaptive"])
+@pytest.mark.parametrize("mode", ["enabled", "disabled", "adaptive"])
 def test_a_tool_round_trip_whole_and_streamed(client, mode):
+    round_trip(client, mode)
+
+
+def round_trip(client, mode: str) -> None:
     template = {"chat_template_kwargs": {"thinking_mode": mode}}
     messages = [{"role": "user", "content": QUESTION}]
     first = ask(client, messages, tools=ARITHMETIC_TOOLS, extra_body=template).choices[0]
@@ -102,3 +106,23 @@ def test_the_readmes_round_trip_prints_what_its_comments_say(bundled_server, cap
     exec(compile(code, "README.md", "exec"), {})
     expected = [line.removeprefix("# ") for line in code.splitlines() if line.startswith("# ")]
     assert capsys.readouterr().out.splitlines() == expected
+
+
+@pytest.mark.gpu
+def test_the_round_trip_on_cuda_with_eagle3_in_cuda_graphs(serve_in_thread):
+    """The same on CUDA: bf16, Eagle3 unified, decode steps in CUDA graphs (captured at
+    start-up)."""
+    from tensorrt_llm.commands.serve import build_server
+
+    server = build_server(
+        None, None, device="cuda", reasoning_parser="minimax_m3", tool_parser="minimax_m3"
+    )
+    url, stop = serve_in_thread(server.app)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+        for mode in ("disabled", "adaptive", "enabled"):
+            round_trip(client, mode)
+        assert server.llm.args.cuda_graph_config is not None
+    finally:
+        stop()
+        server.close()

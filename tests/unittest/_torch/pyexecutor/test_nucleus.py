@@ -121,3 +121,27 @@ def test_rows_that_are_not_finite_give_a_token_in_the_vocabulary():
     for tokens in (got, nucleus_torch(logits, temperature, top_p, u)):
         assert ((tokens >= 0) & (tokens < 5000)).all()
         assert tokens[2] % 2 == 1  # only the finite half has weight
+
+
+def test_a_seeded_row_draws_the_same_token_whether_or_not_a_top_k_row_shares_its_batch():
+    # (a row without a top-k draws by rejection even when another row of its batch makes the
+    # batch sort: a seeded request's tokens are its own)
+    n = 64
+    logits = torch.randn(n, 50, generator=torch.Generator().manual_seed(3)) * 2
+    st = SamplingTensors(
+        torch.full((n,), 0.9),
+        torch.zeros(n, dtype=torch.long),
+        torch.full((n,), 0.95),
+        torch.arange(n, dtype=torch.long) + 11,
+        torch.full((n,), 3 * COUNTER_STRIDE, dtype=torch.long),
+        all_greedy=False,
+        uses_top_k=False,
+    )
+    alone = sample(logits, st)
+    top_k = st.top_k.clone()
+    top_k[::2] = 5  # every other row asks for a top-k
+    mixed = SamplingTensors(st.temperature, top_k, st.top_p, st.seed, st.counter, False, True)
+    together = sample(logits, mixed)
+    assert torch.equal(together[1::2], alone[1::2])
+    assert (top_k[::2, None] > logits[::2].argsort(-1, descending=True).argsort(-1).gather(
+        1, together[::2, None])).all()  # fmt: skip
