@@ -56,6 +56,18 @@ def test_reuse_costs_the_unified_drafter_nothing_and_the_separate_one_its_contex
     assert separate["cold_al"] == pytest.approx(unified["cold_al"])  # same until reuse kicks in
 
 
+def test_tool_use_is_right_and_its_second_turn_keeps_the_unified_drafters_kv(table):
+    """The tool-use task (the bundled model speaks M3's protocol): the call, then the answer from
+    the tool's result in a second turn whose prompt is the first's, served from the cache."""
+    modes = table[1]["modes"]
+    for label in ("target only", "Eagle3 separate", "Eagle3 unified"):
+        assert modes[label]["tool_calls_right"] >= 0.95, label
+        assert modes[label]["tool_answers_right"] >= 0.95, label
+    unified, separate = modes["Eagle3 unified"], modes["Eagle3 separate"]
+    assert unified["tool_use_al"] >= 3.3
+    assert separate["tool_use_al"] <= unified["tool_use_al"] - 0.1
+
+
 def test_disaggregated_unified_keeps_al_and_separate_loses_it(table):
     modes = table[1]["modes"]
     unified, unified_disagg = modes["Eagle3 unified"], modes["Eagle3 unified, disaggregated"]
