@@ -157,6 +157,7 @@ def test_a_draw_at_the_top_of_the_unit_interval_stays_in_top_k(monkeypatch):
     # top-k = 3 of a spread distribution: its mass sums to just under 1 in float32 on many rows
     logits = torch.randn(2000, 64, generator=torch.Generator().manual_seed(1)) * 4
     st = rows(2000, temperature=1.0, top_k=3)
+
     def top(seed, counter, lane):  # every draw at the top (the rows' and their rounds')
         shape = torch.broadcast_shapes(seed.shape, counter.shape, torch.as_tensor(lane).shape)
         return torch.full(shape, 1 - 2**-25)
