@@ -41,11 +41,10 @@ from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 from tensorrt_llm.tokenizer import (
     CHAT_ALPHABET,
     CHAT_SPECIAL_TOKENS,
-    END,
-    PLAIN_CHAT_TEMPLATE,
     TOKENIZER_CONFIG,
     TOKENIZER_FILE,
     build_char_tokenizer,
+    plain_tokenizer_config,
 )
 
 NUM_FULL_LAYERS = 3  # the published model's first layers: full attention, dense MLPs
@@ -162,8 +161,7 @@ def write_dummy_checkpoints(
         folders.append(root / name)
     tokenizer = build_char_tokenizer(CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, target.vocab_size)
     tokenizer.save(str(folders[0] / TOKENIZER_FILE))
-    config = {"chat_template": PLAIN_CHAT_TEMPLATE, "eos_token": END, "pad_token": "<pad>"}
-    (folders[0] / TOKENIZER_CONFIG).write_text(json.dumps(config))
+    (folders[0] / TOKENIZER_CONFIG).write_text(json.dumps(plain_tokenizer_config()))
     return folders[0], folders[1]
 
 

@@ -29,6 +29,20 @@ PLAIN_CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
 )
+
+
+def plain_tokenizer_config() -> dict:
+    """``tokenizer_config.json`` of a character tokenizer of the plain format (its template, its
+    end-of-turn, padding and unknown tokens)."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": PLAIN_CHAT_TEMPLATE,
+        "eos_token": END,
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+    }
+
+
 # MiniMax-M3's chat protocol in a character tokenizer: the turn markers are control tokens; the
 # reasoning and tool-call markers single tokens that decode to their text (the parsers read
 # them); the alphabet writes JSON and XML too.

@@ -23,14 +23,13 @@ from tensorrt_llm.tokenizer import (
     END,
     PLAIN_CHAT_TEMPLATE,
     build_char_tokenizer,
+    plain_tokenizer_config,
     render_chat_template,
 )
 
-CHAT_TEMPLATE = PLAIN_CHAT_TEMPLATE  # the plain format's (``--format plain``)
-
 
 def render(messages: list[dict], add_generation_prompt: bool = True) -> str:
-    return render_chat_template(CHAT_TEMPLATE, messages, add_generation_prompt, eos_token=END)
+    return render_chat_template(PLAIN_CHAT_TEMPLATE, messages, add_generation_prompt, eos_token=END)
 
 
 def build_tokenizer(chat_format: str = "plain") -> Tokenizer:
@@ -49,13 +48,7 @@ def save_tokenizer(tokenizer: Tokenizer, model_dir: Path, chat_format: str = "pl
         return
     model_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(model_dir / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": CHAT_TEMPLATE,
-        "eos_token": END,
-        "pad_token": "<pad>",
-        "unk_token": "<unk>",
-    }
+    config = plain_tokenizer_config()
     (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 

@@ -81,7 +81,7 @@ def write_tiny_vl_checkpoint(model_dir: Path, seed: int = 0, num_mtp_modules: in
     import json
 
     from tensorrt_llm.inputs.multimodal_prompts import IMAGE_TOKEN, VISION_END, VISION_START
-    from tensorrt_llm.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, PLAIN_CHAT_TEMPLATE
+    from tensorrt_llm.tokenizer import CHAT_ALPHABET, CHAT_SPECIAL_TOKENS, plain_tokenizer_config
 
     specials = [*CHAT_SPECIAL_TOKENS, IMAGE_TOKEN, VISION_START, VISION_END]
     tokenizer = build_char_tokenizer(CHAT_ALPHABET, specials)
@@ -107,13 +107,7 @@ def write_tiny_vl_checkpoint(model_dir: Path, seed: int = 0, num_mtp_modules: in
     mtp = {"num_mtp_modules": num_mtp_modules} if num_mtp_modules else {}
     save_pretrained(random_model(config, seed=seed, std=0.15, **mtp), config, model_dir)
     tokenizer.save(str(model_dir / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": PLAIN_CHAT_TEMPLATE,
-        "eos_token": "<|end|>",
-        "pad_token": "<pad>",
-        "unk_token": "<unk>",
-    }
+    config = plain_tokenizer_config()
     (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     (model_dir / "preprocessor_config.json").write_text(json.dumps(VL_PREPROCESSOR))
     return model_dir
