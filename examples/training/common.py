@@ -6,10 +6,12 @@ import argparse
 import json
 import math
 import random
+import time
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
+from tqdm import tqdm
 
 from tensorrt_llm.evaluate.tasks import (
     TRAINING_MIX,
@@ -171,6 +173,36 @@ def set_lr(optimizer: torch.optim.Optimizer, step: int, args) -> None:
         group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=50)
 
 
+def schedule_steps(args, done: int, elapsed: float, measured_after: int = 30) -> bool:
+    """Shorten ``args.steps`` to what fits ``args.minutes`` at the rate of the first steps (checked
+    once, after ``measured_after`` of them; the cosine schedule then ends on time). Returns whether
+    it shortened it."""
+    if args.minutes is None or done != measured_after:
+        return False
+    budget = args.minutes * 60 - elapsed
+    fits = done + int(budget * done / elapsed)
+    if fits >= args.steps:
+        return False
+    args.steps = max(fits, done + 1)
+    return True
+
+
+def training_steps(args, what: str):
+    """Yield ``(step, progress bar)`` for steps 0 .. ``args.steps`` - 1; under ``--minutes`` the
+    count may shrink once, early (``schedule_steps``), so read ``args.steps`` inside the loop."""
+    start = time.time()
+    bar = tqdm(total=args.steps, desc=what, mininterval=2.0)
+    step = 0
+    while step < args.steps:
+        yield step, bar
+        step += 1
+        bar.update()
+        if schedule_steps(args, step, time.time() - start):
+            bar.total = args.steps
+            print(f"{what}: {args.steps} steps fit --minutes {args.minutes}", flush=True)
+    bar.close()
+
+
 def drafter_update(
     optimizer: torch.optim.Optimizer, params: list, loss: torch.Tensor, what: str, step: int
 ) -> None:
@@ -205,6 +237,13 @@ def drafter_arguments(parser: argparse.ArgumentParser, out: str, seed: int) -> N
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--device", default="auto")
     parser.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="fit the schedule into this wall-clock budget: after the first steps, fewer steps "
+        "(never more) if the measured rate would overrun it",
+    )
+    parser.add_argument(
         "--format", default="plain", choices=["plain", "m3"], help="the target's chat protocol"
     )
 
@@ -219,6 +258,7 @@ def write_training_record(
         "seed": args.seed,
         **batches.record,
         "steps": args.steps,
+        **({"minutes": args.minutes} if getattr(args, "minutes", None) else {}),
         "lr": args.lr,
         "batch_tokens": args.batch_tokens,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (  # noqa: E402
@@ -29,6 +28,7 @@ from common import (  # noqa: E402
     drafter_update,
     mixed_precision,
     set_lr,
+    training_steps,
     write_training_record,
 )
 from warm_start import eagle3_source, warm_start  # noqa: E402
@@ -140,8 +140,7 @@ def main() -> None:
     autocast = mixed_precision(device)
     steps = args.max_draft_len + 1
     start = time.time()
-    bar = tqdm(range(args.steps), desc="eagle3", mininterval=2.0)
-    for step in bar:
+    for step, bar in training_steps(args, "eagle3"):
         set_lr(optimizer, step, args)
         ids, mask = batches.sample()
         ids, mask = ids.to(device), mask.to(device)

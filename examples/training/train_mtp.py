@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (  # noqa: E402
@@ -35,6 +34,7 @@ from common import (  # noqa: E402
     drafter_update,
     mixed_precision,
     set_lr,
+    training_steps,
     write_training_record,
 )
 
@@ -83,8 +83,7 @@ def main() -> None:
     steps = args.max_draft_len + 1
     chain = ChainBackend(train_indexer=True)
     start = time.time()
-    bar = tqdm(range(args.steps), desc="mtp", mininterval=2.0)
-    for step in bar:
+    for step, bar in training_steps(args, "mtp"):
         set_lr(optimizer, step, args)
         ids, mask = batches.sample()
         ids, mask = ids.to(device), mask.to(device)

@@ -1,0 +1,125 @@
+"""The bundled model's decode speed with each drafter: output tokens/s of ``LLM.generate`` with no
+speculation, with the Eagle3 drafter and with the target's own MTP module (both unified), at each
+batch size, as ratios to target only measured in one run.
+
+    python benchmarks/bench_drafters.py [--device cuda] [--batches 1,16] [--model DIR]
+
+GSM8K-style chat prompts in the thinking mode the template defaults to, greedy, each request
+ending at its own end of turn (the tokens are the same in every mode when speculation is
+lossless: the ``same`` column counts the requests whose tokens equal target only's). Every mode
+runs one untimed pass at each batch size first (CUDA graph capture, warm-up); then ``--rounds``
+timed passes go round the modes in turn, and the median pass is kept. A mode the checkpoint
+cannot run (MTP on a target without its module) is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from bench_common import machine_name
+
+from tensorrt_llm.bench.serving import Workload
+from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
+from tensorrt_llm.evaluate.runner import mean_al
+from tensorrt_llm.llmapi import LLM
+from tensorrt_llm.sampling_params import SamplingParams
+
+MODES = ("target", "eagle3", "mtp")
+
+
+def speculative_config(mode: str, draft: Path, k: int) -> dict | None:
+    if mode == "eagle3":
+        return {"decoding_type": "Eagle3", "speculative_model": str(draft), "max_draft_len": k}
+    if mode == "mtp":
+        return {"decoding_type": "MTP", "num_nextn_predict_layers": 1, "max_draft_len": k}
+    return None
+
+
+def has_mtp_module(model: Path) -> bool:
+    config = json.loads((model / "config.json").read_text())
+    return config.get("text_config", config).get("num_mtp_modules", 0) > 0
+
+
+def timed_pass(llm: LLM, prompts: list, params: SamplingParams, batch: int) -> dict:
+    begin, outputs = time.perf_counter(), []
+    for i in range(0, len(prompts), batch):
+        outputs += llm.generate(prompts[i : i + batch], params)
+    seconds = time.perf_counter() - begin
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    return {"seconds": seconds, "tokens": tokens, "al": mean_al(outputs)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--model", type=Path, default=BUNDLED_TARGET)
+    p.add_argument("--draft", type=Path, default=BUNDLED_DRAFT, help="the Eagle3 drafter")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--batches", default="1,16")
+    p.add_argument("--num-requests", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=160, help="max_tokens of every request")
+    p.add_argument("--max-draft-len", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    print(f"machine: {machine_name(args.device)}", flush=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    modes = [m for m in args.modes.split(",") if m]
+    if "mtp" in modes and not has_mtp_module(args.model):
+        print(f"mtp skipped: {args.model} has no MTP module (num_mtp_modules is 0)")
+        modes.remove("mtp")
+    llms = {
+        mode: LLM(
+            model=str(args.model),
+            speculative_config=speculative_config(mode, args.draft, args.max_draft_len),
+            max_batch_size=max(batches),
+            device=args.device,
+        )
+        for mode in modes
+    }
+    bodies = Workload("gsm8k", args.num_requests).requests()
+    tokenizer = next(iter(llms.values())).tokenizer
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template(b["messages"])) for b in bodies]
+    params = SamplingParams(max_tokens=args.output_len, temperature=0)
+    rows = []
+    for batch in batches:
+        for llm in llms.values():
+            timed_pass(llm, prompts, params, batch)  # capture and warm-up, untimed
+        passes = {mode: [] for mode in modes}
+        for _ in range(args.rounds):
+            for mode, llm in llms.items():
+                passes[mode].append(timed_pass(llm, prompts, params, batch))
+        base = passes[modes[0]][0]["tokens"]
+        speeds = {}
+        for mode in modes:
+            kept = sorted(passes[mode], key=lambda r: r["seconds"])[len(passes[mode]) // 2]
+            tokens = sum(len(t) for t in kept["tokens"])
+            speeds[mode] = tokens / kept["seconds"]
+            same = sum(a == b for a, b in zip(kept["tokens"], base, strict=True))
+            rows.append(
+                {
+                    "mode": mode,
+                    "batch": batch,
+                    "tokens": tokens,
+                    "tokens_per_s": speeds[mode],
+                    "ratio": speeds[mode] / speeds[modes[0]],
+                    "al": kept["al"],
+                    "same": f"{same}/{len(base)}",
+                }
+            )
+    print(f"{'mode':8} {'batch':>5} {'tokens':>7} {'tok/s':>9} {'ratio':>6} {'AL':>5} {'same':>6}")
+    for r in rows:
+        print(
+            f"{r['mode']:8} {r['batch']:5d} {r['tokens']:7d} {r['tokens_per_s']:9.1f} "
+            f"{r['ratio']:6.2f} {r['al']:5.2f} {r['same']:>6}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
