@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from bench_common import machine_name
 from tensorrt_llm.bench.serving import Workload
 from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 from tensorrt_llm.evaluate.runner import mean_al
-from tensorrt_llm.llmapi import LLM
+from tensorrt_llm.llmapi import LLM, KvCacheConfig
 from tensorrt_llm.sampling_params import SamplingParams
 
 MODES = ("target", "eagle3", "mtp")
@@ -77,6 +76,8 @@ def main() -> None:
             model=str(args.model),
             speculative_config=speculative_config(mode, args.draft, args.max_draft_len),
             max_batch_size=max(batches),
+            # a pool each, sized for the batch: several engines share the GPU
+            kv_cache_config=KvCacheConfig(max_tokens=max(batches) * (args.output_len + 512)),
             device=args.device,
         )
         for mode in modes

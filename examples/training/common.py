@@ -173,14 +173,15 @@ def set_lr(optimizer: torch.optim.Optimizer, step: int, args) -> None:
         group["lr"] = cosine_lr(step, args.steps, args.lr, warmup=50)
 
 
-def schedule_steps(args, done: int, elapsed: float, measured_after: int = 30) -> bool:
-    """Shorten ``args.steps`` to what fits ``args.minutes`` at the rate of the first steps (checked
-    once, after ``measured_after`` of them; the cosine schedule then ends on time). Returns whether
-    it shortened it."""
-    if args.minutes is None or done != measured_after:
+def schedule_steps(args, done: int, elapsed: float, since: tuple[int, float]) -> bool:
+    """Shorten ``args.steps`` to what fits ``args.minutes``, at the rate measured from ``since``
+    (a step and its time, past the first steps' warm-up) to ``done`` (the cosine schedule then
+    ends on time). Returns whether it shortened it."""
+    if args.minutes is None:
         return False
     budget = args.minutes * 60 - elapsed
-    fits = done + int(budget * done / elapsed)
+    rate = (done - since[0]) / (elapsed - since[1])
+    fits = done + int(budget * rate)
     if fits >= args.steps:
         return False
     args.steps = max(fits, done + 1)
@@ -189,15 +190,18 @@ def schedule_steps(args, done: int, elapsed: float, measured_after: int = 30) ->
 
 def training_steps(args, what: str):
     """Yield ``(step, progress bar)`` for steps 0 .. ``args.steps`` - 1; under ``--minutes`` the
-    count may shrink once, early (``schedule_steps``), so read ``args.steps`` inside the loop."""
-    start = time.time()
+    count may shrink once, early (``schedule_steps``: the rate of steps 10 to 40, past the warm-up),
+    so read ``args.steps`` inside the loop."""
+    start, since = time.time(), (0, 0.0)
     bar = tqdm(total=args.steps, desc=what, mininterval=2.0)
     step = 0
     while step < args.steps:
         yield step, bar
         step += 1
         bar.update()
-        if schedule_steps(args, step, time.time() - start):
+        if step == 10:
+            since = (step, time.time() - start)
+        if step == 40 and schedule_steps(args, step, time.time() - start, since):
             bar.total = args.steps
             print(f"{what}: {args.steps} steps fit --minutes {args.minutes}", flush=True)
     bar.close()
@@ -264,14 +268,14 @@ def write_training_record(
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }
     if getattr(args, "init_from", None) is not None:
-        record["init_from"] = started_from(args.init_from)
+        record["init_from"] = started_from(args.init_from, name)
     (args.out / name).write_text(json.dumps(record, indent=2) + "\n")
 
 
-def started_from(model_dir: Path) -> dict:
+def started_from(model_dir: Path, name: str = "training.json") -> dict:
     """What a warm start began from: the checkpoint's path and its own ``training.json`` (so a
     record names every corpus its weights have seen, stage by stage)."""
-    path = Path(model_dir) / "training.json"
+    path = Path(model_dir) / name
     record = json.loads(path.read_text()) if path.is_file() else None
     return {"path": str(model_dir), "training": record}
 

@@ -46,13 +46,20 @@ from tensorrt_llm._torch.training.mtp_ttt import ChainBackend, mtp_ttt_logits  #
 TARGET_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "training.json")
 
 
-def with_module(target_dir: Path, seed: int, device: torch.device):
-    """The target, frozen, with a new MTP module (random, std 0.02) to train."""
+def with_module(target_dir: Path, seed: int, device: torch.device, init_from: Path | None = None):
+    """The target, frozen, with an MTP module to train: new (random, std 0.02), or the module of
+    the checkpoint ``init_from`` (to train on; its target must be this one's)."""
     target = load_model(target_dir, torch.float32, device)
     config = dataclasses.replace(target.config, num_mtp_modules=1)
     model = random_model(config, seed=seed, std=0.02, num_mtp_modules=1).to(device)
     missing, unexpected = model.load_state_dict(target.state_dict(), strict=False)
     assert not unexpected and all(".mtp." in f".{name}" for name in missing), missing
+    if init_from is not None:
+        source = load_model(init_from, torch.float32, device, num_mtp_modules=1).state_dict()
+        module = {k: v for k, v in source.items() if k.startswith("model.mtp.")}
+        if not module:
+            raise SystemExit(f"--init-from {init_from}: the checkpoint has no MTP module")
+        model.load_state_dict(module, strict=False)
     for name, p in model.named_parameters():
         p.requires_grad_(name.startswith("model.mtp."))
     return model, config
@@ -61,13 +68,19 @@ def with_module(target_dir: Path, seed: int, device: torch.device):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     drafter_arguments(parser, "examples/models/m3-tiny/target", seed=2)
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="go on training the MTP module of this checkpoint (the same target's)",
+    )
     parser.add_argument("--dense-fraction", type=float, default=0.5)
     parser.add_argument("--indexer-loss-weight", type=float, default=0.1)
     args = parser.parse_args()
     device = apply_preset(args, {"cpu": (300, 8192, 10000), "gpu": (6000, 8192, 40000)})
 
     torch.manual_seed(args.seed)
-    model, config = with_module(args.target, args.seed, device)
+    model, config = with_module(args.target, args.seed, device, args.init_from)
     params = [p for p in model.parameters() if p.requires_grad]
     print(f"mtp: {sum(p.numel() for p in params) / 1e6:.2f}M parameters on {device}")
     batches = Batches(
