@@ -77,13 +77,21 @@ def test_disaggregated_unified_keeps_al_and_separate_loses_it(table):
     assert unified_disagg["gsm8k_accuracy"] >= 0.9 and separate_disagg["gsm8k_accuracy"] >= 0.9
 
 
-def test_the_mtp_module_drafts_with_its_kv_kept_by_reuse(table):
-    """With a bundled MTP module (``examples/training/train_mtp.py``): its unified cold AL, reuse
-    costing it nothing, the separate manager losing the reused turns' KV."""
+def test_the_mtp_module_drafts_with_its_kv_kept_by_reuse_and_transfer(table):
+    """The bundled target's MTP module (``examples/training/train_mtp.py``): its unified cold AL,
+    reuse and disaggregated transfer costing it nothing, the separate manager losing the reused
+    turns' KV and, far more, the transferred prompt's. Separate, the module loses less on reused
+    turns than Eagle3 does (on this subset, on the fourth turn only: 3.59 against 3.83 unified)."""
     modes = table[1]["modes"]
-    if "MTP unified" not in modes:
-        pytest.skip("the bundled target carries no MTP module (num_mtp_modules: 0)")
     unified, separate = modes["MTP unified"], modes["MTP separate"]
+    assert unified["gsm8k_accuracy"] >= 0.98 and unified["gsm8k_al"] >= 3.0
     assert unified["cold_al"] >= 3.0
     assert unified["reused_al"] >= unified["cold_al"] - 0.05
-    assert separate["reused_al"] <= unified["reused_al"] - 0.2
+    assert separate["reused_al"] <= unified["reused_al"] - 0.05
+    unified_disagg, separate_disagg = (
+        modes["MTP unified, disaggregated"],
+        modes["MTP separate, disaggregated"],
+    )
+    assert abs(unified_disagg["gsm8k_al"] - unified["gsm8k_al"]) <= 0.05
+    assert separate_disagg["gsm8k_al"] <= unified_disagg["gsm8k_al"] - 0.2
+    assert unified["tool_use_al"] >= 3.0

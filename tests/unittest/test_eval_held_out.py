@@ -1,5 +1,5 @@
-"""The evaluation problems are in neither bundled corpus: each checkpoint's ``training.json``
-records its corpus (seed, size) and what it holds out, truthfully, and rebuilding the corpus from
+"""The evaluation problems are in no bundled corpus: each checkpoint's ``training.json`` (the
+target's MTP module's ``training_mtp.json``) records its corpus (seed, size) and what it holds out, truthfully, and rebuilding the corpus from
 that record finds none of the problems the AL table and the tests evaluate."""
 
 import json
@@ -21,8 +21,8 @@ from tensorrt_llm.evaluate.tasks import (
 )
 
 
-def record(model_dir):
-    return json.loads((model_dir / "training.json").read_text())
+def record(model_dir, name: str = "training.json"):
+    return json.loads((model_dir / name).read_text())
 
 
 def test_each_record_names_the_seed_its_script_used():
@@ -30,6 +30,8 @@ def test_each_record_names_the_seed_its_script_used():
     assert target["script"].endswith("train_target.py") and target["corpus_seed"] == target["seed"]
     assert drafter["script"].endswith("train_eagle3.py")
     assert drafter["corpus_seed"] == drafter["seed"] + 100  # train_eagle3.py's corpus offset
+    mtp = record(BUNDLED_TARGET, "training_mtp.json")  # the target's MTP module
+    assert mtp["script"].endswith("train_mtp.py") and mtp["corpus_seed"] == mtp["seed"] + 200
 
 
 def stages(rec: dict):
@@ -56,9 +58,17 @@ def rebuilt(rec: dict) -> tuple[set[str], int]:
     return {c[0]["content"] for c in convs}, skipped
 
 
-@pytest.mark.parametrize("model_dir", [BUNDLED_TARGET, BUNDLED_DRAFT], ids=["target", "drafter"])
-def test_the_corpora_rebuilt_from_the_records_hold_no_evaluation_problem(model_dir):
-    for rec in stages(record(model_dir)):
+@pytest.mark.parametrize(
+    "model_dir, name",
+    [
+        (BUNDLED_TARGET, "training.json"),
+        (BUNDLED_DRAFT, "training.json"),
+        (BUNDLED_TARGET, "training_mtp.json"),
+    ],
+    ids=["target", "drafter", "mtp"],
+)
+def test_the_corpora_rebuilt_from_the_records_hold_no_evaluation_problem(model_dir, name):
+    for rec in stages(record(model_dir, name)):
         held = rec["held_out"]
         assert {k: v for k, v in held.items() if k != "conversations_skipped"} == held_out_record()
         firsts, skipped = rebuilt(rec)
