@@ -149,6 +149,11 @@ class GrammarCompiler:
         xgr = _xgrammar()
         return xgr.GrammarMatcher(compiled, override_stop_tokens=stop_token_ids)
 
+    def batch_matcher(self):
+        """xgrammar's batch matcher: one call fills the mask rows of many matchers, on up to
+        half the machine's hardware threads (its default)."""
+        return _xgrammar().BatchGrammarMatcher()
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 

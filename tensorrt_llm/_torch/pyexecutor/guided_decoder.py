@@ -51,6 +51,7 @@ class GuidedDecoder:
         self._guides: dict[int, _Guide] = {}
         self._dead: list[LlmRequest] = []  # ended by ``fill``, freed after ``poll``
         self.fill_seconds = 0.0  # the host's time in ``fill`` (benchmarks/bench_decode.py)
+        self._batch = compiler.batch_matcher()  # fills many matchers' rows on its threads
 
     def submit(self, request: LlmRequest, beside: bool = False) -> None:
         """Start compiling ``request``'s grammar; it waits for it in the queue. ``beside``: its
@@ -134,36 +135,59 @@ class GuidedDecoder:
             self.fill_seconds += time.perf_counter() - start
 
     def _fill(self, requests: list[LlmRequest], width: int) -> torch.Tensor:
+        """Depth by depth: every guided row's first position in one batched fill (xgrammar's
+        threads), then each draft position of the requests whose matcher took the draft before
+        it, then the drafts rolled back."""
         mask = torch.full((len(requests) * width, self.words), -1, dtype=torch.int32)
+        level: list[tuple[LlmRequest, _Guide, int]] = []
         for r, request in enumerate(requests):
             guide = self._guides.get(request.request_id)
             if guide is None:
                 continue
             _catch_up(request, guide)
-            if guide.matcher.is_terminated():
-                continue
-            matcher, row = guide.matcher, r * width
-            matcher.fill_next_token_bitmask(mask, row)
-            if not mask[row].any():  # no token of the vocabulary goes on: it ends (``poll``)
-                request.fail(
-                    ErrorKind.INVALID_REQUEST,
-                    "guided_decoding: no token of this model's vocabulary can continue the "
-                    f"{request.sampling_params.guided_decoding.kind} constraint here",
-                )
-                self._dead.append(request)
-                mask[row : row + width] = -1
-                continue
-            advanced = 0
-            for j, draft in enumerate(request.py_draft_tokens[: width - 1]):
-                if not matcher.accept_token(draft):
-                    break
-                advanced += 1
-                if matcher.is_terminated():
-                    break
-                matcher.fill_next_token_bitmask(mask, row + j + 1)
-            if advanced:
-                matcher.rollback(advanced)
+            if not guide.matcher.is_terminated():
+                level.append((request, guide, r * width))
+        if not level:
+            return mask
+        self._batch_fill(mask, level, 0)
+        rows = torch.tensor([row for _, _, row in level])
+        dead = set((~mask[rows].any(dim=1)).nonzero().flatten().tolist())
+        for i in dead:
+            request, _, row = level[i]  # no token of the vocabulary goes on: it ends (``poll``)
+            request.fail(
+                ErrorKind.INVALID_REQUEST,
+                "guided_decoding: no token of this model's vocabulary can continue the "
+                f"{request.sampling_params.guided_decoding.kind} constraint here",
+            )
+            self._dead.append(request)
+            mask[row : row + width] = -1
+        level = [entry for i, entry in enumerate(level) if i not in dead]
+        advanced: list[tuple[_Guide, int]] = []
+        for depth in range(1, width):
+            deeper = []
+            for request, guide, row in level:
+                drafts = request.py_draft_tokens
+                if depth > len(drafts) or not guide.matcher.accept_token(drafts[depth - 1]):
+                    if depth > 1:
+                        advanced.append((guide, depth - 1))
+                    continue
+                if guide.matcher.is_terminated():
+                    advanced.append((guide, depth))
+                    continue
+                deeper.append((request, guide, row))
+            if deeper:
+                self._batch_fill(mask, deeper, depth)
+            level = deeper
+        advanced += [(guide, width - 1) for _, guide, _ in level if width > 1]
+        for guide, taken in advanced:
+            guide.matcher.rollback(taken)
         return mask
+
+    def _batch_fill(self, mask: torch.Tensor, level: list, depth: int) -> None:
+        """The mask rows at ``depth`` of ``level``'s requests from their matchers' states."""
+        self._batch.batch_fill_next_token_bitmask(
+            [guide.matcher for _, guide, _ in level], mask, [row + depth for _, _, row in level]
+        )
 
     def _matcher(self, request: LlmRequest, compiled):
         """A matcher that ends at the request's end and stop tokens (with ``ignore_eos`` too: the

@@ -89,6 +89,63 @@ def test_a_refused_draft_leaves_the_rows_after_it_unconstrained(decoder):
     assert (mask[3] == -1).all()  # after the refused "3": never read
 
 
+def draft_ids(drafts: str) -> list[int]:
+    return [EOS if c == "$" else TOKENIZER.token_to_id(c) for c in drafts]
+
+
+def serial_rows(compiler: GrammarCompiler, guide, out: str, drafts: str, width: int):
+    """One request's rows as a lone matcher fills them, one position at a time."""
+    matcher = compiler.matcher(compiler.submit(guide).result(timeout=30), [EOS])
+    rows = torch.full((width, 2), -1, dtype=torch.int32)
+    for token in ids(out):
+        assert matcher.accept_token(token)
+    if matcher.is_terminated():
+        return rows
+    matcher.fill_next_token_bitmask(rows, 0)
+    for j, draft in enumerate(draft_ids(drafts)[: width - 1]):
+        if not matcher.accept_token(draft) or matcher.is_terminated():
+            break
+        matcher.fill_next_token_bitmask(rows, j + 1)
+    return rows
+
+
+def test_the_batched_fill_gives_each_request_its_own_rows_and_rolls_every_matcher_back(decoder):
+    """Many requests' rows filled depth by depth in batched calls equal each request's filled
+    alone: drafts all taken, refused at each depth, ending the grammar midway, none; a finished
+    grammar; requests without one between them."""
+    cases = [
+        ("a-[0-9]{2}c", "a", "-42"),
+        ("a-[0-9]{2}c", "a", "b12"),
+        ("a-[0-9]{2}c", "a-", "1bc"),
+        ("a-[0-9]{2}c", "a-1", "2cb"),
+        ("a-[0-9]{2}c", "a-1", "2c$"),  # the third draft ends the grammar (its end token)
+        ("a-[0-9]{2}c", "a-12", "c$1"),  # the second does
+        ("[0-9]+", "", "12a"),
+        ("[0-9]+", "3", ""),
+        ("abc", "abc", "1"),  # finished: its matcher takes nothing more
+        (None, "", "abc"),
+        ("(ab|ac)+", "ab", "acab"),
+    ]
+    width = 4
+    requests = [
+        request(i, GuidedDecodingParams(regex=g) if g else None, out=o)
+        for i, (g, o, _) in enumerate(cases)
+    ]
+    for r, (_, _, d) in zip(requests, cases, strict=True):
+        r.py_draft_tokens = draft_ids(d)
+    ready(decoder, *requests)
+    mask = decoder.fill(requests, width)
+    for i, (g, o, d) in enumerate(cases):
+        got = mask[i * width : (i + 1) * width]
+        want = (
+            serial_rows(decoder.compiler, GuidedDecodingParams(regex=g), o, d, width)
+            if g
+            else torch.full_like(got, -1)
+        )
+        assert torch.equal(got, want), cases[i]
+    assert torch.equal(decoder.fill(requests, width), mask)  # every matcher rolled back
+
+
 def test_a_grammar_that_fails_to_compile_ends_its_request_alone(decoder):
     bad = request(1, GuidedDecodingParams(grammar="root ::= nowhere"))
     good = request(2, GuidedDecodingParams(regex="a"))
