@@ -124,6 +124,21 @@ def test_decode_benchmark_runs_end_to_end_at_tiny_scale(tmp_path):
         assert sum(ratio in line for line in summary) == 2, ratio
 
 
+def test_drafters_benchmark_runs_the_bundled_model_with_each_drafter(tmp_path):
+    """The bundled target carries its MTP module, so every mode runs; greedy speculation gives
+    target only's tokens."""
+    out = tmp_path / "drafters.json"
+    args = ["--batches", "2", "--num-requests", "2", "--output-len", "24", "--rounds", "1"]
+    done = run_benchmark("bench_drafters.py", [*args, "--json", str(out)], timeout_s=240)
+    assert "machine:" in done.stdout
+    rows = {r["mode"]: r for r in json.loads(out.read_text())}
+    assert sorted(rows) == ["eagle3", "mtp", "target"]
+    assert rows["target"]["ratio"] == 1.0 and rows["target"]["al"] == 1.0
+    for mode in ("eagle3", "mtp"):
+        assert rows[mode]["same"] == "2/2" and rows[mode]["al"] > 1.5, mode
+        assert rows[mode]["tokens"] == rows["target"]["tokens"] and rows[mode]["tokens_per_s"] > 0
+
+
 def test_decode_benchmark_builds_dummy_fp8_weights_and_counts_the_experts_hit(tmp_path):
     """The m3-slice path (configs only, weights made on the device, FP8, the step's reads counted
     from its routing) at tiny scale on the CPU."""
