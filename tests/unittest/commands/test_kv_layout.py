@@ -84,8 +84,16 @@ def test_the_published_models_mtp_layer_is_one_more_sparse_layer(tmp_path, capsy
         ("4x128", "page"),
         ("1x128", "sub-page"),
     }
-    assert main(["--model", str(BUNDLED_TARGET), "--mtp"]) == 2
+    without = tmp_path / "without"
+    without.mkdir()
+    text["num_mtp_modules"] = 0
+    (without / "config.json").write_text(json.dumps(config))
+    assert main(["--model", str(without), "--mtp"]) == 2
     assert "no MTP module" in capsys.readouterr().err
+    # the bundled target carries one: its layer follows the target's 4
+    assert main(["--model", str(BUNDLED_TARGET), "--mtp"]) == 0
+    rows = layout_rows(capsys.readouterr().out)
+    assert {int(r[0]) for r in rows if r[1] == "index_key"} == {1, 3, 4}
 
 
 def test_a_model_or_a_layout_not_both(capsys):
