@@ -1,6 +1,7 @@
 """The bundled model's decode speed with each drafter: output tokens/s of ``LLM.generate`` with no
 speculation, with the Eagle3 drafter and with the target's own MTP module (both unified), at each
-batch size, as ratios to target only measured in one run.
+batch size, as ratios to target only measured in one run (under ``--guided``, to target only
+under the same schema).
 
     python benchmarks/bench_drafters.py [--device cuda] [--batches 1,16] [--model DIR]
 
@@ -10,6 +11,10 @@ lossless: the ``same`` column counts the requests whose tokens equal target only
 runs one untimed pass at each batch size first (CUDA graph capture, warm-up); then ``--rounds``
 timed passes go round the modes in turn, and the median pass is kept. A mode the checkpoint
 cannot run (MTP on a target without its module) is skipped with a note.
+
+``--guided``: each mode runs again with every request under a JSON schema (``ANSWER_SCHEMA``:
+the answer as an integer) in the template's disabled thinking mode, as ``<mode>+json`` rows; its
+free rows use the same prompts, so the two AL columns compare what the grammar costs a drafter.
 """
 
 from __future__ import annotations
@@ -25,9 +30,15 @@ from tensorrt_llm.bench.serving import Workload
 from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 from tensorrt_llm.evaluate.runner import mean_al
 from tensorrt_llm.llmapi import LLM, KvCacheConfig
-from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
 MODES = ("target", "eagle3", "mtp")
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer", "minimum": -100, "maximum": 200}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 
 
 def speculative_config(mode: str, draft: Path, k: int) -> dict | None:
@@ -63,6 +74,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=160, help="max_tokens of every request")
     p.add_argument("--max-draft-len", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--guided", action="store_true", help="also every mode under a JSON schema")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     print(f"machine: {machine_name(args.device)}", flush=True)
@@ -78,25 +90,35 @@ def main() -> None:
             max_batch_size=max(batches),
             # a pool each, sized for the batch: several engines share the GPU
             kv_cache_config=KvCacheConfig(max_tokens=max(batches) * (args.output_len + 512)),
+            guided_decoding_backend="xgrammar" if args.guided else None,
             device=args.device,
         )
         for mode in modes
     }
     bodies = Workload("gsm8k", args.num_requests).requests()
     tokenizer = next(iter(llms.values())).tokenizer
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template(b["messages"])) for b in bodies]
-    params = SamplingParams(max_tokens=args.output_len, temperature=0)
+    variables = {"thinking_mode": "disabled"} if args.guided else {}
+    prompts = [
+        tokenizer.encode(tokenizer.apply_chat_template(b["messages"], **variables)) for b in bodies
+    ]
+    free = SamplingParams(max_tokens=args.output_len, temperature=0)
+    runs = {mode: (llm, free) for mode, llm in llms.items()}
+    if args.guided:
+        guide = GuidedDecodingParams(json=ANSWER_SCHEMA)
+        guided = SamplingParams(max_tokens=args.output_len, temperature=0, guided_decoding=guide)
+        runs |= {f"{mode}+json": (llm, guided) for mode, llm in llms.items()}
     rows = []
     for batch in batches:
-        for llm in llms.values():
+        for llm, params in runs.values():
             timed_pass(llm, prompts, params, batch)  # capture and warm-up, untimed
-        passes = {mode: [] for mode in modes}
+        passes = {mode: [] for mode in runs}
         for _ in range(args.rounds):
-            for mode, llm in llms.items():
+            for mode, (llm, params) in runs.items():
                 passes[mode].append(timed_pass(llm, prompts, params, batch))
-        base = passes[modes[0]][0]["tokens"]
         speeds = {}
-        for mode in modes:
+        for mode in runs:
+            first = f"{modes[0]}+json" if mode.endswith("+json") else modes[0]  # its baseline
+            base = passes[first][0]["tokens"]
             kept = sorted(passes[mode], key=lambda r: r["seconds"])[len(passes[mode]) // 2]
             tokens = sum(len(t) for t in kept["tokens"])
             speeds[mode] = tokens / kept["seconds"]
@@ -107,15 +129,15 @@ def main() -> None:
                     "batch": batch,
                     "tokens": tokens,
                     "tokens_per_s": speeds[mode],
-                    "ratio": speeds[mode] / speeds[modes[0]],
+                    "ratio": speeds[mode] / speeds[first],
                     "al": kept["al"],
                     "same": f"{same}/{len(base)}",
                 }
             )
-    print(f"{'mode':8} {'batch':>5} {'tokens':>7} {'tok/s':>9} {'ratio':>6} {'AL':>5} {'same':>6}")
+    print(f"{'mode':11} {'batch':>5} {'tokens':>7} {'tok/s':>9} {'ratio':>6} {'AL':>5} {'same':>6}")
     for r in rows:
         print(
-            f"{r['mode']:8} {r['batch']:5d} {r['tokens']:7d} {r['tokens_per_s']:9.1f} "
+            f"{r['mode']:11} {r['batch']:5d} {r['tokens']:7d} {r['tokens_per_s']:9.1f} "
             f"{r['ratio']:6.2f} {r['al']:5.2f} {r['same']:>6}"
         )
     if args.json:
