@@ -5,7 +5,8 @@ never blocking the requests behind it) while its grammar compiles on the compile
 compiled it gets a matcher and joins the queue (``poll``). A grammar that cannot be built, or
 takes longer than ``COMPILE_TIMEOUT_S``, ends its request with an error naming it.
 
-Each step the host fills one mask row per logits row (``fill``): a row's first position from
+Each step the host fills one mask row per logits row (``fill``; one batched xgrammar call per
+position, on its threads): a row's first position from
 the matcher's state after the tokens the request has, then one position per draft, the matcher
 advanced through the drafts the grammar allows and rolled back afterwards. A draft the grammar
 refuses is refused by its own position's mask too (the target cannot accept it), so the rows
