@@ -6,9 +6,9 @@ compiled it gets a matcher and joins the queue (``poll``). A grammar that cannot
 takes longer than ``COMPILE_TIMEOUT_S``, ends its request with an error naming it.
 
 Each step the host fills one mask row per logits row (``fill``; one batched xgrammar call per
-position, on its threads): a row's first position from
-the matcher's state after the tokens the request has, then one position per draft, the matcher
-advanced through the drafts the grammar allows and rolled back afterwards. A draft the grammar
+position, on its threads): a row's first position from the matcher's state after the tokens the
+request has, then one position per draft, the matcher advanced through the drafts the grammar
+allows and rolled back afterwards. A draft the grammar
 refuses is refused by its own position's mask too (the target cannot accept it), so the rows
 after it are never read; they, and the rows of requests without a grammar, allow everything.
 The matcher takes the tokens a request emitted since its last step as the next is filled. A
