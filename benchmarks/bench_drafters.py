@@ -28,6 +28,7 @@ from bench_common import machine_name
 
 from tensorrt_llm.bench.serving import Workload
 from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
+from tensorrt_llm.commands.eval import has_mtp_module
 from tensorrt_llm.evaluate.runner import mean_al
 from tensorrt_llm.llmapi import LLM, KvCacheConfig
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
@@ -47,11 +48,6 @@ def speculative_config(mode: str, draft: Path, k: int) -> dict | None:
     if mode == "mtp":
         return {"decoding_type": "MTP", "num_nextn_predict_layers": 1, "max_draft_len": k}
     return None
-
-
-def has_mtp_module(model: Path) -> bool:
-    config = json.loads((model / "config.json").read_text())
-    return config.get("text_config", config).get("num_mtp_modules", 0) > 0
 
 
 def timed_pass(llm: LLM, prompts: list, params: SamplingParams, batch: int) -> dict:
@@ -80,7 +76,7 @@ def main() -> None:
     print(f"machine: {machine_name(args.device)}", flush=True)
     batches = [int(b) for b in args.batches.split(",")]
     modes = [m for m in args.modes.split(",") if m]
-    if "mtp" in modes and not has_mtp_module(args.model):
+    if "mtp" in modes and not has_mtp_module(str(args.model)):
         print(f"mtp skipped: {args.model} has no MTP module (num_mtp_modules is 0)")
         modes.remove("mtp")
     llms = {

@@ -163,25 +163,24 @@ class GuidedDecoder:
             self._dead.append(request)
             mask[row : row + width] = -1
         level = [entry for i, entry in enumerate(level) if i not in dead]
-        advanced: list[tuple[_Guide, int]] = []
+        taken = [0] * len(level)  # the drafts each matcher took, rolled back at the end
+        live = list(range(len(level)))
         for depth in range(1, width):
             deeper = []
-            for request, guide, row in level:
+            for i in live:
+                request, guide, _ = level[i]
                 drafts = request.py_draft_tokens
                 if depth > len(drafts) or not guide.matcher.accept_token(drafts[depth - 1]):
-                    if depth > 1:
-                        advanced.append((guide, depth - 1))
                     continue
-                if guide.matcher.is_terminated():
-                    advanced.append((guide, depth))
-                    continue
-                deeper.append((request, guide, row))
+                taken[i] += 1
+                if not guide.matcher.is_terminated():
+                    deeper.append(i)
             if deeper:
-                self._batch_fill(mask, deeper, depth)
-            level = deeper
-        advanced += [(guide, width - 1) for _, guide, _ in level if width > 1]
-        for guide, taken in advanced:
-            guide.matcher.rollback(taken)
+                self._batch_fill(mask, [level[i] for i in deeper], depth)
+            live = deeper
+        for (_, guide, _), n in zip(level, taken, strict=True):
+            if n:
+                guide.matcher.rollback(n)
         return mask
 
     def _batch_fill(self, mask: torch.Tensor, level: list, depth: int) -> None:

@@ -162,3 +162,24 @@ def write_tiny_m3_chat_checkpoint(model_dir: Path, seed: int = 0) -> Path:
     template = Path(__file__).parents[3] / "examples" / "templates" / "minimax_m3.jinja"
     (model_dir / CHAT_TEMPLATE_FILE).write_text(template.read_text())
     return model_dir
+
+
+def guided_m3_client(model: Path | None, serve_in_thread):
+    """Yield an ``openai`` client of a live ``trtllm-serve`` of ``model`` (None: the bundled one)
+    on the CPU with M3's reasoning and tool parsers and xgrammar; the server stops after."""
+    import openai
+
+    from tensorrt_llm.commands.serve import build_server
+
+    server = build_server(
+        None if model is None else str(model),
+        None,
+        device="cpu",
+        reasoning_parser="minimax_m3",
+        tool_parser="minimax_m3",
+        flags={"guided_decoding_backend": "xgrammar", "max_batch_size": 8},
+    )
+    url, stop = serve_in_thread(server.app)
+    yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    stop()
+    server.close()

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import jsonschema
-import openai
 import pytest
 
 from tensorrt_llm import LLM, GuidedDecodingParams, SamplingParams
@@ -19,6 +18,7 @@ from tensorrt_llm.evaluate.tasks import evaluation_problems
 from tensorrt_llm.llmapi.llm_args import KvCacheConfig
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "llmapi"))
+from llm_helpers import guided_m3_client  # noqa: E402
 from test_guided_decoding import EBNF, MORE_SCHEMAS, REGEX, SCHEMA  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -95,20 +95,7 @@ def test_every_constrained_reply_is_valid_and_ends_beside_free_ones(llms, sample
 
 @pytest.fixture(scope="module")
 def bundled_guided_server(serve_in_thread):
-    from tensorrt_llm.commands.serve import build_server
-
-    server = build_server(
-        None,
-        None,
-        device="cpu",
-        reasoning_parser="minimax_m3",
-        tool_parser="minimax_m3",
-        flags={"guided_decoding_backend": "xgrammar", "max_batch_size": 8},
-    )
-    url, stop = serve_in_thread(server.app)
-    yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    stop()
-    server.close()
+    yield from guided_m3_client(None, serve_in_thread)
 
 
 def test_tool_choice_required_and_named_call_the_tools_with_the_models_values(

@@ -23,7 +23,7 @@ from tensorrt_llm.tokenizer import (
 )
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "llmapi"))
-from llm_helpers import write_tiny_m3_chat_checkpoint  # noqa: E402
+from llm_helpers import guided_m3_client, write_tiny_m3_chat_checkpoint  # noqa: E402
 
 NS = "]<]minimax[>["
 TOKENIZER = build_char_tokenizer(M3_ALPHABET, M3_SPECIAL_TOKENS, text_tokens=M3_TEXT_TOKENS)
@@ -111,21 +111,8 @@ def test_strict_tools_under_auto_hold_a_call_once_opened(compiler):
 
 @pytest.fixture(scope="module")
 def m3_server(tmp_path_factory, serve_in_thread):
-    from tensorrt_llm.commands.serve import build_server
-
     model = write_tiny_m3_chat_checkpoint(tmp_path_factory.mktemp("m3-chat") / "m3")
-    server = build_server(
-        str(model),
-        None,
-        device="cpu",
-        reasoning_parser="minimax_m3",
-        tool_parser="minimax_m3",
-        flags={"guided_decoding_backend": "xgrammar", "max_batch_size": 8},
-    )
-    url, stop = serve_in_thread(server.app)
-    yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    stop()
-    server.close()
+    yield from guided_m3_client(model, serve_in_thread)
 
 
 USER = [{"role": "user", "content": "Weather in Paris for two days?"}]
