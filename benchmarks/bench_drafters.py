@@ -13,14 +13,18 @@ timed passes go round the modes in turn, and the median pass is kept. A mode the
 cannot run (MTP on a target without its module) is skipped with a note.
 
 ``--guided``: each mode runs again with every request under a JSON schema (``ANSWER_SCHEMA``:
-the answer as an integer) in the template's disabled thinking mode, as ``<mode>+json`` rows; its
-free rows use the same prompts, so the two AL columns compare what the grammar costs a drafter.
+the answer as an integer; ``disable_any_whitespace`` unless ``--json-whitespace any``) in the
+template's disabled thinking mode, as ``<mode>+json`` rows; its free rows use the same prompts,
+so the two AL columns compare what the grammar costs a drafter. ``AL max`` is the most the
+replies' lengths allow (a reply of n tokens takes at least ``ceil((n - 1) / (K + 1))`` steps
+after its first token): a short reply caps it below ``K + 1``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -50,6 +54,15 @@ def speculative_config(mode: str, draft: Path, k: int) -> dict | None:
     return None
 
 
+def al_bound(tokens: list[list[int]], k: int) -> float:
+    """The most AL replies of these lengths allow with ``k`` drafts a step (the engine's AL:
+    tokens after the first over the steps that made them), averaged as ``mean_al``."""
+    bounds = [
+        (len(t) - 1) / math.ceil((len(t) - 1) / (k + 1)) if len(t) > 1 else 1.0 for t in tokens
+    ]
+    return sum(bounds) / len(bounds)
+
+
 def timed_pass(llm: LLM, prompts: list, params: SamplingParams, batch: int) -> dict:
     begin, outputs = time.perf_counter(), []
     for i in range(0, len(prompts), batch):
@@ -71,6 +84,12 @@ def main() -> None:
     p.add_argument("--max-draft-len", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--guided", action="store_true", help="also every mode under a JSON schema")
+    p.add_argument(
+        "--json-whitespace",
+        choices=("none", "any"),
+        default="none",
+        help="--guided's JSON: none between tokens (disable_any_whitespace), or runs of up to 16",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     print(f"machine: {machine_name(args.device)}", flush=True)
@@ -100,7 +119,8 @@ def main() -> None:
     free = SamplingParams(max_tokens=args.output_len, temperature=0)
     runs = {mode: (llm, free) for mode, llm in llms.items()}
     if args.guided:
-        guide = GuidedDecodingParams(json=ANSWER_SCHEMA)
+        compact = args.json_whitespace == "none"
+        guide = GuidedDecodingParams(json=ANSWER_SCHEMA, disable_any_whitespace=compact)
         guided = SamplingParams(max_tokens=args.output_len, temperature=0, guided_decoding=guide)
         runs |= {f"{mode}+json": (llm, guided) for mode, llm in llms.items()}
     rows = []
@@ -127,14 +147,18 @@ def main() -> None:
                     "tokens_per_s": speeds[mode],
                     "ratio": speeds[mode] / speeds[first],
                     "al": kept["al"],
+                    "al_max": al_bound(kept["tokens"], args.max_draft_len),
                     "same": f"{same}/{len(base)}",
                 }
             )
-    print(f"{'mode':11} {'batch':>5} {'tokens':>7} {'tok/s':>9} {'ratio':>6} {'AL':>5} {'same':>6}")
+    print(
+        f"{'mode':11} {'batch':>5} {'tokens':>7} {'tok/s':>9} {'ratio':>6} {'AL':>5} "
+        f"{'AL max':>6} {'same':>6}"
+    )
     for r in rows:
         print(
             f"{r['mode']:11} {r['batch']:5d} {r['tokens']:7d} {r['tokens_per_s']:9.1f} "
-            f"{r['ratio']:6.2f} {r['al']:5.2f} {r['same']:>6}"
+            f"{r['ratio']:6.2f} {r['al']:5.2f} {r['al_max']:6.2f} {r['same']:>6}"
         )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

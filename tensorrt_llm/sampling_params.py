@@ -36,13 +36,16 @@ class GuidedDecodingParams:
     JSON schema (a dict, its JSON text, or a pydantic model class); ``regex``; ``grammar``, an
     EBNF grammar (GBNF, as xgrammar reads it); ``json_object``, any JSON object; and
     ``structural_tag``, an xgrammar structural tag (its JSON text). The engine builds it with the
-    ``guided_decoding_backend`` of the ``LLM`` (``xgrammar``)."""
+    ``guided_decoding_backend`` of the ``LLM`` (``xgrammar``). A schema's properties are written
+    in its order. ``disable_any_whitespace`` (vLLM's name): JSON without whitespace between its
+    tokens (``{"a":1,"b":[2]}``); else up to 16 whitespace characters in a row."""
 
     json: str | dict | None = None
     regex: str | None = None
     grammar: str | None = None
     json_object: bool = False
     structural_tag: str | dict | None = None
+    disable_any_whitespace: bool = False
 
     def __post_init__(self) -> None:
         import json
@@ -52,13 +55,17 @@ class GuidedDecodingParams:
         for name in ("json", "structural_tag"):
             value = getattr(self, name)
             if isinstance(value, dict):
-                setattr(self, name, json.dumps(value, sort_keys=True))
+                setattr(self, name, json.dumps(value))  # (in order: the order written)
         given = [k for k in GUIDE_KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise SamplingParamsError(
                 "guided_decoding",
                 f"GuidedDecodingParams takes exactly one of {', '.join(GUIDE_KINDS)}; got "
                 f"{', '.join(given) or 'none'}",
+            )
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise SamplingParamsError(
+                "guided_decoding", "GuidedDecodingParams.disable_any_whitespace must be a bool"
             )
         kind = given[0]
         value = getattr(self, kind)

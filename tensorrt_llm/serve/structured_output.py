@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 
+from tensorrt_llm._torch.pyexecutor.grammar_matcher import MAX_WHITESPACE, json_schema_ebnf
 from tensorrt_llm.llmapi.reasoning_parser import ThinkBlockParser
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
 
 FORMAT_TYPES = ("text", "json_object", "json_schema", "structural_tag", "regex", "ebnf")
-MAX_WHITESPACE = 16  # (as ``grammar_matcher``: JSON's blanks in a row)
 # the reasoning modes of xgrammar's model structural tags, by the template's thinking_mode
 _XGRAMMAR_REASONING = {"enabled": "enabled", "disabled": "disabled", "adaptive": "auto"}
 
@@ -81,6 +81,8 @@ def _format_of(guide: GuidedDecodingParams) -> dict:
     """A constraint as a structural tag's format."""
     if guide.kind in ("json", "json_object"):
         schema = json.loads(guide.json) if guide.kind == "json" else {"type": "object"}
+        if guide.disable_any_whitespace:  # (a tag's json_schema always allows whitespace)
+            return {"type": "grammar", "grammar": json_schema_ebnf(json.dumps(schema))}
         return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_WHITESPACE}
     if guide.kind == "regex":
         return {"type": "regex", "pattern": guide.regex}

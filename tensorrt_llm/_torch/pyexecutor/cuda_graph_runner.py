@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.guided_decoder import GuidedDecoder
     from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
+    from tensorrt_llm._torch.speculative.interface import DraftGuide
 
 PADDING_REQUEST_ID = -1  # the padding sequence's id in every KV manager (request ids are >= 0)
 
@@ -143,23 +144,14 @@ class CUDAGraphRunner:
 
     @property
     def captured_batch_sizes(self) -> list[int]:
-        return sorted(
-            {
-                k[0].batch_size
-                for k, b in self._buckets.items()
-                if b.graph and not k[0].prompt_tokens
-            }
-        )
+        keys = [k for k, b in self._buckets.items() if b.graph and not k[0].prompt_tokens]
+        return sorted({k[0].batch_size for k in keys})
 
     @property
     def inputs_pinned(self) -> bool:
         """Every bucket's inputs went up from pinned memory (a pageable copy waits for the device)."""
-        bufs = [
-            s.buffer
-            for b in self._buckets.values()
-            for s in b.inputs.staging
-            if s.buffer is not None
-        ]
+        bufs = [s.buffer for b in self._buckets.values() for s in b.inputs.staging]
+        bufs = [x for x in bufs if x is not None]
         return bool(bufs) and all(x.is_pinned() for x in bufs)
 
     def shape_of(self, batch: ScheduledRequests) -> GraphShape | None:
@@ -196,16 +188,23 @@ class CUDAGraphRunner:
         if settle is not None:
             settle()
             self._write_masks(bucket, batch.generation_requests)
-        if self.options.capture:
-            bucket.finish_graph.replay()
-        else:
-            bucket.outputs = self._finish(bucket)
-        self.num_replays += 1
-        self.num_mixed_replays += shape.num_prompts > 0
         # the prompts' rows, then the decoding requests' (after the padding prompt rows)
         p, n = len(batch.context_requests), len(batch.generation_requests)
         rows = [*range(p), *[None] * (shape.num_prompts - p), *range(p, p + n)]
-        out = bucket.outputs.first(len(rows))
+        guide = None  # the grammars' masks of the drafts, where a row has a grammar
+        if self.spec_worker is not None and self.guided is not None:
+            requests = [None if i is None else batch.all_requests[i] for i in rows]
+            guide = self.guided.drafting(requests, self.engine.device)
+        if guide is not None:  # (the host reads the drafts: the second part runs eagerly)
+            outputs = self._finish(bucket, guide)
+        elif self.options.capture:
+            bucket.finish_graph.replay()
+            outputs = bucket.outputs
+        else:
+            outputs = bucket.outputs = self._finish(bucket)
+        self.num_replays += 1
+        self.num_mixed_replays += shape.num_prompts > 0
+        out = outputs.first(len(rows))
         return out.logits, DeviceTokens(
             rows, out.tokens, out.num_accepted, out.drafts, out.logprobs
         )
@@ -354,7 +353,7 @@ class CUDAGraphRunner:
             logits_out=self._logits[: bucket.inputs.step.num_rows * self.tokens_per_seq],
         )
 
-    def _finish(self, bucket: Bucket) -> StepOutputs:
+    def _finish(self, bucket: Bucket, draft_guide: DraftGuide | None = None) -> StepOutputs:
         """Its second part: ``finish_step`` on what the first left."""
         return finish_step(
             bucket.forwarded,
@@ -363,6 +362,7 @@ class CUDAGraphRunner:
             logits_state=self._logits_state,
             spec_worker=self.spec_worker,
             chain_md=bucket.chain_md,
+            draft_guide=draft_guide,
         )
 
     @property
@@ -386,8 +386,10 @@ class CUDAGraphRunner:
         with torch.cuda.graph(second, pool=self._pool):  # (reading what the first left)
             bucket.outputs = self._finish(bucket)
         # the first part's outputs may now share memory with later buckets' graphs: a bucket's
-        # two parts replay back to back, with no other graph between them
-        bucket.forwarded = None
+        # two parts replay back to back, with no other graph between them. A bucket with mask
+        # rows under speculation keeps them: its second part may run eagerly (drafts masked)
+        if bucket.inputs.bitmask is None or self.spec_worker is None:
+            bucket.forwarded = None
         bucket.graph, bucket.finish_graph = first, second
         bucket.addresses = addresses(bucket, self._store, self._logits_state)
         first.replay()

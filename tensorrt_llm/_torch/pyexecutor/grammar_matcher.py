@@ -54,6 +54,19 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0][:300]
 
 
+def json_layout(compact: bool) -> dict:
+    """xgrammar's whitespace arguments of a JSON schema: none at all (``compact``, the
+    ``disable_any_whitespace`` of a request), or runs of up to ``MAX_WHITESPACE``."""
+    if compact:
+        return {"any_whitespace": False, "separators": (",", ":")}
+    return {"max_whitespace_cnt": MAX_WHITESPACE}
+
+
+def json_schema_ebnf(schema: str) -> str:
+    """A JSON schema's compact grammar as EBNF (where a structural tag holds it)."""
+    return str(_xgrammar().Grammar.from_json_schema(schema, **json_layout(True)))
+
+
 def check_guide(guide: GuidedDecodingParams) -> None:
     """Raise ``SamplingParamsError`` (field ``guided_decoding``) when ``guide``'s schema, regex,
     grammar or structural tag cannot be built, saying why; no tokenizer is needed, so a front
@@ -65,7 +78,7 @@ def check_guide(guide: GuidedDecodingParams) -> None:
             schema = json.loads(text)
             if not isinstance(schema, dict | bool):
                 raise ValueError("a JSON schema is an object (or true/false)")
-            xgr.Grammar.from_json_schema(text, max_whitespace_cnt=MAX_WHITESPACE)
+            xgr.Grammar.from_json_schema(text, **json_layout(guide.disable_any_whitespace))
         elif kind == "regex":
             xgr.Grammar.from_regex(text)
         elif kind == "grammar":
@@ -117,7 +130,7 @@ class GrammarCompiler:
 
     def submit(self, guide: GuidedDecodingParams) -> Future:
         """The compiled grammar of ``guide``, as a future (done at once when cached)."""
-        key = (guide.kind, guide.text)
+        key = (guide.kind, guide.text, guide.disable_any_whitespace)
         future = self._cache.get(key)
         if future is not None and not (future.done() and future.exception() is not None):
             self._cache.move_to_end(key)
@@ -132,11 +145,11 @@ class GrammarCompiler:
         done = (f for f in self._cache.values() if f.done() and f.exception() is None)
         return sum(f.result().memory_size_bytes for f in done)
 
-    def _compile(self, kind: str, text: str):
+    def _compile(self, kind: str, text: str, compact: bool):
         compiler = self._compiler
         if kind in ("json", "json_object"):
             schema = text if kind == "json" else ANY_OBJECT
-            return compiler.compile_json_schema(schema, max_whitespace_cnt=MAX_WHITESPACE)
+            return compiler.compile_json_schema(schema, **json_layout(compact))
         if kind == "regex":
             return compiler.compile_regex(text)
         if kind == "grammar":

@@ -8,12 +8,13 @@ takes longer than ``COMPILE_TIMEOUT_S``, ends its request with an error naming i
 Each step the host fills one mask row per logits row (``fill``; one batched xgrammar call per
 position, on its threads): a row's first position from the matcher's state after the tokens the
 request has, then one position per draft, the matcher advanced through the drafts the grammar
-allows and rolled back afterwards. A draft the grammar
-refuses is refused by its own position's mask too (the target cannot accept it), so the rows
-after it are never read; they, and the rows of requests without a grammar, allow everything.
-The matcher takes the tokens a request emitted since its last step as the next is filled. A
-constraint that no token of the vocabulary can continue (a character the tokenizer cannot
-write) ends its request with an error, never a row that allows nothing.
+allows and rolled back afterwards. A draft the grammar refuses is refused by its own
+position's mask too (the target cannot accept it), so the rows after it are never read; they,
+and the rows of requests without a grammar, allow everything. The matcher takes the tokens a
+request emitted since its last step as the next is filled. A constraint that no token of the
+vocabulary can continue (a character the tokenizer cannot write) ends its request with an error,
+never a row that allows nothing. Under speculation the drafter's proposals are masked by the
+same grammars (``drafting``, ``draft_guide``), so that the target accepts them.
 
 Under the overlap scheduler a request with a grammar is fed from the device like any other: its
 next step's first part (the forward) is queued, then the step before is read and the masks
@@ -30,12 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
+from tensorrt_llm._torch.pyexecutor.draft_guide import DraftGuide
 from tensorrt_llm._torch.pyexecutor.grammar_matcher import (
     COMPILE_TIMEOUT_S,
     GrammarCompiler,
     Pending,
 )
 from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, LlmRequest, LlmRequestState
+from tensorrt_llm.runtime.staging import PinnedStaging
 
 
 @dataclass
@@ -53,6 +56,7 @@ class GuidedDecoder:
         self._dead: list[LlmRequest] = []  # ended by ``fill``, freed after ``poll``
         self.fill_seconds = 0.0  # the host's time in ``fill`` (benchmarks/bench_decode.py)
         self._batch = compiler.batch_matcher()  # fills many matchers' rows on its threads
+        self._draft_staging = PinnedStaging()  # (the drafts' masks)
 
     def submit(self, request: LlmRequest, beside: bool = False) -> None:
         """Start compiling ``request``'s grammar; it waits for it in the queue. ``beside``: its
@@ -134,6 +138,20 @@ class GuidedDecoder:
             return self._fill(requests, width)
         finally:
             self.fill_seconds += time.perf_counter() - start
+
+    def drafting(
+        self, requests: list[LlmRequest | None], device: torch.device
+    ) -> DraftGuide | None:
+        """The masks of a step's draft chain (``draft_guide``) for its first rows, ``requests``
+        in row order (None: a padding row), after this step's ``fill``; None when no row has a
+        grammar."""
+        if not self._guides:
+            return None
+        guides = [None if r is None else self._guides.get(r.request_id) for r in requests]
+        if not any(guides):
+            return None
+        matchers = [None if g is None else g.matcher for g in guides]
+        return DraftGuide(matchers, self._batch, self.words, device, self._draft_staging)
 
     def _fill(self, requests: list[LlmRequest], width: int) -> torch.Tensor:
         """Depth by depth: every guided row's first position in one batched fill (xgrammar's

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
     from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
+    from tensorrt_llm._torch.speculative.interface import DraftGuide
 
 
 class StepDispatch:
@@ -63,6 +64,13 @@ class StepDispatch:
             return True
         return plan.bucket is not None  # Eagle3 moves the positions on the device: graphs
 
+    def _draft_guide(self, requests: list) -> DraftGuide | None:
+        """The grammars' masks of the step's drafts (``GuidedDecoder.drafting``), where a row
+        has a grammar and the step drafts."""
+        if self.spec_worker is None or self.guided is None:
+            return None
+        return self.guided.drafting(requests, self.engine.device)
+
     def _masks_wait(self, batch: ScheduledRequests) -> bool:
         """Whether a request of ``batch`` with a grammar takes its tokens from the launched step
         not yet read: its mask rows are filled once the step's first part is queued."""
@@ -98,13 +106,17 @@ class StepDispatch:
             logits_state=self.logits_state,
             **self.engine.forward_extra(batch),
         )
+        requests = [batch.all_requests[i] for i in inputs.rows]
         if settle is not None:
             settle()
-            inputs.bitmask = self._inputs.masks(
-                [batch.all_requests[i] for i in inputs.rows], inputs.width
-            )
+            inputs.bitmask = self._inputs.masks(requests, inputs.width)
         out = finish_step(
-            forwarded, inputs, md, logits_state=self.logits_state, spec_worker=self.spec_worker
+            forwarded,
+            inputs,
+            md,
+            logits_state=self.logits_state,
+            spec_worker=self.spec_worker,
+            draft_guide=self._draft_guide(requests),
         )
         tokens = DeviceTokens(inputs.rows, out.tokens, out.num_accepted, out.drafts, out.logprobs)
         return LaunchedStep(batch, decoding, out.logits, tokens, overlappable=self.overlap)

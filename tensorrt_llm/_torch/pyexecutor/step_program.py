@@ -24,6 +24,7 @@ from tensorrt_llm._torch.pyexecutor.token_bitmask import apply_token_bitmask
 if TYPE_CHECKING:
     from tensorrt_llm._torch.pyexecutor.model_engine import PyTorchModelEngine
     from tensorrt_llm._torch.speculative.eagle3 import Eagle3OneModelWorker
+    from tensorrt_llm._torch.speculative.interface import DraftGuide
 
 Logprobs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -100,10 +101,12 @@ def finish_step(
     logits_state: LogitsState | None = None,
     spec_worker: Eagle3OneModelWorker | None = None,
     chain_md: AttentionMetadata | None = None,
+    draft_guide: DraftGuide | None = None,
 ) -> StepOutputs:
     """The step's second part: the grammars' mask, the tokens (sampled, or the speculative
     worker's accept and draft chain; ``chain_md`` the chain's metadata where it is preallocated,
-    a bucket's), the penalties' counts, logprobs."""
+    a bucket's; ``draft_guide`` the grammars' masks of the drafts, which the host reads, so
+    never captured), the penalties' counts, logprobs."""
     logits = forwarded.logits
     if inputs.bitmask is not None:  # (after the penalties: a refused token stays refused)
         apply_token_bitmask(logits, inputs.bitmask)
@@ -112,7 +115,9 @@ def finish_step(
         tokens, accepted, drafts = tokens[:, None], None, None
     else:
         captured = forwarded.captured
-        tokens, accepted, drafts = spec_worker.step(inputs, logits, captured, md, chain_md)
+        tokens, accepted, drafts = spec_worker.step(
+            inputs, logits, captured, md, chain_md, draft_guide
+        )
     if inputs.penalties is not None:  # the tokens just made count from the next step on
         made = torch.ones_like(tokens[:, 0]) if accepted is None else accepted + 1
         logits_state.record(inputs.penalties.slots, tokens, made)

@@ -23,9 +23,10 @@ from tensorrt_llm._torch.models.modeling_speculative import Eagle3DraftModel
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManager, ResourceManagerType
 from tensorrt_llm._torch.pyexecutor.sampler import SamplingTensors, sample
 from tensorrt_llm._torch.pyexecutor.step_inputs import StepInputs
+from tensorrt_llm._torch.pyexecutor.token_bitmask import token_allowed
 from tensorrt_llm._torch.speculative.acceptance import choose_drafts, greedy_accept, verify
 from tensorrt_llm._torch.speculative.draft_probs import DraftProbStore
-from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
+from tensorrt_llm._torch.speculative.interface import DraftGuide, Eagle3SpecConfig
 from tensorrt_llm._torch.speculative.utils import DraftKvModeTracker
 
 
@@ -84,6 +85,7 @@ class Eagle3OneModelWorker:
         captured: list[torch.Tensor],
         md: AttentionMetadata,
         chain_md: AttentionMetadata | None = None,
+        guide: DraftGuide | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Accept, then the drafter's step over the target step's positions and the chain, for
         the step's rows (``logits [n * T, V]``, ``step_inputs``). Returns the rows' tokens ``[n,
@@ -91,7 +93,8 @@ class Eagle3OneModelWorker:
         drafts ``[n, K]``. ``chain_md`` is a one-token-per-row metadata of the same rows that
         ``place`` moves (a graph bucket's, the draft manager's table already in it,
         ``prefetch_draft_table``); without it (eager) the chain's metadata is built on the host
-        from the positions."""
+        from the positions. ``guide``: the grammars' masks of the drafts (``DraftGuide``; the
+        host reads each draft before the next: eager only)."""
         num_rows, width = inputs.num_rows, self.max_draft_len + 1
         device = logits.device
         tokens, accepted = self._accept(logits.view(num_rows, width, -1), inputs)
@@ -115,7 +118,13 @@ class Eagle3OneModelWorker:
         last = md.position_ids[picks]  # the last accepted position
         if chain_md is None and self.max_draft_len > 1:
             chain_md = self._chain_metadata(md, inputs.request_ids, last, draft_manager)
-        drafts, q = self._chain(hidden, draft_logits, last, chain_md, inputs.st)
+        if guide is not None:
+            guide.begin(tokens, accepted)
+        try:
+            drafts, q = self._chain(hidden, draft_logits, last, chain_md, inputs.st, guide)
+        finally:
+            if guide is not None:
+                guide.end()
         if q is not None:
             self.draft_probs.write(inputs.q_slots, q, inputs.st.temperature > 0)
         return tokens, accepted, drafts
@@ -157,12 +166,18 @@ class Eagle3OneModelWorker:
         last: torch.Tensor,
         chain_md: AttentionMetadata | None,
         st: SamplingTensors | None,
+        guide: DraftGuide | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafts ``[n, K]`` from the drafter's row at each last accepted position, and with
-        sampled rows their q ``[n, K, Vd]``."""
+        sampled rows their q ``[n, K, Vd]`` (masked by ``guide`` where given: q is what the
+        drafts were drawn from)."""
         draft_manager = self.resolve_draft_kv()
         chosen, probs = [], []
         for k in range(self.max_draft_len):
+            if guide is not None:
+                bitmask = guide.mask(chosen[-1] if chosen else None)
+                if bitmask is not None:
+                    logits = self._masked(logits, bitmask)
             tokens, q = choose_drafts(logits, st, k, self.draft_model.to_target_ids)
             chosen.append(tokens)
             probs.append(q)
@@ -177,6 +192,17 @@ class Eagle3OneModelWorker:
                 hidden, logits = self.draft_model(tokens, hidden, chain_md.position_ids, chain_md)
         q = None if probs[0] is None else torch.stack(probs, dim=1)
         return torch.stack(chosen, dim=1), q
+
+    def _masked(self, logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+        """``logits [n, Vd]`` with ``-inf`` where ``bitmask [n, W]`` refuses the target token;
+        a row that would refuse every draft token is left alone."""
+        allowed = token_allowed(bitmask, self.vocab_size)
+        width = logits.shape[-1]
+        if width != self.vocab_size:  # a drafter's own vocabulary
+            ids = self.draft_model.to_target_ids(torch.arange(width, device=logits.device))
+            allowed = allowed[:, ids]
+        allowed |= ~allowed.any(dim=-1, keepdim=True)
+        return logits.masked_fill(~allowed, float("-inf"))
 
     def _chain_metadata(
         self, md: AttentionMetadata, request_ids: list[int], last: torch.Tensor, draft_manager

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -14,6 +18,17 @@ class StepTokens:
     new_tokens: list[list[int]]
     next_drafts: list[list[int]]
     num_accepted: list[int | None]
+
+
+class DraftGuide(Protocol):
+    """The grammars' masks of a step's draft chain, from the host (``pyexecutor/draft_guide.py``):
+    ``begin`` with the step's tokens, ``mask`` before each draft, ``end``."""
+
+    def begin(self, tokens: torch.Tensor, accepted: torch.Tensor) -> None: ...
+
+    def mask(self, drafted: torch.Tensor | None) -> torch.Tensor | None: ...
+
+    def end(self) -> None: ...
 
 
 DRAFT_KV_CACHE_MODES = ("unified", "separate")

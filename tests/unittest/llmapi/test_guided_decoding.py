@@ -192,6 +192,10 @@ def test_guided_decoding_params_take_one_constraint():
         GuidedDecodingParams()
     guide = GuidedDecodingParams(json={"type": "object"})
     assert guide.kind == "json" and json.loads(guide.text) == {"type": "object"}
+    ordered = GuidedDecodingParams(json={"properties": {"why": {}, "answer": {}}})
+    assert list(json.loads(ordered.text)["properties"]) == ["why", "answer"]  # as written
+    with pytest.raises(ValueError, match="disable_any_whitespace"):
+        GuidedDecodingParams(json_object=True, disable_any_whitespace="yes")
     with pytest.raises(ValueError, match="over"):
         GuidedDecodingParams(regex="a" * 300_000)
 

@@ -1,10 +1,11 @@
 """Structured output on the bundled model (trained on M3's protocol, never on JSON): every reply
 under a JSON schema, a regex or a grammar is valid and ends at the end of turn, greedy and
 sampled, beside unconstrained requests that stay what they are alone; Eagle3 under a grammar
-gives the target-only tokens; through the server, ``tool_choice`` required and named give a call
+gives the target-only tokens, its drafts masked by the grammar; through the server, ``tool_choice`` required and named give a call
 of the offered (the named) tool with schema-valid arguments, the values the model's own."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -38,8 +39,6 @@ QUESTIONS = [messages[0]["content"] for messages, _ in evaluation_problems("gsm8
 
 
 def valid(guide: GuidedDecodingParams, text: str) -> bool:
-    import re
-
     if guide.json is not None:
         jsonschema.validate(json.loads(text), json.loads(guide.json))
         return True
@@ -91,6 +90,21 @@ def test_every_constrained_reply_is_valid_and_ends_beside_free_ones(llms, sample
     if not sampled:  # lossless: Eagle3 under each grammar gives the target-only tokens
         plain = target.generate(prompts, [params(g, False) for g in guides])
         assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+
+
+def test_the_drafter_proposes_under_the_grammar_and_the_target_accepts_it(llms):
+    """Masked by each request's grammar, Eagle3's drafts are its best guess under it: under the
+    answer schema without whitespace the target accepts most of them (about 1.1 tokens a step
+    when the drafts were not masked), and the tokens stay the target's."""
+    spec, target = llms
+    guide = GuidedDecodingParams(json=ANSWER, disable_any_whitespace=True)
+    prompts = [bundled_prompt(q, thinking_mode="disabled") for q in QUESTIONS]
+    outs = spec.generate(prompts, params(guide, False))
+    plain = target.generate(prompts, params(guide, False))
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    assert all(re.fullmatch(r'\{"answer":-?\d+\}', o.outputs[0].text) for o in outs)
+    al = sum(o.outputs[0].avg_decoded_tokens_per_iter for o in outs) / len(outs)
+    assert al >= 2.5, al
 
 
 @pytest.fixture(scope="module")

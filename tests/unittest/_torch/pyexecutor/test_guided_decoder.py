@@ -81,6 +81,32 @@ def test_a_rows_positions_follow_its_drafts_and_the_matcher_comes_back(decoder):
     assert [allowed(mask, r) for r in range(3)] == ["0123456789", "c", "$"]
 
 
+def test_the_drafts_masks_follow_the_steps_tokens_and_each_draft_then_give_them_back(decoder):
+    """``drafting``: the first draft's mask after the step's new tokens (its accepted drafts and
+    the bonus), each next one after the draft before; rows without a grammar, padding rows and a
+    row whose draft the grammar refuses are not masked; ``end`` gives every token back."""
+    walked = request(1, GuidedDecodingParams(regex="a-[0-9]{2}c"), out="a", drafts="-4")
+    other = request(2, GuidedDecodingParams(regex="a-[0-9]{2}c"), out="a", drafts="-4")
+    free = request(3, None, drafts="ab")
+    ready(decoder, walked, other, free)
+    before = decoder.fill([walked, other, free], width=3)
+    guide = decoder.drafting([walked, other, free], torch.device("cpu"))
+    # the step accepted "-" and "4" of walked's drafts (then the bonus "7"), none of other's
+    # (its bonus "-"); the fourth row is padding
+    tokens = torch.tensor([ids("-47"), ids("-bb"), ids("abc"), ids("000")])
+    guide.begin(tokens, torch.tensor([2, 0, 0, 0]))
+    first = guide.mask(None)
+    assert first.shape == (4, 2)
+    assert [allowed(first, 0), allowed(first, 1)] == ["c", "0123456789"]
+    assert (first[2:] == -1).all()
+    second = guide.mask(torch.tensor(ids("c500")))  # walked ends; other takes "5"
+    assert allowed(second, 0) == "$" and allowed(second, 1) == "0123456789"
+    assert guide.mask(torch.tensor([EOS, *ids("b00")])) is None  # walked ends, other refuses b
+    guide.end()
+    assert torch.equal(decoder.fill([walked, other, free], width=3), before)
+    assert decoder.drafting([free], torch.device("cpu")) is None
+
+
 def test_a_refused_draft_leaves_the_rows_after_it_unconstrained(decoder):
     walked = request(1, GuidedDecodingParams(regex="abc"), drafts="ab3")
     ready(decoder, walked)
@@ -226,3 +252,22 @@ def test_a_request_loading_its_kv_compiles_beside_and_waits_only_if_it_must(deco
     decoder.hold(bad)
     assert bad.state is LlmRequestState.WAITING_FOR_GRAMMAR
     assert decoder.poll() == [bad] and errors == ["invalid_request"]
+
+
+def test_a_schema_is_written_in_its_order_with_or_without_whitespace():
+    """Properties in the schema's order; ``disable_any_whitespace``: no blank anywhere."""
+    tokenizer = build_char_tokenizer('{}":, ab12', ["<unk>", "<eos>"])
+    compiler = GrammarCompiler(tokenizer, 16, [1])
+    schema = {"properties": {"b": {"type": "integer"}, "a": {"type": "integer"}}}
+    schema |= {"required": ["b", "a"], "additionalProperties": False}
+
+    def takes(compact: bool, text: str) -> bool:
+        guide = GuidedDecodingParams(json=schema, disable_any_whitespace=compact)
+        matcher = compiler.matcher(compiler.submit(guide).result(), [1])
+        return all(matcher.accept_token(tokenizer.token_to_id(c)) for c in text)
+
+    assert takes(False, '{"b": 1, "a": 2}') and takes(False, '{"b":1,"a":2}')
+    assert not takes(False, '{"a"')
+    assert takes(True, '{"b":1,"a":2}')
+    assert not takes(True, '{"b": 1') and not takes(True, '{ "b"')
+
