@@ -16,6 +16,8 @@ masked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from tensorrt_llm.runtime.staging import PinnedStaging
@@ -25,15 +27,15 @@ class DraftGuide:
     def __init__(
         self,
         matchers: list,
-        batch_matcher,
+        fill_rows: Callable[[list, torch.Tensor, list[int]], None],
         words: int,
         device: torch.device,
         staging: PinnedStaging,
     ) -> None:
         """``matchers``: each row's grammar matcher (xgrammar's; None: the row has none);
-        ``batch_matcher`` fills many matchers' rows in one call (``GuidedDecoder``'s)."""
+        ``fill_rows(matchers, mask, rows)`` fills their rows of a mask (``GrammarCompiler``'s)."""
         self._matchers = list(matchers)
-        self._batch = batch_matcher
+        self._fill_rows = fill_rows
         self._words = words
         self._device = device
         self._staging = staging
@@ -68,7 +70,7 @@ class DraftGuide:
             return None
         host = torch.full((len(self._matchers), self._words), -1, dtype=torch.int32)
         matchers = [self._matchers[i] for i in self._live]
-        self._batch.batch_fill_next_token_bitmask(matchers, host, list(self._live))
+        self._fill_rows(matchers, host, list(self._live))
         out = torch.empty(host.shape, dtype=torch.int32, device=self._device)
         return self._staging.upload(out, host)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
 
 if TYPE_CHECKING:
+    import torch
     from tokenizers import Tokenizer
 
 BACKENDS = ("xgrammar",)
@@ -26,6 +27,9 @@ COMPILE_TIMEOUT_S = 30.0  # a request whose grammar takes longer ends with an er
 # JSON's whitespace between tokens, at most this many characters in a row: room for indented
 # output, and no endless run of blanks from a model that scores them high
 MAX_WHITESPACE = 16
+# a step's mask rows at one position filled on xgrammar's threads past this many (vLLM's
+# threshold for its thread pool, 128, is of the same order)
+PARALLEL_FILL_ROWS = 128
 ANY_OBJECT = '{"type": "object"}'  # json_object
 
 
@@ -126,7 +130,9 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
-        self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, bool], Future] = OrderedDict()
+        self._serial = xgr.BatchGrammarMatcher(max_threads=1)
+        self._parallel = xgr.BatchGrammarMatcher()  # (half the hardware threads)
 
     def submit(self, guide: GuidedDecodingParams) -> Future:
         """The compiled grammar of ``guide``, as a future (done at once when cached)."""
@@ -162,10 +168,12 @@ class GrammarCompiler:
         xgr = _xgrammar()
         return xgr.GrammarMatcher(compiled, override_stop_tokens=stop_token_ids)
 
-    def batch_matcher(self):
-        """xgrammar's batch matcher: one call fills the mask rows of many matchers, on up to
-        half the machine's hardware threads (its default)."""
-        return _xgrammar().BatchGrammarMatcher()
+    def fill_rows(self, matchers: list, mask: torch.Tensor, rows: list[int]) -> None:
+        """Each matcher's next-token mask into its row of ``mask``, in one call: on this thread
+        up to ``PARALLEL_FILL_ROWS`` rows, on xgrammar's threads beyond (a call on its threads
+        starts them, which costs more than a few hundred cheap rows)."""
+        batch = self._parallel if len(matchers) > PARALLEL_FILL_ROWS else self._serial
+        batch.batch_fill_next_token_bitmask(matchers, mask, rows)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

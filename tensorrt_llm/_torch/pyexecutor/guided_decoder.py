@@ -6,7 +6,7 @@ compiled it gets a matcher and joins the queue (``poll``). A grammar that cannot
 takes longer than ``COMPILE_TIMEOUT_S``, ends its request with an error naming it.
 
 Each step the host fills one mask row per logits row (``fill``; one batched xgrammar call per
-position, on its threads): a row's first position from the matcher's state after the tokens the
+position, ``GrammarCompiler.fill_rows``): a row's first position from the matcher's state after the tokens the
 request has, then one position per draft, the matcher advanced through the drafts the grammar
 allows and rolled back afterwards. A draft the grammar refuses is refused by its own
 position's mask too (the target cannot accept it), so the rows after it are never read; they,
@@ -55,7 +55,6 @@ class GuidedDecoder:
         self._guides: dict[int, _Guide] = {}
         self._dead: list[LlmRequest] = []  # ended by ``fill``, freed after ``poll``
         self.fill_seconds = 0.0  # the host's time in ``fill`` (benchmarks/bench_decode.py)
-        self._batch = compiler.batch_matcher()  # fills many matchers' rows on its threads
         self._draft_staging = PinnedStaging()  # (the drafts' masks)
 
     def submit(self, request: LlmRequest, beside: bool = False) -> None:
@@ -151,11 +150,13 @@ class GuidedDecoder:
         if not any(guides):
             return None
         matchers = [None if g is None else g.matcher for g in guides]
-        return DraftGuide(matchers, self._batch, self.words, device, self._draft_staging)
+        return DraftGuide(
+            matchers, self.compiler.fill_rows, self.words, device, self._draft_staging
+        )
 
     def _fill(self, requests: list[LlmRequest], width: int) -> torch.Tensor:
-        """Depth by depth: every guided row's first position in one batched fill (xgrammar's
-        threads), then each draft position of the requests whose matcher took the draft before
+        """Depth by depth: every guided row's first position in one batched fill
+        (``fill_rows``), then each draft position of the requests whose matcher took the draft before
         it, then the drafts rolled back."""
         mask = torch.full((len(requests) * width, self.words), -1, dtype=torch.int32)
         level: list[tuple[LlmRequest, _Guide, int]] = []
@@ -203,7 +204,7 @@ class GuidedDecoder:
 
     def _batch_fill(self, mask: torch.Tensor, level: list, depth: int) -> None:
         """The mask rows at ``depth`` of ``level``'s requests from their matchers' states."""
-        self._batch.batch_fill_next_token_bitmask(
+        self.compiler.fill_rows(
             [guide.matcher for _, guide, _ in level], mask, [row + depth for _, _, row in level]
         )
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tensorrt_llm._torch.pyexecutor import grammar_matcher
 from tensorrt_llm._torch.pyexecutor.grammar_matcher import GrammarCompiler
 from tensorrt_llm._torch.pyexecutor.guided_decoder import GuidedDecoder
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequestState
@@ -135,10 +136,15 @@ def serial_rows(compiler: GrammarCompiler, guide, out: str, drafts: str, width: 
     return rows
 
 
-def test_the_batched_fill_gives_each_request_its_own_rows_and_rolls_every_matcher_back(decoder):
-    """Many requests' rows filled depth by depth in batched calls equal each request's filled
-    alone: drafts all taken, refused at each depth, ending the grammar midway, none; a finished
-    grammar; requests without one between them."""
+@pytest.mark.parametrize("threads", ["this", "xgrammar's"])
+def test_the_batched_fill_gives_each_request_its_own_rows_and_rolls_every_matcher_back(
+    decoder, threads, monkeypatch
+):
+    """Many requests' rows filled depth by depth in batched calls (on this thread, or on
+    xgrammar's) equal each request's filled alone: drafts all taken, refused at each depth,
+    ending the grammar midway, none; a finished grammar; requests without one between them."""
+    if threads != "this":
+        monkeypatch.setattr(grammar_matcher, "PARALLEL_FILL_ROWS", 0)
     cases = [
         ("a-[0-9]{2}c", "a", "-42"),
         ("a-[0-9]{2}c", "a", "b12"),
