@@ -65,8 +65,8 @@ class OracleDrafts(Eagle3OneModelWorker):
     executor = None  # whose active requests the rows are
 
     @torch.inference_mode()
-    def step(self, inputs, logits, captured, md, chain_md=None):
-        tokens, accepted, drafts = super().step(inputs, logits, captured, md, chain_md)
+    def step(self, inputs, logits, captured, md, chain_md=None, guide=None):
+        tokens, accepted, drafts = super().step(inputs, logits, captured, md, chain_md, guide)
         active = {r.request_id: r for r in self.executor.active}
         for r, (request_id, n) in enumerate(zip(inputs.request_ids, accepted.tolist())):
             ref = self.reference[request_id]
