@@ -40,9 +40,8 @@ class DraftGuide:
         self._device = device
         self._staging = staging
         self._live: list[int] = []  # rows whose matcher goes on
-        self._taken = [0] * len(
-            self._matchers
-        )  # tokens each row's matcher took here, given back at end
+        # the tokens each row's matcher took here, given back at the end
+        self._taken = [0] * len(self._matchers)
 
     def begin(self, tokens: torch.Tensor, accepted: torch.Tensor) -> None:
         """The step's new tokens (``tokens [n, T]``, the first ``accepted + 1`` of each row) into
