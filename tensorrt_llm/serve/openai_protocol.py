@@ -31,7 +31,7 @@ from tensorrt_llm.serve.chat_messages import (  # (re-exported: the protocol's n
     ToolCall,
     ToolCallFunction,
 )
-from tensorrt_llm.serve.structured_output import response_guide
+from tensorrt_llm.serve.structured_output import response_guide, structured_guide
 
 __all__ = [
     "ChatCompletionRequest",
@@ -90,6 +90,7 @@ class _SamplingFields(BaseModel):
     # keep the KV; a generation server gets the context server's result as "generation_only".
     disaggregated_params: DisaggregatedParams | None = None
     response_format: dict | None = None
+    structured_outputs: dict | None = None  # (vLLM's)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[StrictInt, float] | None = None  # JSON keys are strings of token ids
@@ -128,9 +129,16 @@ class _SamplingFields(BaseModel):
         response_guide(value)  # (its FormatError is a ValueError: a 400 naming the field)
         return value
 
+    @field_validator("structured_outputs")
+    @classmethod
+    def _a_known_structure(cls, value, info):
+        structured_guide(value, response_guide(info.data.get("response_format")))  # (as above)
+        return value
+
     def response_guide(self) -> GuidedDecodingParams | None:
-        """What ``response_format`` holds the output to (None: text)."""
-        return response_guide(self.response_format)
+        """What ``response_format`` and ``structured_outputs`` hold the output to (None:
+        text)."""
+        return structured_guide(self.structured_outputs, response_guide(self.response_format))
 
     def ignored_fields(self) -> list[str]:
         return sorted(self.model_extra or {})

@@ -4,6 +4,9 @@
   {"name": ..., "schema": {...}, "strict": ...}}``, ``{"type": "structural_tag", ...}`` (xgrammar's
   structural tag), and upstream's ``{"type": "regex", "regex": ...}`` and ``{"type": "ebnf",
   "ebnf": ...}``.
+- vLLM's ``structured_outputs`` body field: one of ``json``, ``regex``, ``choice`` (a list of
+  strings), ``grammar``, ``json_object``, ``structural_tag``, and ``disable_any_whitespace``
+  (which also applies to a ``response_format``'s JSON).
 - ``tool_choice: "required"`` or a named function (and, under ``auto``, tools marked ``strict``):
   the M3 tool-call markup of the offered tools (of the named one), each call's arguments held to
   its parameters' schema (xgrammar's MiniMax-M3 structural tag); the model still picks the values.
@@ -19,6 +22,7 @@ prompt's mode: it is the model's own format.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from tensorrt_llm._torch.pyexecutor.grammar_matcher import MAX_WHITESPACE, json_schema_ebnf
 from tensorrt_llm.llmapi.reasoning_parser import ThinkBlockParser
@@ -27,6 +31,9 @@ from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsErr
 FORMAT_TYPES = ("text", "json_object", "json_schema", "structural_tag", "regex", "ebnf")
 # the reasoning modes of xgrammar's model structural tags, by the template's thinking_mode
 _XGRAMMAR_REASONING = {"enabled": "enabled", "disabled": "disabled", "adaptive": "auto"}
+
+
+PARAM = "structured_outputs"
 
 
 class FormatError(ValueError):
@@ -75,6 +82,48 @@ def response_guide(response_format: dict | None) -> GuidedDecodingParams | None:
         return GuidedDecodingParams(structural_tag=json.dumps(response_format))
     except SamplingParamsError as exc:
         raise _bad(f"response_format: {exc}") from None
+
+
+STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+def structured_guide(
+    options: dict | None, response: GuidedDecodingParams | None
+) -> GuidedDecodingParams | None:
+    """vLLM's ``structured_outputs`` over ``response_format``'s constraint (``response``): its own
+    constraint, or its ``disable_any_whitespace`` for the response's JSON. A 400 naming
+    ``structured_outputs`` for one that cannot be read, or for two constraints at once."""
+    if options is None:
+        return response
+    bad = sorted(set(options) - {*STRUCTURED_KEYS, "disable_any_whitespace"})
+    if bad:
+        keys = ", ".join((*STRUCTURED_KEYS, "disable_any_whitespace"))
+        raise _bad(f"structured_outputs: unknown {', '.join(bad)} (it takes {keys})", PARAM)
+    compact = options.get("disable_any_whitespace", False)
+    given = {k: v for k, v in options.items() if k in STRUCTURED_KEYS and v not in (None, False)}
+    if len(given) > 1 or (given and response is not None):
+        named = [*given, *(["response_format"] if response is not None else [])]
+        raise _bad(f"structured_outputs: one constraint at a time; got {', '.join(named)}", PARAM)
+    try:
+        if not given:
+            json_like = response is not None and response.kind in ("json", "json_object")
+            return replace(response, disable_any_whitespace=compact) if json_like else response
+        ((kind, value),) = given.items()
+        if kind == "choice":
+            if (
+                not isinstance(value, list)
+                or not value
+                or not all(isinstance(c, str) for c in value)
+            ):
+                raise _bad("structured_outputs.choice must be a list of strings", PARAM)
+            kind, value = "grammar", "root ::= " + " | ".join(json.dumps(c) for c in value)
+        if kind == "structural_tag" and isinstance(value, str):
+            value = json.loads(value)
+        return GuidedDecodingParams(**{kind: value}, disable_any_whitespace=compact)
+    except (SamplingParamsError, ValueError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise _bad(f"structured_outputs: {exc}", PARAM) from None
 
 
 def _format_of(guide: GuidedDecodingParams) -> dict:

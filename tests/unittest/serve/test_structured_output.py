@@ -14,7 +14,13 @@ import pytest
 
 from tensorrt_llm._torch.pyexecutor.grammar_matcher import GrammarCompiler
 from tensorrt_llm.llmapi.reasoning_parser import MiniMaxM3ReasoningParser
-from tensorrt_llm.serve.structured_output import after_reasoning, response_guide, tool_guide
+from tensorrt_llm.serve.structured_output import (
+    FormatError,
+    after_reasoning,
+    response_guide,
+    structured_guide,
+    tool_guide,
+)
 from tensorrt_llm.tokenizer import (
     M3_ALPHABET,
     M3_SPECIAL_TOKENS,
@@ -109,6 +115,25 @@ def test_strict_tools_under_auto_hold_a_call_once_opened(compiler):
     assert tool_guide(TOOLS, "auto", "disabled") is None  # nothing strict: nothing held
 
 
+def test_vllms_structured_outputs_field_gives_the_constraint(compiler):
+    """``structured_outputs``: a choice as a grammar of its strings, ``disable_any_whitespace``
+    over ``response_format``'s JSON; a second constraint or an unknown key names the field."""
+    choice = structured_guide({"choice": ["yes", 'no "way"']}, None)
+    assert writes(compiler, choice, 'no "way"') and not writes(compiler, choice, "maybe")
+    response = response_guide({"type": "json_schema", "json_schema": {"schema": PAIR}})
+    compact = structured_guide({"disable_any_whitespace": True}, response)
+    assert writes(compiler, compact, '{"a":2,"b":3}') and not writes(compiler, compact, '{"a": 2')
+    assert structured_guide(None, response) is response
+    for options, pattern in [
+        ({"regex": "a"}, "one constraint at a time; got regex, response_format"),
+        ({"whitespace_pattern": " "}, "unknown whitespace_pattern"),
+        ({"choice": []}, "a list of strings"),
+    ]:
+        with pytest.raises(FormatError, match=pattern) as info:
+            structured_guide(options, response if "regex" in options else None)
+        assert info.value.param == "structured_outputs"
+
+
 @pytest.fixture(scope="module")
 def m3_server(tmp_path_factory, serve_in_thread):
     model = write_tiny_m3_chat_checkpoint(tmp_path_factory.mktemp("m3-chat") / "m3")
@@ -172,6 +197,26 @@ def test_a_schema_that_cannot_be_built_is_a_400_and_the_server_goes_on(m3_server
         model="m3", messages=USER, max_tokens=4, extra_body=NO_THINKING
     )
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_structured_outputs_through_the_server(m3_server):
+    """vLLM's body field: a choice holds the reply; two constraints are a 400 naming it."""
+    reply = m3_server.chat.completions.create(
+        model="m3",
+        messages=USER,
+        max_tokens=20,
+        extra_body={"structured_outputs": {"choice": ["Paris", "Rome"]}, **NO_THINKING},
+    )
+    assert reply.choices[0].message.content in ("Paris", "Rome")
+    with pytest.raises(openai.BadRequestError) as info:
+        m3_server.chat.completions.create(
+            model="m3",
+            messages=USER,
+            max_tokens=4,
+            response_format={"type": "json_object"},
+            extra_body={"structured_outputs": {"regex": "a"}},
+        )
+    assert info.value.body["param"] == "structured_outputs"
 
 
 @pytest.mark.parametrize(
