@@ -124,6 +124,9 @@ def test_vllms_structured_outputs_field_gives_the_constraint(compiler):
     compact = structured_guide({"disable_any_whitespace": True}, response)
     assert writes(compiler, compact, '{"a":2,"b":3}') and not writes(compiler, compact, '{"a": 2')
     assert structured_guide(None, response) is response
+    reasoned = after_reasoning(compact, MiniMaxM3ReasoningParser, "enabled")
+    assert writes(compiler, reasoned, 'hm</mm:think>{"a":2,"b":3}')
+    assert not writes(compiler, reasoned, 'hm</mm:think>{"a": 2, "b": 3}')
     for options, pattern in [
         ({"regex": "a"}, "one constraint at a time; got regex, response_format"),
         ({"whitespace_pattern": " "}, "unknown whitespace_pattern"),
