@@ -104,25 +104,20 @@ def structured_guide(
     if len(given) > 1 or (given and response is not None):
         named = [*given, *(["response_format"] if response is not None else [])]
         raise _bad(f"structured_outputs: one constraint at a time; got {', '.join(named)}", PARAM)
+    if not given and (response is None or response.kind not in ("json", "json_object")):
+        return response
+    kind, value = next(iter(given.items()), (None, None))
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise _bad("structured_outputs.choice must be a list of strings", PARAM)
+        kind, value = "grammar", "root ::= " + " | ".join(json.dumps(c) for c in value)
     try:
-        if not given:
-            json_like = response is not None and response.kind in ("json", "json_object")
-            return replace(response, disable_any_whitespace=compact) if json_like else response
-        ((kind, value),) = given.items()
-        if kind == "choice":
-            if (
-                not isinstance(value, list)
-                or not value
-                or not all(isinstance(c, str) for c in value)
-            ):
-                raise _bad("structured_outputs.choice must be a list of strings", PARAM)
-            kind, value = "grammar", "root ::= " + " | ".join(json.dumps(c) for c in value)
+        if kind is None:  # (the response's JSON, laid out as asked)
+            return replace(response, disable_any_whitespace=compact)
         if kind == "structural_tag" and isinstance(value, str):
-            value = json.loads(value)
+            json.loads(value)  # (its JSON read here: a 400 naming this field)
         return GuidedDecodingParams(**{kind: value}, disable_any_whitespace=compact)
-    except (SamplingParamsError, ValueError) as exc:
-        if isinstance(exc, FormatError):
-            raise
+    except ValueError as exc:  # (SamplingParamsError and JSON's errors among them)
         raise _bad(f"structured_outputs: {exc}", PARAM) from None
 
 

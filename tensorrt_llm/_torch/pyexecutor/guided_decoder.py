@@ -6,9 +6,9 @@ compiled it gets a matcher and joins the queue (``poll``). A grammar that cannot
 takes longer than ``COMPILE_TIMEOUT_S``, ends its request with an error naming it.
 
 Each step the host fills one mask row per logits row (``fill``; one batched xgrammar call per
-position, ``GrammarCompiler.fill_rows``): a row's first position from the matcher's state after the tokens the
-request has, then one position per draft, the matcher advanced through the drafts the grammar
-allows and rolled back afterwards. A draft the grammar refuses is refused by its own
+position, ``GrammarCompiler.fill_rows``): a row's first position from the matcher's state after
+the tokens the request has, then one position per draft, the matcher advanced through the drafts
+the grammar allows and rolled back afterwards. A draft the grammar refuses is refused by its own
 position's mask too (the target cannot accept it), so the rows after it are never read; they,
 and the rows of requests without a grammar, allow everything. The matcher takes the tokens a
 request emitted since its last step as the next is filled. A constraint that no token of the
@@ -156,8 +156,8 @@ class GuidedDecoder:
 
     def _fill(self, requests: list[LlmRequest], width: int) -> torch.Tensor:
         """Depth by depth: every guided row's first position in one batched fill
-        (``fill_rows``), then each draft position of the requests whose matcher took the draft before
-        it, then the drafts rolled back."""
+        (``fill_rows``), then each draft position of the requests whose matcher took the draft
+        before it, then the drafts rolled back."""
         mask = torch.full((len(requests) * width, self.words), -1, dtype=torch.int32)
         level: list[tuple[LlmRequest, _Guide, int]] = []
         for r, request in enumerate(requests):
