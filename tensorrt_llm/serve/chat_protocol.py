@@ -11,7 +11,7 @@ from tensorrt_llm.llmapi.reasoning_parser import MiniMaxM3ReasoningParser, Reaso
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
 from tensorrt_llm.serve.errors import ServerError
 from tensorrt_llm.serve.reply_parsing import ReplyParsing
-from tensorrt_llm.serve.structured_output import after_reasoning, tool_guide
+from tensorrt_llm.serve.structured_output import after_reasoning, constraint_field, tool_guide
 from tensorrt_llm.serve.tool_parser import ToolParserFactory
 
 PROMPT_END_TOKENS = 16  # the prompt's last tokens, decoded, tell its reasoning mode
@@ -68,7 +68,7 @@ class ChatProtocol:
         ``tool_choice`` requires (and strict tools under ``auto``). A 400 names the field that
         cannot be held to."""
         response = body.response_guide()
-        calls, param = None, "response_format"
+        calls, param = None, constraint_field(body.structured_outputs)
         if chat and self._constrains_calls(body):
             param = "tool_choice"
             if self.tool_parser is None:

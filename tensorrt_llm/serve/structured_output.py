@@ -87,6 +87,13 @@ def response_guide(response_format: dict | None) -> GuidedDecodingParams | None:
 STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
+def constraint_field(options: dict | None) -> str:
+    """The request field that carries the constraint (what an error about it names):
+    ``structured_outputs`` when it sets one, else ``response_format``."""
+    sets = options is not None and any(options.get(k) not in (None, False) for k in STRUCTURED_KEYS)
+    return PARAM if sets else "response_format"
+
+
 def structured_guide(
     options: dict | None, response: GuidedDecodingParams | None
 ) -> GuidedDecodingParams | None:

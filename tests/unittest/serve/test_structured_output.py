@@ -17,6 +17,7 @@ from tensorrt_llm.llmapi.reasoning_parser import MiniMaxM3ReasoningParser
 from tensorrt_llm.serve.structured_output import (
     FormatError,
     after_reasoning,
+    constraint_field,
     response_guide,
     structured_guide,
     tool_guide,
@@ -124,6 +125,8 @@ def test_vllms_structured_outputs_field_gives_the_constraint(compiler):
     compact = structured_guide({"disable_any_whitespace": True}, response)
     assert writes(compiler, compact, '{"a":2,"b":3}') and not writes(compiler, compact, '{"a": 2')
     assert structured_guide(None, response) is response
+    assert constraint_field({"choice": ["a"]}) == "structured_outputs"
+    assert constraint_field({"disable_any_whitespace": True}) == "response_format"
     reasoned = after_reasoning(compact, MiniMaxM3ReasoningParser, "enabled")
     assert writes(compiler, reasoned, 'hm</mm:think>{"a":2,"b":3}')
     assert not writes(compiler, reasoned, 'hm</mm:think>{"a": 2, "b": 3}')
