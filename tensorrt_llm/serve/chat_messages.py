@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tensorrt_llm.serve.grammar_limits import MAX_JSON_DEPTH, check_json
+
 
 def _encodable(text: str) -> str:
     """JSON may carry a lone UTF-16 surrogate (``"\\ud800"``), which no tokenizer can encode."""
@@ -57,11 +59,17 @@ class ToolCallFunction(BaseModel):
     @classmethod
     def _an_object(cls, value):
         if isinstance(value, dict):
+            check_json(value, "arguments")
             return value
         try:
             decoded = json.loads(value or "{}")
         except json.JSONDecodeError as exc:
             raise ValueError(f"is not JSON ({exc.msg} at {exc.pos})") from None
+        except RecursionError:
+            raise ValueError(
+                f"nests objects and arrays deeper than {MAX_JSON_DEPTH} levels"
+            ) from None
+        check_json(decoded, "arguments")
         if not isinstance(decoded, dict):
             raise ValueError("must be a JSON object of the arguments")
         return decoded
@@ -156,6 +164,7 @@ class FunctionDefinition(BaseModel):
     def _an_object_schema(cls, schema):
         if schema is None:
             return schema
+        check_json(schema, "parameters")
         if schema.get("type", "object") != "object":
             raise ValueError(f"must be a schema of an object, not of type {schema['type']!r}")
         properties = schema.get("properties", {})

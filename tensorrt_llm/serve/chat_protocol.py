@@ -62,15 +62,34 @@ class ChatProtocol:
             reasoning, lambda: ToolParserFactory.create_tool_parser(name), body.tools
         )
 
+    def constrains(self, body, chat: bool) -> bool:
+        """Whether the request's output is held to a constraint (``guide`` then builds it)."""
+        return body.response_guide() is not None or (chat and self._constrains_calls(body))
+
+    def field(self, body, chat: bool) -> str:
+        """The request field its constraint came in (what an error about it names)."""
+        if chat and self._constrains_calls(body):
+            return "tool_choice"
+        return constraint_field(body.structured_outputs)
+
     def guide(self, body, prompt: list[int] | dict, chat: bool) -> GuidedDecodingParams | None:
         """What the output must match (None: anything): ``response_format``, after the
         reasoning block when this server reads reasoning; or the tool-call markup
-        ``tool_choice`` requires (and strict tools under ``auto``). A 400 names the field that
-        cannot be held to."""
-        response = body.response_guide()
-        calls, param = None, constraint_field(body.structured_outputs)
-        if chat and self._constrains_calls(body):
-            param = "tool_choice"
+        ``tool_choice`` requires (and strict tools under ``auto``). Built and checked here, so
+        it takes as long as the constraint's grammar takes to build (``GrammarGate`` runs it
+        beside the event loop). A 400 names the field that cannot be held to."""
+        param = self.field(body, chat)
+        try:
+            guide = self._guide(body, prompt, chat, param)
+            if guide is not None:
+                check_guide(guide)
+        except SamplingParamsError as exc:  # (the grammar's own error, or a size past a limit)
+            raise ServerError(400, f"{param}: {exc}", param=param) from None
+        return guide
+
+    def _guide(self, body, prompt, chat: bool, param: str) -> GuidedDecodingParams | None:
+        response, calls = body.response_guide(), None
+        if param == "tool_choice":
             if self.tool_parser is None:
                 raise ServerError(
                     400,
@@ -94,19 +113,13 @@ class ChatProtocol:
                 response, parser, parser.mode_of_prompt(self._prompt_end(prompt))
             )
         guide = calls or response
-        if guide is None:
-            return None
-        if self.guided_backend is None:
+        if guide is not None and self.guided_backend is None:
             raise ServerError(
                 400,
                 f"{param} needs guided decoding: start the server with "
                 "--guided_decoding_backend xgrammar",
                 param=param,
             )
-        try:
-            check_guide(guide)
-        except SamplingParamsError as exc:
-            raise ServerError(400, f"{param}: {exc}", param=param) from None
         return guide
 
     def _constrains_calls(self, body) -> bool:

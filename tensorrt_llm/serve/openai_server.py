@@ -32,6 +32,7 @@ from tensorrt_llm.serve.errors import (
     install_error_handling,
     request_failed,
 )
+from tensorrt_llm.serve.grammar_gate import GrammarGate
 from tensorrt_llm.serve.memory import MemoryReturn
 from tensorrt_llm.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from tensorrt_llm.serve.metrics import RequestTimer, ServerMetrics
@@ -75,6 +76,7 @@ class OpenAIServer:
         self.protocol = ChatProtocol(
             llm.tokenizer, reasoning_parser, tool_parser, llm.args.guided_decoding_backend
         )
+        self.grammars = GrammarGate()  # constraints built beside the event loop
         self.limits = limits or guards.ServeLimits()
         self.llm = llm
         self.media = media.MediaPool(media_options or media.MediaOptions())
@@ -95,6 +97,7 @@ class OpenAIServer:
     def close(self) -> None:
         """Shut the LLM down (its engine loop first)."""
         self.media.close()
+        self.grammars.close()
         self.llm.shutdown()
 
     # ---- routes -------------------------------------------------------------------------------
@@ -231,7 +234,12 @@ class OpenAIServer:
                 "%s: ignoring unknown field(s) %s", request.url.path, body.ignored_fields()
             )
         lengths = [len(p["prompt_token_ids"] if isinstance(p, dict) else p) for p in prompts]
-        guide = self.protocol.guide(body, prompts[0], chat)
+        guide = None
+        if self.protocol.constrains(body, chat):
+            guide = await self.grammars.build(
+                lambda: self.protocol.guide(body, prompts[0], chat),
+                lambda: self.protocol.field(body, chat),
+            )
         params = self._params(body, lengths, guide)
         await guards.check_hold_room(self.llm, body.disaggregated_params)
         jobs = self._jobs(body, prompts, params)

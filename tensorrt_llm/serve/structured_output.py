@@ -27,6 +27,7 @@ from dataclasses import replace
 from tensorrt_llm._torch.pyexecutor.grammar_matcher import MAX_WHITESPACE, json_schema_ebnf
 from tensorrt_llm.llmapi.reasoning_parser import ThinkBlockParser
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
+from tensorrt_llm.serve.grammar_limits import check_choices, check_constraint
 
 FORMAT_TYPES = ("text", "json_object", "json_schema", "structural_tag", "regex", "ebnf")
 # the reasoning modes of xgrammar's model structural tags, by the template's thinking_mode
@@ -73,12 +74,18 @@ def response_guide(response_format: dict | None) -> GuidedDecodingParams | None:
             schema = spec.get("schema", spec.get("json_schema"))
             if not isinstance(schema, dict | bool):
                 raise _bad("response_format.json_schema.schema must be a JSON schema (an object)")
+            check_constraint("json", schema, "response_format.json_schema.schema")
             return GuidedDecodingParams(json=json.dumps(schema))
         if kind == "regex":
-            return GuidedDecodingParams(regex=field("regex", str))
+            regex = field("regex", str)
+            check_constraint("regex", regex, "response_format.regex")
+            return GuidedDecodingParams(regex=regex)
         if kind == "ebnf":
-            return GuidedDecodingParams(grammar=field("ebnf", str))
+            ebnf = field("ebnf", str)
+            check_constraint("grammar", ebnf, "response_format.ebnf")
+            return GuidedDecodingParams(grammar=ebnf)
         field("format", dict)
+        check_constraint("structural_tag", response_format, "response_format")
         return GuidedDecodingParams(structural_tag=json.dumps(response_format))
     except SamplingParamsError as exc:
         raise _bad(f"response_format: {exc}") from None
@@ -117,7 +124,10 @@ def structured_guide(
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
             raise _bad("structured_outputs.choice must be a list of strings", PARAM)
+        check_choices(value, f"{PARAM}.choice")
         kind, value = "grammar", "root ::= " + " | ".join(json.dumps(c) for c in value)
+    elif kind is not None:
+        check_constraint(kind, value, f"{PARAM}.{kind}")
     try:
         if kind is None:  # (the response's JSON, laid out as asked)
             return replace(response, disable_any_whitespace=compact)
