@@ -9,6 +9,7 @@ Library code logs through this object, never ``print``. The level comes from ``T
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 from tensorrt_llm import envs
@@ -85,3 +86,20 @@ class Logger:
 
 
 logger = Logger()
+
+
+# a native library's log prefix ("[05:28:29] /project/cpp/grammar_parser.cc:820: ") and any
+# source file's path (":line" with it): where a library failed is nobody's business but the log's
+_NATIVE_PREFIX = re.compile(r"^\[[\d:.]+\]\s+\S+:\d+:\s*")
+_SOURCE_PATH = re.compile(r"(?:[\w.~-]*/)+[\w.-]+\.(?:cc|cpp|cxx|cu|cuh|h|hpp|c|py)(?::\d+)?")
+
+
+def plain_message(exc: BaseException, what: str = "a library") -> str:
+    """``exc``'s message as a client may read it: its first line without a native library's
+    clock time, source files and lines (never empty: the type's name then). The whole text goes
+    to the log (INFO), under ``what`` failed."""
+    text = str(exc).strip()
+    logger.info("%s failed: %s: %s", what, type(exc).__name__, text)
+    line = _NATIVE_PREFIX.sub("", text.splitlines()[0] if text else "")
+    line = _SOURCE_PATH.sub("<source>", line).strip()
+    return line[:300] or type(exc).__name__

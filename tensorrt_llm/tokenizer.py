@@ -50,6 +50,12 @@ M3_SPECIAL_TOKENS = ["<unk>", "<pad>", "]~!b[", "]~b]", "[e~["]
 M3_TEXT_TOKENS = ["<mm:think>", "</mm:think>", "]<]minimax[>["]
 M3_ALPHABET = CHAT_ALPHABET + "{}[]<>_&%#@~^|\\`$\t"
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+# the variables a chat template gets from the request's own fields, never from its
+# chat_template_kwargs
+REQUEST_VARIABLES = ("messages", "tools", "add_generation_prompt")
+# what chat_template_kwargs may set beside the template's own variables: the common way to ask
+# for thinking, which the server reads as a template's thinking_mode
+THINKING_SWITCHES = ("enable_thinking",)
 
 
 def _template_environment():
@@ -157,6 +163,20 @@ class TransformersTokenizer:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
+
+    @functools.cached_property
+    def template_variables(self) -> frozenset[str]:
+        """The variables a request's ``chat_template_kwargs`` may set: those the chat template
+        reads and nothing else gives it (not ``REQUEST_VARIABLES``, the special tokens, or
+        Jinja's globals), and ``THINKING_SWITCHES``."""
+        if self.chat_template is None:
+            return frozenset(THINKING_SWITCHES)
+        from jinja2 import meta
+
+        env = _template_environment()
+        read = meta.find_undeclared_variables(env.parse(self.chat_template))
+        given = {*REQUEST_VARIABLES, *_SPECIAL_KEYS, *self.special_tokens_map, *env.globals}
+        return frozenset(read - given) | frozenset(THINKING_SWITCHES)
 
     @property
     def special_tokens(self) -> list[str]:

@@ -31,6 +31,7 @@ class ServerError(Exception):
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_UNPARSED = "There was an error parsing the body"  # FastAPI's, when reading the JSON raised
 # A request's error, by whose fault it is: (HTTP status, OpenAI error type).
 _STATUS = {
     ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
@@ -72,6 +73,9 @@ def install_error_handling(app: FastAPI, api_key: str | None = None) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400 and exc.detail == _UNPARSED:  # (Python's parser gave up)
+            message = "the body could not be read as JSON (nested too deep, or not text)"
+            return error_response(400, message, "invalid_request_error", "body")
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message = f"{request.method} {request.url.path}: {exc.detail}"
         return error_response(exc.status_code, message, kind)
@@ -91,12 +95,17 @@ def validation_message(errors) -> tuple[str | None, str]:
     member's error about the value, not the members that its type did not match."""
     telling = [e for e in errors if not str(e.get("type", "")).endswith("_type")]
     first = (telling or errors or [{}])[0]
+    if first.get("type") == "json_invalid":  # (its place is a byte offset, not a field)
+        where = first.get("loc", ("body", None))[-1]
+        why = (first.get("ctx") or {}).get("error", "cannot be decoded")
+        at = f" at byte {where}" if isinstance(where, int) else ""
+        return "body", f"the body is not JSON: {why}{at}"
     path = [p for p in first.get("loc", ())[1:] if isinstance(p, int) or _FIELD.fullmatch(p)]
     param = ".".join(str(p) for p in path if p not in _TYPE_TAGS) or None
     text = str(first.get("msg", "invalid request"))
     for prefix in ("Value error, ", "Assertion failed, "):
         text = text.removeprefix(prefix)
-    return param, f"{param}: {text}" if param else text
+    return param, f"{param}: {text}" if param and not text.startswith(param) else text
 
 
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

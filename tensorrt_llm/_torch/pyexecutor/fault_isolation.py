@@ -19,15 +19,14 @@ from __future__ import annotations
 
 from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, LlmRequest
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
-from tensorrt_llm.logger import logger
+from tensorrt_llm.logger import logger, plain_message
 
 CAP_STEPS = 64  # steps a batch-size cap holds after a batch failed as a whole
 
 
 def describe(exc: BaseException) -> str:
     """An exception as a request's error message: its type and its first line, never empty."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else "no message"
-    return f"{type(exc).__name__}: {text}"
+    return f"{type(exc).__name__}: {plain_message(exc, 'a step')}"
 
 
 class FaultIsolation:

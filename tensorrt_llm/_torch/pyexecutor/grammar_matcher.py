@@ -14,6 +14,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from tensorrt_llm.logger import plain_message
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
 
 if TYPE_CHECKING:
@@ -54,8 +55,7 @@ def check_backend(backend: str | None) -> None:
 
 
 def _first_line(exc: Exception) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
+    return plain_message(exc, "building a grammar")
 
 
 def json_layout(compact: bool) -> dict:

@@ -38,6 +38,7 @@ from tensorrt_llm._torch.pyexecutor.grammar_matcher import (
     Pending,
 )
 from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, LlmRequest, LlmRequestState
+from tensorrt_llm.logger import plain_message
 from tensorrt_llm.runtime.staging import PinnedStaging
 
 
@@ -235,6 +236,5 @@ def _catch_up(request: LlmRequest, guide: _Guide) -> None:
 
 
 def _cannot_use(kind: str, error: BaseException) -> str:
-    text = str(error).strip()
-    reason = text.splitlines()[0] if text else type(error).__name__
+    reason = plain_message(error, "compiling a grammar")
     return f"guided_decoding: the {kind} constraint cannot be used: {reason}"

@@ -1,0 +1,112 @@
+"""The grammar gate and the limits a constraint is held to before any grammar is built."""
+
+import asyncio
+import threading
+
+import pytest
+
+from tensorrt_llm.logger import plain_message
+from tensorrt_llm.serve import grammar_limits
+from tensorrt_llm.serve.errors import ServerError
+from tensorrt_llm.serve.grammar_gate import GrammarGate
+
+
+def test_a_build_past_its_deadline_is_a_400_naming_the_field_and_counts_until_it_ends():
+    release = threading.Event()
+    gate = GrammarGate(max_builds=2, deadline_s=0.05)
+
+    async def run():
+        with pytest.raises(ServerError) as caught:
+            await gate.build(lambda: release.wait(5), lambda: "response_format")
+        assert (caught.value.status, caught.value.param) == (400, "response_format")
+        assert "not built within 0.05 s" in caught.value.message
+        assert gate.building == 1  # (its thread still runs)
+        release.set()
+        for _ in range(100):
+            if gate.building == 0:
+                return
+            await asyncio.sleep(0.01)
+
+    asyncio.run(run())
+    assert gate.building == 0
+    gate.close()
+
+
+def test_builds_past_the_most_at_once_are_a_503_and_the_gate_reopens():
+    release = threading.Event()
+    gate = GrammarGate(max_builds=1, deadline_s=5)
+
+    async def run():
+        first = asyncio.ensure_future(gate.build(lambda: release.wait(5) and "built", str))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ServerError) as caught:
+            await gate.build(lambda: "other", str)
+        assert caught.value.status == 503 and "retry later" in caught.value.message
+        release.set()
+        assert await first == "built"
+        assert await gate.build(lambda: "after", str) == "after"
+
+    asyncio.run(run())
+    gate.close()
+
+
+def test_a_builds_own_error_reaches_the_caller():
+    gate = GrammarGate()
+
+    def refuse():
+        raise ServerError(400, "tool_choice: bad", param="tool_choice")
+
+    async def run():
+        with pytest.raises(ServerError, match="tool_choice: bad"):
+            await gate.build(refuse, str)
+
+    asyncio.run(run())
+    assert gate.building == 0
+    gate.close()
+
+
+def nested(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize(
+    "kind, value, words",
+    [
+        ("json", nested(2000), "deeper than 128"),
+        ("json", '{"properties": {"a": ' * 2000 + "{}" + "}}" * 2000, "deeper than 128"),
+        ("json", "[" * 100_000 + "]" * 100_000, "bytes; at most"),
+        ("json", "[" * 30_000 + "]" * 30_000, "deeper than 128"),
+        ("json", {"properties": {f"p{i}": {} for i in range(1025)}}, "1025 properties"),
+        ("json", {"enum": list(range(1025))}, "1025 enum values"),
+        ("regex", "a" * 4097, "4097 characters"),
+        ("grammar", "root ::= " + '"a" ' * 20_000, "bytes; at most"),
+        ("structural_tag", {"format": nested(100)}, "deeper than 128"),
+    ],
+)
+def test_a_constraint_past_a_limit_is_refused_naming_its_field(kind, value, words):
+    with pytest.raises(ValueError, match="structured_outputs.x") as caught:
+        grammar_limits.check_constraint(kind, value, "structured_outputs.x")
+    assert words in str(caught.value)
+
+
+def test_a_constraint_within_the_limits_passes():
+    grammar_limits.check_constraint("json", nested(60), "x")
+    grammar_limits.check_constraint("regex", "[a-z]{1,8}", "x")
+    grammar_limits.check_choices(["yes", "no"], "x")
+    with pytest.raises(ValueError, match="257 strings"):
+        grammar_limits.check_choices(["c"] * 257, "x")
+
+
+def test_a_native_librarys_message_loses_its_clock_and_source_paths():
+    native = RuntimeError(
+        "[05:28:29] /project/cpp/grammar_parser.cc:820: EBNF parser error at line 1, column 10: "
+        'Rule "foo" is not defined\nmore'
+    )
+    assert (
+        plain_message(native) == 'EBNF parser error at line 1, column 10: Rule "foo" is not defined'
+    )
+    assert plain_message(RuntimeError("failed in /a/b/kernels.cu:42 x")) == "failed in <source> x"
+    assert plain_message(RuntimeError("")) == "RuntimeError"
