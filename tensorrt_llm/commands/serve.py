@@ -18,6 +18,7 @@ from tensorrt_llm import envs
 from tensorrt_llm._torch.disaggregation.binding import bind_ucx_to
 from tensorrt_llm.bundled import bundled_eagle3, bundled_target
 from tensorrt_llm.llmapi.llm_args import load_yaml_options
+from tensorrt_llm.serve.connections import HEADER_TIMEOUT_S, ConnectionLimits
 
 # Every trtllm-serve process (servers and router) keeps an idle HTTP connection open this long, well
 # past the 5 s after which HTTP clients (httpx, the OpenAI client, the router's ROUTER_KEEPALIVE_S)
@@ -146,6 +147,7 @@ def serve_disaggregated(argv: list[str]) -> int:
         port=int(config.get("port", 8000)),
         log_level="warning",
         timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+        http=ConnectionLimits().protocol(),
     )
     return 0
 
@@ -230,6 +232,19 @@ def _parser() -> argparse.ArgumentParser:
         "addresses (default: any host that resolves only to global addresses)",
     )
     parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="HTTP connections held at once; the one past it gets a 503 (default: 4096, or "
+        "fewer where the open-file limit is lower)",
+    )
+    parser.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=HEADER_TIMEOUT_S,
+        help="seconds a connection may take to send a request's headers before it is closed",
+    )
+    parser.add_argument(
         "--max-request-tokens",
         type=int,
         default=None,
@@ -279,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             log_level="warning",
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
             timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+            http=ConnectionLimits(args.max_connections, args.header_timeout_s).protocol(),
         )
     finally:
         server.close()
