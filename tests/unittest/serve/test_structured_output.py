@@ -6,8 +6,11 @@ request asked for."""
 
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -284,3 +287,73 @@ def test_a_tool_round_trip_through_the_openai_client(m3_server):
         extra_body=NO_THINKING,
     )  # fmt: skip
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def nested_schema_text(levels: int) -> str:
+    """A schema of objects ``levels`` deep, as text (past Python's own JSON writer's depth)."""
+    return '{"type": "object", "properties": {"a": ' * levels + '{"type": "string"}' + "}}" * levels
+
+
+def as_schema(schema: str) -> str:
+    return f'{{"type": "json_schema", "json_schema": {{"name": "s", "schema": {schema}}}}}'
+
+
+def wide(key: str, count: int) -> str:
+    return json.dumps({key: {f"p{i}": {} for i in range(count)}} if key == "properties" else
+                      {key: list(range(count))})  # fmt: skip
+
+
+PAST_A_LIMIT = [  # (the body's constraint fields as JSON text, the field the 400 names)
+    (f'"response_format": {as_schema(nested_schema_text(400))}', "response_format"),
+    (f'"response_format": {as_schema(nested_schema_text(70))}', "response_format"),
+    (f'"response_format": {as_schema(wide("properties", 1100))}', "response_format"),
+    (f'"response_format": {as_schema(wide("enum", 1100))}', "response_format"),
+    (f'"response_format": {as_schema(json.dumps({"description": "x" * 70_000}))}', "response_format"),
+    ('"response_format": ' + json.dumps({"type": "regex", "regex": "a" * 5000}), "response_format"),
+    ('"response_format": ' + json.dumps({"type": "ebnf", "ebnf": 'root ::= "a"' + " " * 70_000}), "response_format"),
+    ('"structured_outputs": ' + json.dumps({"choice": [f"c{i}" for i in range(20_000)]}), "structured_outputs"),
+    (f'"structured_outputs": {{"json": {nested_schema_text(70)}}}', "structured_outputs"),
+    (f'"tools": [{{"type": "function", "function": {{"name": "f", "parameters": {nested_schema_text(70)}}}}}], "tool_choice": "required"', "tools.0.function.parameters"),
+]  # fmt: skip
+
+
+def test_a_constraint_past_a_limit_is_a_fast_400_naming_its_field_while_health_answers(m3_server):
+    """Each limit: a 400 within 1 s naming the field, while ``/health`` polled every 20 ms answers
+    within 200 ms; the server then serves a constrained request."""
+    base = str(m3_server.base_url).removesuffix("/").removesuffix("/v1")
+    latencies, done = [], threading.Event()
+
+    def poll():
+        with httpx.Client() as client:
+            while not done.is_set():
+                start = time.monotonic()
+                assert client.get(base + "/health").status_code == 200
+                latencies.append(time.monotonic() - start)
+                time.sleep(0.02)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        with httpx.Client(timeout=30) as client:
+            for fields, param in PAST_A_LIMIT:
+                body = f'{{"messages": {json.dumps(USER)}, "max_tokens": 4, {fields}}}'
+                start = time.monotonic()
+                reply = client.post(
+                    base + "/v1/chat/completions",
+                    content=body,
+                    headers={"Content-Type": "application/json"},
+                )
+                took = time.monotonic() - start
+                error = reply.json()["error"]
+                assert (reply.status_code, error["param"]) == (400, param), (fields[:80], error)
+                assert "at most" in error["message"] or "deeper than" in error["message"], error
+                assert took < 1.0, (fields[:80], took)
+        time.sleep(0.2)  # (a few polls after the last, too)
+    finally:
+        done.set()
+        poller.join()
+    assert len(latencies) > 5 and max(latencies) < 0.2, max(latencies)
+    reply = m3_server.chat.completions.create(
+        model="m3", messages=USER, max_tokens=4, response_format={"type": "json_object"}
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length")
