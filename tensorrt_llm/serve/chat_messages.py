@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tensorrt_llm.serve.grammar_limits import MAX_JSON_DEPTH, check_json
+from tensorrt_llm.serve.tool_parser.minimax_m3_markup import check_tool_parameters
 
 
 def _encodable(text: str) -> str:
@@ -172,6 +173,7 @@ class FunctionDefinition(BaseModel):
             isinstance(p, dict) for p in properties.values()
         ):
             raise ValueError("properties must map each argument's name to its schema")
+        check_tool_parameters(schema)  # (names the tool-call markup can carry)
         return schema
 
 

@@ -1,12 +1,20 @@
 """MiniMax-M3's tool-call markup, read into calls, and their arguments typed by the tools' schemas.
 
-Every structural tag is the namespace token ``]<]minimax[>[`` followed by ``<tag ...>`` or
-``</tag>``; text between tags is a value, taken as it is (markup-like text in a value, ``<b>``
+Every structural tag is the namespace token ``]<]minimax[>[`` followed by ``<NAME>`` or
+``</NAME>``; text between tags is a value, taken as it is (markup-like text in a value, ``<b>``
 without the namespace, stays text)::
 
     NS<tool_call>
     NS<invoke name="get_weather">NS<city>ParisNS</city>NS<days>NS<item>1NS</item>NS</days>NS</invoke>
     NS</tool_call>
+
+A tag's name is everything between ``<`` (or ``</``) and the first ``>``: the chat template
+writes an argument's name as it is, so ``-n``, ``a.b``, ``$x``, ``1st``, ``a b`` or ``名前`` are
+names like any other. A name cannot be told apart in the markup when it is empty, starts with
+``/`` (``NS</x>`` closes ``x``) or holds ``>`` (which ends the tag); xgrammar's ``minimax_m3_xml``
+(the grammar of ``tool_choice`` required or named) refuses those and blank names too. The server
+refuses a tool with any of them (``check_tool_parameters``, a 400 naming
+``tools.N.function.parameters``) rather than offer the model a name it cannot write back.
 
 A block holds one or more ``invoke`` (parallel calls); an invoke's elements are its arguments.
 An element with child elements is an array (its schema says so, or, without one, every child is
@@ -27,8 +35,67 @@ from tensorrt_llm.llmapi.reasoning_parser import held_back
 
 NS = "]<]minimax[>["
 BLOCK_OPEN, BLOCK_CLOSE = f"{NS}<tool_call>", f"{NS}</tool_call>"
-_TAG = re.compile(r'<(/?)([A-Za-z_][\w.\-]*)((?:\s+[A-Za-z_][\w.\-]*="[^"]*")*)\s*>')
-_ATTR = re.compile(r'([A-Za-z_][\w.\-]*)="([^"]*)"')
+_INVOKE = re.compile(r'invoke\s+name="([^"]*)"\s*')
+_ASCII_WHITESPACE = " \t\n\r\x0b\x0c"
+MAX_DEPTH = 64  # elements nested deeper are malformed (the reading is not recursive; typing is)
+# schema keywords whose values are schemas, lists of schemas, or maps of names to schemas
+_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+_SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+_SUBSCHEMA_MAPS = ("$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be an element's name in the markup; None when it can."""
+    if not name:
+        return "it is empty"
+    if not name.strip(_ASCII_WHITESPACE):
+        return "it is blank"
+    if name.startswith("/"):
+        return "it starts with '/' (the markup would read a closing tag)"
+    if ">" in name:
+        return "it holds '>' (which ends a tag)"
+    return None
+
+
+def unwritable_names(schema, path: str = "") -> list[tuple[str, str, str]]:
+    """``(path, name, why)`` of each property name in the JSON ``schema`` that the markup cannot
+    carry (``name_problem``), at any depth; ``path`` is the dotted place of its ``properties``
+    (``properties.where.properties``)."""
+    if not isinstance(schema, dict):
+        return []
+    out = []
+    at = f"{path}." if path else ""
+    properties = schema.get("properties")
+    if isinstance(properties, dict):
+        for name, sub in properties.items():
+            why = name_problem(name)
+            if why is not None:
+                out.append((f"{at}properties", name, why))
+            elif isinstance(sub, dict):
+                out += unwritable_names(sub, f"{at}properties.{name}")
+    for key in _SUBSCHEMA:
+        out += unwritable_names(schema.get(key), f"{at}{key}")
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            for i, sub in enumerate(schema[key]):
+                out += unwritable_names(sub, f"{at}{key}.{i}")
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                out += unwritable_names(sub, f"{at}{key}.{name}")
+    return out
+
+
+def check_tool_parameters(schema: dict | None) -> None:
+    """A ``ValueError`` naming the first property name of a tool's ``parameters`` schema that the
+    markup cannot carry: the model could not write it, nor the parser read it back."""
+    bad = unwritable_names(schema)
+    if bad:
+        path, name, why = bad[0]
+        raise ValueError(
+            f"the property name {name!r} (at {path}) cannot be written in MiniMax-M3's "
+            f"tool-call markup: {why}"
+        )
 
 
 class Malformed(Exception):
@@ -41,7 +108,6 @@ class Malformed(Exception):
 class _Tag:
     closing: bool
     name: str
-    attrs: dict[str, str]
     start: int
     end: int
 
@@ -52,9 +118,10 @@ class _Text:
     start: int
 
 
-def _tokens(body: str, final: bool) -> list[_Tag | _Text]:
+def _tokens(body: str, final: bool) -> tuple[list[_Tag | _Text], int | None]:
     """The tags and texts of ``body`` as far as they are known (a tag or a namespace token still
-    arriving is left out unless ``final``); ``Malformed`` where a namespace token opens no tag."""
+    arriving is left out unless ``final``), and where a namespace token opens no tag (None: none
+    does): the tokens stop there."""
     out: list[_Tag | _Text] = []
     i = 0
     while i < len(body):
@@ -63,18 +130,22 @@ def _tokens(body: str, final: bool) -> list[_Tag | _Text]:
             end = len(body) - (0 if final else held_back(body[i:], (NS,)))
             if end > i:
                 out.append(_Text(body[i:end], i))
-            return out
+            return out, None
         if j > i:
             out.append(_Text(body[i:j], i))
-        match = _TAG.match(body, j + len(NS))
-        if match is None:
-            if not final and ">" not in body[j + len(NS) :]:
-                return out  # (the tag is still arriving)
-            raise Malformed(j)
-        attrs = dict(_ATTR.findall(match.group(3)))
-        out.append(_Tag(match.group(1) == "/", match.group(2), attrs, j, match.end()))
-        i = match.end()
-    return out
+        lt = j + len(NS)
+        gt = body.find(">", lt)
+        if body[lt : lt + 1] not in ("<", "") or (gt < 0 and final):
+            return out, j
+        if gt < 0:
+            return out, None  # (the tag is still arriving)
+        closing = body.startswith("/", lt + 1)
+        name = body[lt + 1 + closing : gt]
+        if not name:
+            return out, j
+        out.append(_Tag(closing, name, j, gt + 1))
+        i = gt + 1
+    return out, None
 
 
 @dataclass
@@ -85,101 +156,84 @@ class Element:
     children: list[Element] = field(default_factory=list)
 
 
-def _element(tokens: list, k: int) -> tuple[Element | None, int]:
-    """The element whose opening tag is ``tokens[k]`` and the index after it; None (and the end
-    of ``tokens``) while its closing tag has not arrived."""
-    opening = tokens[k]
-    node = Element(opening.name, opening.start)
-    k += 1
-    while k < len(tokens):
-        token = tokens[k]
-        if isinstance(token, _Text):
-            node.texts.append(token.text)
-            k += 1
-        elif not token.closing:
-            child, k = _element(tokens, k)
-            if child is None:
-                return None, k
-            node.children.append(child)
-        elif token.name == node.name:
-            return node, k + 1
-        else:
-            raise Malformed(token.start)
-    return None, k
-
-
 @dataclass
 class Invoke:
     name: str
-    start: int  # in the block's body
+    start: int  # where its tag starts, in the text read
+    end: int = 0  # after its closing tag; 0 while it is open
     params: list[Element] = field(default_factory=list)
-    closed: bool = False
-    reading: str | None = None  # the argument whose element is still arriving
 
 
 @dataclass
 class BlockRead:
+    """A block's text read as far as it is known: its invokes in order (each closed but perhaps
+    the last), where its closing tag ends once read, and where the markup stops reading."""
+
     invokes: list[Invoke]
-    closed: bool = False  # the block's closing tag read
-    end: int = 0  # after the closing tag
-    malformed_at: int | None = None
+    end: int | None = None
+    fault: int | None = None
 
 
 def read_block(body: str, final: bool) -> BlockRead:
-    """The invokes of a block's ``body`` (the text after its opening tag) as far as known."""
+    """The invokes of ``body``, the text of a block after its opening tag or after a call of it
+    (whitespace may lie between invokes; anything else there is a fault)."""
     read = BlockRead([])
+    tokens, unreadable = _tokens(body, final)
     try:
-        tokens = _tokens(body, final)
         k = 0
         while k < len(tokens):
             token = tokens[k]
             if isinstance(token, _Text):
-                k = _between(token, k)
+                if token.text.strip():
+                    raise Malformed(token.start)
+                k += 1
             elif token.closing and token.name == "tool_call":
-                read.closed, read.end = True, token.end
+                read.end = token.end
                 return read
-            elif token.closing or token.name != "invoke" or "name" not in token.attrs:
+            elif token.closing or _INVOKE.fullmatch(token.name) is None:
                 raise Malformed(token.start)
             else:
-                invoke = Invoke(token.attrs["name"], token.start)
+                invoke = Invoke(_INVOKE.fullmatch(token.name).group(1), token.start)
                 read.invokes.append(invoke)
                 k = _arguments(tokens, k + 1, invoke)
+        read.fault = unreadable
     except Malformed as bad:
-        read.malformed_at = bad.at
+        read.fault = bad.at
     return read
 
 
-def _between(token: _Text, k: int) -> int:
-    """Text between elements: whitespace is passed over (the index after it); any other text
-    there is malformed."""
-    if token.text.strip():
-        raise Malformed(token.start)
-    return k + 1
-
-
 def _arguments(tokens: list, k: int, invoke: Invoke) -> int:
+    """Reads an invoke's elements from ``tokens[k]`` to its closing tag (setting ``end``) or to
+    the end of ``tokens``; the index after."""
+    open_: list[Element] = []  # the elements opened and not closed, outermost first
     while k < len(tokens):
         token = tokens[k]
+        k += 1
         if isinstance(token, _Text):
-            k = _between(token, k)
-        elif token.closing:
-            if token.name != "invoke":
+            if open_:
+                open_[-1].texts.append(token.text)
+            elif token.text.strip():
+                raise Malformed(token.start)  # (text between arguments)
+        elif not token.closing:
+            if len(open_) == MAX_DEPTH:
                 raise Malformed(token.start)
-            invoke.closed = True
-            return k + 1
+            node = Element(token.name, token.start)
+            (open_[-1].children if open_ else invoke.params).append(node)
+            open_.append(node)
+        elif open_ and token.name == open_[-1].name:
+            open_.pop()
+        elif not open_ and token.name == "invoke":
+            invoke.end = token.end
+            return k
         else:
-            node, k = _element(tokens, k)
-            if node is None:
-                invoke.reading = token.name
-                return k
-            invoke.params.append(node)
+            raise Malformed(token.start)
     return k
 
 
 def arguments(params: list[Element], schema: dict | None) -> dict:
     """An invoke's arguments, typed by the tool's ``parameters`` schema."""
     names = [p.name for p in params]
-    for i, name in enumerate(names):  # (a repeat only in a run: the streamed JSON stays a prefix)
+    for i, name in enumerate(names):
         if i and name != names[i - 1] and name in names[:i]:
             raise Malformed(params[i].start)
     return _by_name(params, (schema or {}).get("properties") or {})

@@ -1,15 +1,21 @@
 """MiniMax-M3's tool parser (``minimax_m3_markup.py`` reads the markup).
 
-Streamed, a call's name goes out once its ``invoke`` tag is read, then its arguments' JSON text
-as each argument completes (the object without its closing brace, growing; the brace when the
-invoke closes), so that joined they are the whole reply's ``parameters``. An argument goes out
-once the next element or the invoke's end shows it is not repeated. Text before a block (and
-after it) is normal text; a namespace token or a block opening cut across pieces is held back.
-``detect_and_parse`` is the same reading over the whole text at once.
+What a reply reads to, whole (``detect_and_parse``) or streamed however its pieces cut it:
 
-Markup that does not read (a stray tag, text between arguments, an invoke never closed) comes
-back as normal text from the first call it touches; calls of the block that closed before it
-stand. (Streamed, a call already announced is closed where it stood.)
+- text outside a block is normal text;
+- a call is an ``invoke`` that closes and whose arguments read; it stands whatever follows it;
+- where the markup stops reading (text or a stray tag between invokes, a closing tag that closes
+  nothing open, an invoke never closed, a block with no call, arguments that do not read), the
+  text from the first thing that did not make a call (the block's opening tag, when the block made
+  none) to that point is normal text, and reading goes on from there as normal text, where a new
+  block may open. A marker that opens or closes nothing thus stays in the text.
+
+Streamed, a call goes out whole, its name then its arguments' JSON, once its invoke closes: a call
+announced earlier could still fail to close (a reply cut by ``max_tokens``, a fault further on),
+and the whole reply's reading would not have it. The calls of a block go out one by one as each
+closes. Normal text goes out at once, save what may begin a block's opening tag, and a block's
+text until it is decided. Every decision streamed is one the whole reply's reading makes: the
+pieces joined are ``detect_and_parse``'s result, wherever the pieces are cut.
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ from tensorrt_llm.llmapi.reasoning_parser import held_back
 from tensorrt_llm.serve.tool_parser.base_tool_parser import BaseToolParser
 from tensorrt_llm.serve.tool_parser.core_types import StreamingParseResult, ToolCallItem
 from tensorrt_llm.serve.tool_parser.minimax_m3_markup import (
+    BLOCK_CLOSE,
     BLOCK_OPEN,
-    BlockRead,
     Malformed,
     arguments,
     read_block,
@@ -42,11 +48,12 @@ def tool_schemas(tools: list) -> dict[str, dict | None]:
 
 class MiniMaxM3ToolParser(BaseToolParser):
     def __init__(self) -> None:
-        self._buffer = ""  # text not given out yet: normal text held, or the block being read
+        # the text not decided yet: normal text held back, or a block's, from its opening tag
+        # (no call of it given out yet) or from the end of its last call given out
+        self._buffer = ""
         self._in_block = False
-        self._first_call = 0  # the reply's index of the block's first call
-        self._sent: list[str] = []  # per call of the reply: its arguments' JSON text given out
-        self._complete: list[bool] = []  # per call: its JSON text given out whole
+        self._num_calls = 0  # the reply's calls given out
+        self._block_calls = 0  # of them, the block's being read
 
     def has_tool_call(self, text: str) -> bool:
         return BLOCK_OPEN in text
@@ -81,66 +88,54 @@ class MiniMaxM3ToolParser(BaseToolParser):
                     return out
                 out.normal_text += self._buffer[:at]
                 self._buffer = self._buffer[at:]
-                self._in_block, self._first_call = True, len(self._sent)
-            body = self._buffer[len(BLOCK_OPEN) :]
-            read = read_block(body, final)
-            if final and not read.closed and read.malformed_at is None:
-                open_ = [i for i in read.invokes if not i.closed]
-                if open_ or not read.invokes:  # (a call never closed, or no call at all)
-                    read.malformed_at = open_[0].start if open_ else 0
-                else:
-                    read.end = len(body)  # (every call closed: the block's end is lenient)
-            bad = self._emit(read, schemas, out)
-            if bad is not None:
-                self._give_back(read, body, out)
-                continue
-            if not read.closed and not final:
+                self._in_block, self._block_calls = True, 0
+            if not self._read_block(schemas, final, out):
                 return out
-            self._buffer, self._in_block = body[read.end :], False
 
-    def _emit(self, read: BlockRead, schemas: dict, out: StreamingParseResult) -> int | None:
-        """The new pieces of the block's calls; where the markup stops reading, if it does."""
-        for index, invoke in enumerate(read.invokes):
-            if read.malformed_at is not None and not invoke.closed:
-                break  # (the fault is in it: it is not a call)
-            call = self._first_call + index
-            if call < len(self._complete) and self._complete[call]:
-                continue  # (given out whole)
-            schema = schemas.get(invoke.name)
-            ready = len(invoke.params)
-            last = invoke.params[-1].name if invoke.params else None
-            if not invoke.closed and (invoke.reading is None or invoke.reading == last):
-                while ready and invoke.params[ready - 1].name == last:
-                    ready -= 1  # (the last argument's run may go on: a list then)
+    def _read_block(self, schemas: dict, final: bool, out: StreamingParseResult) -> bool:
+        """Gives out the calls of the block that are decided; True when the block is done with
+        (the buffer then holds what follows it), False while it waits for more text."""
+        skip = 0 if self._block_calls else len(BLOCK_OPEN)  # (the body: after the opening tag)
+        body = self._buffer[skip:]
+        read = read_block(body, final)
+        fault, given = read.fault, 0  # (given: the body's text up to the last call given out)
+        pending = None  # the first invoke that made no call
+        for invoke in read.invokes:
             try:
-                args = arguments(invoke.params[:ready], schema)
+                if not invoke.end:
+                    raise Malformed(len(body)) if final else _Open
+                args = arguments(invoke.params, schemas.get(invoke.name))
+            except _Open:
+                pending = invoke
+                break
             except Malformed as bad:
-                return bad.at
-            text = json.dumps(args, ensure_ascii=False)
-            text = text if invoke.closed else text[:-1]
-            if call == len(self._sent):
-                self._sent.append("")
-                self._complete.append(False)
-                out.calls.append(ToolCallItem(call, invoke.name, ""))
-            if len(text) > len(self._sent[call]):
-                out.calls.append(ToolCallItem(call, None, text[len(self._sent[call]) :]))
-                self._sent[call] = text
-            self._complete[call] = invoke.closed
-        return read.malformed_at
+                pending, fault = invoke, min(bad.at, len(body) if fault is None else fault)
+                break
+            self._give_call(invoke.name, args, out)
+            given = invoke.end
+        if fault is None and read.end is not None and not self._block_calls:
+            fault = read.end - len(BLOCK_CLOSE)  # (a block of no call)
+        if fault is None and final and read.end is None and not self._block_calls:
+            fault = len(body)  # (a block opened at the end, no call in it)
+        if fault is not None:
+            start = skip + min(fault, pending.start if pending else fault)
+            out.normal_text += self._buffer[start if self._block_calls else 0 : skip + fault]
+            self._buffer, self._in_block = self._buffer[skip + fault :], False
+            return True
+        if read.end is not None or final:  # (at the end, whitespace after its last call)
+            self._buffer = self._buffer[skip + (read.end or len(body)) :]
+            self._in_block = False
+            return True
+        self._buffer = self._buffer[skip + given :] if given else self._buffer
+        return False
 
-    def _give_back(self, read: BlockRead, body: str, out: StreamingParseResult) -> None:
-        """Markup that does not read: the calls closed before it stand; a call announced and
-        not closed is closed where it stood; the text from the first call not closed (or the
-        block's opening) is normal text, and reading goes on after it as text."""
-        first = self._first_call
-        closed = 0  # the block's calls given out whole, from its first
-        while first + closed < len(self._complete) and self._complete[first + closed]:
-            closed += 1
-        for call in range(first + closed, len(self._sent)):
-            out.calls.append(ToolCallItem(call, None, "}"))
-            self._sent[call] += "}"
-            self._complete[call] = True
-        start = read.invokes[closed].start if closed < len(read.invokes) else None
-        text = self._buffer if closed == 0 or start is None else body[start:]
-        out.normal_text += text
-        self._buffer, self._in_block = "", False
+    def _give_call(self, name: str, args: dict, out: StreamingParseResult) -> None:
+        index = self._num_calls
+        out.calls.append(ToolCallItem(index, name, ""))
+        out.calls.append(ToolCallItem(index, None, json.dumps(args, ensure_ascii=False)))
+        self._num_calls += 1
+        self._block_calls += 1
+
+
+class _Open(Exception):
+    """An invoke whose closing tag has not arrived."""

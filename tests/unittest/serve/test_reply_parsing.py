@@ -203,3 +203,82 @@ def test_where_the_reply_starts_is_read_from_the_rendered_prompt(end, mode):
     )
     parsing = protocol.parsing(body, {"prompt_token_ids": [1, 2, 3]})
     assert parsing.reasoning.thinking_mode == mode
+
+
+def deltas_cut_at(render: Renderer, text: str, cuts, reason: str) -> list[dict]:
+    """The deltas of ``text`` arriving in steps that end at ``cuts``, finished with ``reason``."""
+    stream, deltas = ChoiceStream(render, 0, None), []
+    for i in sorted({c for c in cuts if 0 < c < len(text)} | {len(text)}):
+        snap = snapshot(text[:i], finished=i == len(text))
+        if i == len(text):
+            snap.outputs[0].finish_reason = reason
+        choice = stream.chunk(snap)
+        if choice is not None:
+            deltas.append(choice)
+    return deltas
+
+
+def read_message(message: dict, finish_reason) -> tuple:
+    """What a reply says, whole or joined from its deltas: reasoning, content, calls, reason."""
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
+    return (message["reasoning_content"] or "", message["content"] or "", calls, finish_reason)
+
+
+def joined_message(deltas: list[dict]) -> tuple:
+    calls: dict[int, dict] = {}
+    for entry in (e for d in deltas for e in d["delta"].get("tool_calls", [])):
+        if "id" in entry:
+            assert entry["index"] not in calls
+            calls[entry["index"]] = {"function": {"name": entry["function"]["name"]}}
+            calls[entry["index"]]["function"]["arguments"] = ""
+        calls[entry["index"]]["function"]["arguments"] += entry["function"]["arguments"]
+    message = {
+        "reasoning_content": "".join(d["delta"].get("reasoning_content", "") for d in deltas),
+        "content": "".join(d["delta"].get("content", "") for d in deltas),
+        "tool_calls": [calls[i] for i in sorted(calls)],
+    }
+    return read_message(message, deltas[-1]["finish_reason"])
+
+
+STRAY = f"{NS}</invoke>"
+OPEN_CALL = f'{NS}<invoke name="add">{NS}<a>7{NS}</a>'
+
+
+@pytest.mark.parametrize(
+    ("text", "reason", "content", "num_calls"),
+    [
+        (CALLING, "stop", "Adding.", 2),
+        (  # a stray closing tag after a call: the call stands, the marker stays in the content
+            CALLING.replace(f"{NS}</invoke>\n{NS}<invoke", f"{NS}</invoke>{STRAY}{NS}<invoke"),
+            "stop",
+            "Adding." + CALLING[CALLING.index(STRAY) + len(STRAY) :].replace("\n", STRAY, 1),
+            1,
+        ),
+        (  # cut by the token limit inside a call: that call is content, the one before stands
+            CALLING[: CALLING.index(f'\n{NS}<invoke name="add">{NS}<a>4')] + "\n" + OPEN_CALL,
+            "length",
+            "Adding." + OPEN_CALL,
+            1,
+        ),
+        (f"<mm:think>x</mm:think>{OPEN_CALL}{STRAY}", "stop", f"{OPEN_CALL}{STRAY}", 0),
+        (f"<mm:think>x</mm:think>a{NS}<tool_call>\n{OPEN_CALL}", "length", None, 0),
+    ],
+)
+def test_a_streamed_reply_reads_as_the_whole_one_wherever_the_steps_cut_it(
+    text, reason, content, num_calls
+):
+    """Cut at every point, the deltas join to the whole reply's message: no call goes out that
+    the whole reading does not have, and a marker that opens or closes nothing stays content."""
+    snap = snapshot(text, finished=True)
+    snap.outputs[0].finish_reason = reason
+    choice = calling_renderer().whole(snap, 0)
+    message = {"tool_calls": [], **choice["message"]}
+    expected = read_message(message, choice["finish_reason"])
+    assert len(expected[2]) == num_calls
+    assert expected[1] == (
+        content if content is not None else text[len("<mm:think>x</mm:think>") :]
+    )
+    for i in range(len(text) + 1):
+        assert joined_message(deltas_cut_at(calling_renderer(), text, [i], reason)) == expected, i
+    one_by_one = deltas_cut_at(calling_renderer(), text, range(len(text)), reason)
+    assert joined_message(one_by_one) == expected
