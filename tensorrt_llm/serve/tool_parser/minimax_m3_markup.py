@@ -39,8 +39,8 @@ _INVOKE = re.compile(r'invoke\s+name="([^"]*)"\s*')
 _ASCII_WHITESPACE = " \t\n\r\x0b\x0c"
 MAX_DEPTH = 64  # elements nested deeper are malformed (the reading is not recursive; typing is)
 # schema keywords whose values are schemas, lists of schemas, or maps of names to schemas
-_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
-_SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+_SUBSCHEMA = ("additionalProperties", "not", "if", "then", "else", "contains")
+_SUBSCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")  # (items: one or a list)
 _SUBSCHEMA_MAPS = ("$defs", "definitions", "patternProperties", "dependentSchemas")
 
 
@@ -79,6 +79,8 @@ def unwritable_names(schema, path: str = "") -> list[tuple[str, str, str]]:
         if isinstance(schema.get(key), list):
             for i, sub in enumerate(schema[key]):
                 out += unwritable_names(sub, f"{at}{key}.{i}")
+        else:
+            out += unwritable_names(schema.get(key), f"{at}{key}")
     for key in _SUBSCHEMA_MAPS:
         if isinstance(schema.get(key), dict):
             for name, sub in schema[key].items():

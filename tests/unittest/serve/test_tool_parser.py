@@ -504,8 +504,10 @@ def test_a_tool_whose_property_name_the_markup_cannot_carry_is_refused_naming_it
         "type": "object",
         "$defs": {"d": {"properties": {"/x": {}}}},
         "anyOf": [{"properties": {"": {}}}],
+        "properties": {"rows": {"items": {"properties": {" ": {}}}}},
     }
     assert [(p, n) for p, n, _ in unwritable_names(nested)] == [
+        ("properties.rows.items.properties", " "),
         ("anyOf.0.properties", ""),
         ("$defs.d.properties", "/x"),
     ]
