@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 MAX_LOGPROBS = 20
 MAX_INT64 = 2**63 - 1  # seeds, top-k and token ids travel to the device as int64
+MAX_STOP_TOKEN_IDS = 256
+MAX_BAD_WORDS = 128  # strings of ``bad``; each is banned in up to two tokenizations
+MAX_BAD_WORD_CHARS = 256
+MAX_BAD_WORD_TOKENS = 16  # the longest tokenization of a bad word the step can match
+MAX_BAD_TOKEN_IDS = 1024
 
 
 class SamplingParamsError(ValueError):
@@ -19,6 +25,15 @@ class SamplingParamsError(ValueError):
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _token_ids(value, most: int) -> bool:
+    """A list (or tuple) of at most ``most`` token ids (ints in ``[0, 2**63)``)."""
+    return (
+        isinstance(value, list | tuple)
+        and len(value) <= most
+        and all(_is_int(t) and 0 <= t <= MAX_INT64 for t in value)
+    )
 
 
 def _is_number(value, low: float, high: float) -> bool:
@@ -104,7 +119,14 @@ class SamplingParams:
 
     ``stop`` strings end generation once the text contains one (the text is cut before it);
     ``stop_token_ids`` and the model's end id end it at that token (kept in ``token_ids``, not in
-    ``text``) unless ``ignore_eos``. ``seed`` makes sampling reproducible per request.
+    ``text``), the end id unless ``ignore_eos``. ``seed`` makes sampling reproducible per request.
+
+    Token constraints, applied to the target's logits before sampling and before speculative
+    acceptance (so speculation decodes what plain decoding does): ``allowed_token_ids``, the only
+    tokens the output may hold (vLLM's name); ``bad_token_ids``, tokens it never holds; ``bad``,
+    words it never holds, banned as vLLM bans its ``bad_words``: each word is tokenized as written
+    (its leading whitespace stripped) and after a space, and the last token of a tokenization is
+    banned where the output so far ends with the tokens before it (always, for one token).
     """
 
     max_tokens: int = 32
@@ -114,6 +136,9 @@ class SamplingParams:
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = field(default_factory=list)
+    allowed_token_ids: list[int] | None = None
+    bad: str | list[str] | None = None
+    bad_token_ids: list[int] = field(default_factory=list)
     end_id: int | None = None
     ignore_eos: bool = False
     detokenize: bool = True
@@ -168,11 +193,33 @@ class SamplingParams:
             self.stop = [self.stop]
         if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop", "must be a non-empty string or a list of them")
-        if not isinstance(self.stop_token_ids, list | tuple) or not all(
-            _is_int(t) and 0 <= t <= MAX_INT64 for t in self.stop_token_ids
+        for name, most in (
+            ("stop_token_ids", MAX_STOP_TOKEN_IDS),
+            ("bad_token_ids", MAX_BAD_TOKEN_IDS),
         ):
-            raise bad("stop_token_ids", "must be a list of token ids (ints >= 0)")
-        self.stop_token_ids = list(self.stop_token_ids)
+            if not _token_ids(getattr(self, name), most):
+                raise bad(name, f"must be a list of at most {most} token ids (ints >= 0)")
+            setattr(self, name, list(getattr(self, name)))
+        if self.allowed_token_ids is not None:
+            if not _token_ids(self.allowed_token_ids, MAX_INT64) or not self.allowed_token_ids:
+                raise bad("allowed_token_ids", "must be a non-empty list of token ids (ints >= 0)")
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.bad, str):
+            self.bad = [self.bad]
+        if self.bad is not None and not (
+            isinstance(self.bad, list | tuple)
+            and len(self.bad) <= MAX_BAD_WORDS
+            and all(
+                isinstance(w, str) and w.strip() and len(w) <= MAX_BAD_WORD_CHARS for w in self.bad
+            )
+        ):
+            raise bad(
+                "bad",
+                f"must be a word or a list of at most {MAX_BAD_WORDS} words, each with a "
+                f"character other than whitespace and at most {MAX_BAD_WORD_CHARS} characters",
+            )
+        if self.bad is not None:
+            self.bad = list(self.bad)
         if self.end_id is not None and (not _is_int(self.end_id) or self.end_id < 0):
             raise bad("end_id", "must be a token id (an int >= 0)")
         if isinstance(self.guided_decoding, dict):  # (as it travels between processes)
@@ -184,8 +231,69 @@ class SamplingParams:
 
     @property
     def processes_logits(self) -> bool:
-        """Whether penalties or a logit bias change the target's logits."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+        """Whether penalties, a logit bias or token constraints change the target's logits."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.logit_bias
+            or self.allowed_token_ids is not None
+            or self.bad
+            or self.bad_token_ids
+        )
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """A ``SamplingParamsError`` naming the field of a token id outside ``[0, vocab_size)``."""
+        for name in ("stop_token_ids", "allowed_token_ids", "bad_token_ids"):
+            outside = [t for t in getattr(self, name) or () if t >= vocab_size]
+            if outside:
+                raise SamplingParamsError(
+                    name,
+                    f"SamplingParams.{name}: token ids {outside[:5]} are not in [0, {vocab_size})",
+                )
+        allowed = self.allowed_token_ids
+        if allowed is not None and len(allowed) > vocab_size:
+            raise SamplingParamsError(
+                "allowed_token_ids",
+                f"SamplingParams.allowed_token_ids: {len(allowed)} ids, over the vocabulary's "
+                f"{vocab_size}",
+            )
+
+    def bad_word_ids(
+        self, encode: Callable[[str], list[int]], vocab_size: int
+    ) -> tuple[tuple[int, ...], ...]:
+        """The token sequences the output never ends with: ``bad``'s words tokenized by
+        ``encode`` as vLLM tokenizes ``bad_words`` (as written, without leading whitespace; after
+        a space too, where that gives another first token and as many tokens), then
+        ``bad_token_ids`` (one token each). A ``SamplingParamsError`` naming ``bad`` for a
+        tokenization longer than ``MAX_BAD_WORD_TOKENS`` or outside the vocabulary, and naming
+        ``allowed_token_ids`` when the single-token bans leave none of them."""
+        words: list[tuple[int, ...]] = []
+        for word in self.bad or ():
+            plain = tuple(encode(word.lstrip()))
+            spaced = tuple(encode(" " + word.lstrip()))
+            forms = [plain]
+            if plain and spaced[:1] != plain[:1] and len(spaced) == len(plain):
+                forms.append(spaced)
+            for form in forms:
+                if not 1 <= len(form) <= MAX_BAD_WORD_TOKENS:
+                    raise SamplingParamsError(
+                        "bad",
+                        f"SamplingParams.bad: {word!r} is {len(form)} tokens; the step matches 1 to "
+                        f"{MAX_BAD_WORD_TOKENS}",
+                    )
+                if any(t >= vocab_size for t in form):
+                    raise SamplingParamsError(
+                        "bad", f"SamplingParams.bad: {word!r} has tokens outside [0, {vocab_size})"
+                    )
+            words += forms
+        words += [(t,) for t in self.bad_token_ids]
+        banned = {w[0] for w in words if len(w) == 1}
+        if self.allowed_token_ids is not None and set(self.allowed_token_ids) <= banned:
+            raise SamplingParamsError(
+                "allowed_token_ids",
+                "SamplingParams.allowed_token_ids: the bad words ban every one of them",
+            )
+        return tuple(words)
 
     @property
     def greedy(self) -> bool:

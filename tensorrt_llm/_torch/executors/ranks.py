@@ -76,6 +76,7 @@ def request_to_json(request: LlmRequest) -> dict:
         "sampling_params": {name: getattr(params, name) for name in _PARAM_FIELDS}
         | {"guided_decoding": guide.to_json() if (guide := params.guided_decoding) else None},
         "end_ids": list(request.end_ids),
+        "bad_word_ids": [list(word) for word in request.bad_word_ids],
         "cache_salt": request.cache_salt,
         "context_only": request.context_only,
         "images": images_to_json(request.multimodal),
@@ -92,6 +93,7 @@ def request_from_json(data: dict) -> LlmRequest:
         max_new_tokens=data["max_new_tokens"],
         sampling_params=SamplingParams(**params),
         end_ids=tuple(data["end_ids"]),
+        bad_word_ids=tuple(tuple(word) for word in data["bad_word_ids"]),
         cache_salt=data["cache_salt"],
         context_only=data["context_only"],
         multimodal=images_from_json(data.get("images")),

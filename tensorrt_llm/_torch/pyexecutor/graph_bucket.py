@@ -79,6 +79,8 @@ def addresses(
         out["bitmask"] = inputs.bitmask.data_ptr()
     if inputs.layout.penalties:
         out.update(counts=logits_state.counts.data_ptr(), bias=logits_state.bias.data_ptr())
+        words = logits_state.bad_words
+        out.update(words=words.words.data_ptr(), recent=words.recent.data_ptr())
     if inputs.layout.q_slots:
         out.update(q=store.table.data_ptr(), has_q=store.has_q.data_ptr())
         if store.phases is not None:

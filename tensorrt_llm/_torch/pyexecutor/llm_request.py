@@ -130,6 +130,9 @@ class LlmRequest:
     max_new_tokens: int
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     end_ids: tuple[int, ...] = ()  # any of them ends the request (unless ignore_eos)
+    # the token sequences its output never ends with (``SamplingParams.bad_word_ids``: its bad
+    # words and bad token ids, tokenized by the LLM)
+    bad_word_ids: tuple[tuple[int, ...], ...] = ()
     output_token_ids: list[int] = field(default_factory=list)
     state: LlmRequestState = LlmRequestState.CONTEXT_INIT
     context_current_position: int = 0
@@ -163,6 +166,13 @@ class LlmRequest:
         seed = self.sampling_params.seed
         self.seed = seed if seed is not None else random.getrandbits(63)
         self.sampling_row = SamplingRow.of(self.sampling_params, self.seed)
+        params = self.sampling_params
+        if (params.bad or params.bad_token_ids) and not self.bad_word_ids:
+            raise ValueError(
+                "SamplingParams.bad and bad_token_ids reach the engine as LlmRequest.bad_word_ids "
+                "(SamplingParams.bad_word_ids)"
+            )
+        self.bad_word_ids = tuple(tuple(word) for word in self.bad_word_ids)
         mm = self.multimodal
         self.prompt_key_ids = (
             self.prompt_token_ids if mm is None else mm.key_tokens(self.prompt_token_ids)

@@ -1,12 +1,15 @@
-"""OpenAI's presence and frequency penalties and logit bias, applied on the device to the target's
-logits of a step, before sampling and before speculative acceptance: the same tensor operations
-eagerly and inside a CUDA graph, with no loop over the requests and no host sync.
+"""OpenAI's presence and frequency penalties and logit bias, and the token constraints
+(``allowed_token_ids``, bad words), applied on the device to the target's logits of a step,
+before sampling and before speculative acceptance: the same tensor operations eagerly and inside
+a CUDA graph, with no loop over the requests and no host sync.
 
 A request with any of them holds a slot of ``LogitsState`` while it runs: its output tokens'
 counts ``[V]`` (kept on the device: each step adds the tokens it made, ``record``) and its bias
-``[V]``. Row ``r`` of a step's logits is adjusted by ``bias - frequency * count -
-presence * (count > 0)`` of its request's slot (``adjust``); rows of requests without them point
-at the scratch slot and get zeros.
+``[V]`` (``logit_bias``, and ``-inf`` at every token it may not write: outside
+``allowed_token_ids``, or a bad word of one token). Row ``r`` of a step's logits is adjusted by
+``bias - frequency * count - presence * (count > 0)`` of its request's slot (``adjust``); rows of
+requests without them point at the scratch slot and get zeros. Bad words of several tokens are
+matched against each row's preceding tokens (``bad_words.py``).
 
 A generation request's rows are its verify positions: row ``j`` predicts the token after its
 output and its first ``j`` drafts, so the penalties of row ``j`` count those drafts as output
@@ -28,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tensorrt_llm._torch.pyexecutor.bad_words import BadWordState
 from tensorrt_llm._torch.pyexecutor.resource_manager import BaseResourceManager
 
 PENALTY_BLOCK = 2048  # vocabulary entries per program of ``_penalty_kernel``
@@ -48,13 +52,16 @@ class PenaltyRows:
     pair_tokens: torch.Tensor  # [P] the draft
     # [P] its occurrences among the drafts ahead of the row, at its first one (0 elsewhere)
     pair_counts: torch.Tensor
+    group_slots: torch.Tensor  # [n] each group of ``T`` rows' slot (a request's verify rows)
+    drafts: torch.Tensor  # [n, K] each group's drafts
 
 
 class LogitsState(BaseResourceManager):
     """The penalties' counts and the bias of each request that has them, a row per request slot
     (``SeqSlotManager``; allocated at the first such request, or for the CUDA graphs that read
     them at start-up) and the scratch row that the others point at: the executor's
-    ``LOGITS_STATE``, 8 bytes per vocabulary entry and row."""
+    ``LOGITS_STATE``, 8 bytes per vocabulary entry and row, and the rows' bad words
+    (``BadWordState``)."""
 
     def __init__(self, seq_slots: SeqSlotManager, vocab_size: int, device: torch.device) -> None:
         self.seq_slots = seq_slots
@@ -62,6 +69,7 @@ class LogitsState(BaseResourceManager):
         self.device = device
         self.counts: torch.Tensor | None = None  # [slots + 1, V] int32
         self.bias: torch.Tensor | None = None  # [slots + 1, V] fp32
+        self.bad_words: BadWordState | None = None
         self._filled: set[int] = set()  # requests whose row holds their counts and bias
 
     @property
@@ -79,8 +87,8 @@ class LogitsState(BaseResourceManager):
         return 0  # (its row is its request slot's)
 
     def slots(self, requests: Sequence[LlmRequest]) -> list[int]:
-        """Each request's slot, its row filled at its first step (from its output so far and its
-        bias); the scratch slot for a request without penalties or bias."""
+        """Each request's slot, its row filled at its first step (from its output so far, its
+        bias and constraints); the scratch slot for a request without any of them."""
         out = []
         for req in requests:
             if not req.sampling_params.processes_logits:
@@ -98,6 +106,7 @@ class LogitsState(BaseResourceManager):
             shape = (self.seq_slots.capacity + 1, self.vocab_size)
             self.counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
             self.bias = torch.zeros(shape, dtype=torch.float32, device=self.device)
+            self.bad_words = BadWordState(shape[0], self.device)
 
     def _fill(self, req: LlmRequest, slot: int) -> None:
         self.allocate()
@@ -106,11 +115,18 @@ class LogitsState(BaseResourceManager):
         self.counts[slot] = torch.bincount(output, minlength=self.vocab_size)[: self.vocab_size].to(
             self.device, torch.int32
         )
+        params = req.sampling_params
         bias = torch.zeros(self.vocab_size)
-        for token, value in (req.sampling_params.logit_bias or {}).items():
-            if token < self.vocab_size:
+        if params.allowed_token_ids is not None:
+            bias.fill_(float("-inf"))
+            bias[torch.tensor(params.allowed_token_ids, dtype=torch.long)] = 0.0
+        for token, value in (params.logit_bias or {}).items():
+            if token < self.vocab_size and bias[token] == 0.0:
                 bias[token] = value
+        singles = [word[0] for word in req.bad_word_ids if len(word) == 1]
+        bias[torch.tensor(singles, dtype=torch.long)] = float("-inf")
         self.bias[slot] = bias.to(self.device)
+        self.bad_words.fill(slot, req.bad_word_ids, req.output_token_ids)
 
     def free_resources(self, request: LlmRequest) -> None:
         self._filled.discard(request.request_id)
@@ -140,6 +156,7 @@ class LogitsState(BaseResourceManager):
         delta = -(row_frequency * rows.pair_counts + row_presence * new)
         flat = rows.pair_rows * vocab + rows.pair_tokens
         logits.view(-1).scatter_add_(0, flat, delta.to(logits.dtype))
+        self.bad_words.ban(logits, rows.group_slots, rows.drafts)
 
     @torch.inference_mode()  # the logits are inference tensors
     def record(self, slots: torch.Tensor, tokens: torch.Tensor, num_new: torch.Tensor) -> None:
@@ -149,6 +166,7 @@ class LogitsState(BaseResourceManager):
         made = torch.arange(width, device=tokens.device)[None, :] < num_new[:, None]
         flat = (slots[:, None] * self.vocab_size + tokens).flatten()
         self.counts.view(-1).scatter_add_(0, flat, made.flatten().to(torch.int32))
+        self.bad_words.record(slots, tokens, num_new)
 
 
 def draft_pairs(drafts: torch.Tensor, num_drafts: torch.Tensor, first_row: torch.Tensor):

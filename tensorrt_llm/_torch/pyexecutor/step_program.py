@@ -146,7 +146,8 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> Logp
 
 def step_penalty_rows(inputs: StepInputs) -> PenaltyRows:
     """A step's ``n * T`` logits rows as ``adjust`` sees them: each row's slot and penalties
-    repeated over its ``T`` positions, and the pairs of its drafts (``draft_pairs``)."""
+    repeated over its ``T`` positions, the pairs of its drafts (``draft_pairs``), and each
+    group's slot and drafts (its bad words)."""
     n, width, penalties = inputs.num_rows, inputs.width, inputs.penalties
     first_row = torch.arange(n, device=inputs.drafts.device) * width
     return PenaltyRows(
@@ -154,4 +155,6 @@ def step_penalty_rows(inputs: StepInputs) -> PenaltyRows:
         penalties.presence.repeat_interleave(width),
         penalties.frequency.repeat_interleave(width),
         *draft_pairs(inputs.drafts, inputs.num_drafts, first_row),
+        penalties.slots,
+        inputs.drafts,
     )
