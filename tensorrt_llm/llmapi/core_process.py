@@ -10,27 +10,34 @@ unpickled:
   the stats), ``shutdown``;
 - core -> front: ``ready`` (or ``failed``, with the error), then after every engine iteration one
   ``outputs`` message for the whole batch: per request touched, its new tokens and logprobs, and
-  how it stands (finish reason, stop reason or error, decode iterations, accepted drafts); and a
-  ``reply`` per call.
+  how it stands (finish reason, stop reason or error, decode iterations, accepted drafts); a
+  ``reply`` per call; ``lost`` (a rank of it is gone); and every ``BEAT_S`` a ``beat``: how long
+  ago its engine loop last finished an iteration.
 
 The front keeps a mirror ``LlmRequest`` per request and applies each step's changes to it before
 calling the request's ``on_update`` (on its output thread, as the engine loop's thread calls it in
 one process). When the front falls behind, the messages waiting are read together and each
 request's ``on_update`` is called once for all of them (outputs are cumulative: nothing is lost,
-the stream's chunks just grow). The core's process dying is noticed within ``POLL_S``: every request in flight ends
-with ``ErrorKind.RANK_LOST`` naming the exit, and ``lost_rank`` says so from then on.
+the stream's chunks just grow).
+
+The output thread also watches the core. It is lost when its process exits (noticed within
+``POLL_S``), when it says a rank of it is gone, or when no iteration of its loop has finished for
+``engine_core_deadline_s`` (a step stuck in a kernel or a collective; a stopped or frozen process,
+whose beats stop too). Then every request in flight ends with ``ErrorKind.RANK_LOST`` naming why
+(a 503 on a server), every read-out fails with ``EngineCoreLost``, the core's process group (the
+core and its ranks) is killed, and a new core starts (``RestartPolicy``); ``lost_rank`` says why
+until it is ready. A stalled core is killed rather than waited for: a stuck kernel or collective
+does not come back, and a core that did would still hold the KV of requests already ended here.
 """
 
 from __future__ import annotations
 
 import atexit
-import tempfile
 import threading
+import time
 import traceback
-import uuid
 from concurrent.futures import Future
 
-import torch.multiprocessing as mp
 import zmq
 
 from tensorrt_llm._torch.executors.ranks import request_to_json
@@ -42,19 +49,19 @@ from tensorrt_llm._torch.pyexecutor.llm_request import (
     LlmRequest,
     stop_reason_from_json,
 )
-from tensorrt_llm.llmapi.core_worker import POLL_S, core_main, decode, encode
+from tensorrt_llm.llmapi.core_handle import POLL_MS, CoreHandle, EngineCoreLost, RestartPolicy
+from tensorrt_llm.llmapi.core_worker import decode, encode
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 from tensorrt_llm.llmapi.remote_disaggregation import RemoteDisaggregation, RemoteLoad
 from tensorrt_llm.logger import logger
 from tensorrt_llm.tokenizer import TransformersTokenizer
 
-READY_TIMEOUT_S = 900.0  # loading a large checkpoint, compiling and capturing graphs
 MAX_MERGED = 64  # messages the output thread takes at once (their updates merged per request)
 
 
 class CoreProcess:
     """The front side's handle on an engine core in a child process: the calls ``LLM`` makes on
-    an ``EngineCore``, carried over ZeroMQ."""
+    an ``EngineCore``, carried over ZeroMQ; a lost core is replaced (``restart_policy``)."""
 
     def __init__(self, args: TorchLlmArgs) -> None:
         self.args = args
@@ -70,55 +77,46 @@ class CoreProcess:
         self.model = self.executor = self.rank_executor = self.kv_cache_manager = None
         self.loop = None
         self.closed = False
+        self.deadline_s = args.engine_core_deadline_s
+        self.restart_policy = RestartPolicy()
+        self.restarts = 0  # cores started after a loss
         self._lost: str | None = None
         self._watchers: dict[int, tuple[LlmRequest, Update]] = {}
         self._calls: dict[int, Future] = {}
         self._next_call = 0
-        self._lock = threading.Lock()  # the commands socket, the watchers and the calls
-        self._dir = tempfile.TemporaryDirectory(prefix="trtllm-core-")
-        commands_path = f"ipc://{self._dir.name}/commands"
-        outputs_path = f"ipc://{self._dir.name}/outputs"
+        self._lock = threading.Lock()  # the commands socket, the core, the watchers, the calls
+        self._closing = threading.Event()
+        self._args_json = args.model_dump_json(exclude_unset=True)
         self._context = zmq.Context()
-        self._commands = self._context.socket(zmq.PUSH)
-        self._commands.bind(commands_path)
-        self._outputs = self._context.socket(zmq.PULL)
-        self._outputs.bind(outputs_path)
-        spawn = mp.get_context("spawn")
-        self._process = spawn.Process(
-            target=core_main,
-            args=(args.model_dump_json(exclude_unset=True), commands_path, outputs_path),
-            name=f"trtllm-engine-core-{uuid.uuid4().hex[:6]}",
-        )
-        self._process.start()
         try:
-            info = self._wait_ready()
+            self._core = self._started()
         except BaseException:
-            self._stop_process()
+            self._context.term()
             raise
+        info = self._core.info
         self.disaggregated = RemoteDisaggregation(
             args.cache_transceiver_config is not None, info["kv_slots_per_rank"], self._call
         )
         self.dtype = info["dtype"]
         self.kv_slots, self.tokens_per_block = info["kv_slots"], info["tokens_per_block"]
-        self._reader = threading.Thread(target=self._read, name="trtllm-core-outputs", daemon=True)
+        self._reader = threading.Thread(
+            target=self._supervise, name="trtllm-core-outputs", daemon=True
+        )
         self._reader.start()
         atexit.register(self.shutdown)  # (before multiprocessing joins its children at exit)
 
-    def _wait_ready(self) -> dict:
-        waited = 0.0
-        while waited < READY_TIMEOUT_S:
-            if self._outputs.poll(int(POLL_S * 1000)):
-                message = decode(self._outputs.recv())
-                if message["op"] == "failed":
-                    raise RuntimeError(f"the engine core failed to start:\n{message['error']}")
-                return message["info"]
-            waited += POLL_S
-            if not self._process.is_alive():
-                raise RuntimeError(
-                    f"the engine core's process exited (code {self._process.exitcode}) before "
-                    "it was ready"
-                )
-        raise RuntimeError(f"the engine core was not ready in {READY_TIMEOUT_S} s")
+    def _started(self) -> CoreHandle | None:
+        """A new core, ready; None if the front began to shut down meanwhile. A core that fails
+        to start is stopped, and its error raised."""
+        core = CoreHandle(self._context, self._args_json)
+        try:
+            if core.wait_ready(self._closing):
+                return core
+        except BaseException:
+            core.stop()
+            raise
+        core.stop()
+        return None
 
     # ---- requests ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -131,19 +129,21 @@ class CoreProcess:
                 "return_generation_logits needs the engine core in this process "
                 "(engine_process=False)"
             )
+        load = command.load_kv  # (a generation-only request's checked params)
+        params = load.params if isinstance(load, RemoteLoad) else None
+        message = {"op": "submit", "request": request_to_json(request), "disagg": params}
         with self._lock:
-            if self._lost is None:
+            if self._send(message):
                 self._watchers[request.request_id] = (request, command.on_update)
-                load = command.load_kv  # (a generation-only request's checked params)
-                params = load.params if isinstance(load, RemoteLoad) else None
-                self._send({"op": "submit", "request": request_to_json(request), "disagg": params})
                 return
-        request.fail(ErrorKind.RANK_LOST, self._lost)
+            closed = "this LLM was shut down" if self.closed else None
+            lost = self._lost or closed or "the engine core's process takes no commands"
+        request.fail(ErrorKind.RANK_LOST, lost)
         command.on_update(request, True)
 
     def cancel(self, request_id: int) -> None:
         with self._lock:  # (a request no longer watched has ended: nothing to send)
-            if self._lost is None and not self.closed and request_id in self._watchers:
+            if request_id in self._watchers:
                 self._send({"op": "cancel", "request_id": request_id})
 
     def finish(self, request_id: int, reason: FinishReason, stop_reason: str) -> None:
@@ -153,7 +153,6 @@ class CoreProcess:
             watched = self._watchers.get(request_id)
             if watched is not None:
                 watched[0].finish(reason, stop_reason)
-            if self._lost is None:
                 self._send(
                     {
                         "op": "finish",
@@ -181,46 +180,101 @@ class CoreProcess:
         return self._call("stats")
 
     def _call(self, name: str) -> dict:
+        """A read-out where the core is; ``EngineCoreLost`` while it is lost or restarting (a
+        stalled core's calls fail once it passes the deadline)."""
         future: Future = Future()
         with self._lock:
-            if self._lost is not None:
-                raise RuntimeError(self._lost)
+            if self._lost is not None or self.closed:
+                raise EngineCoreLost(self._lost or "this LLM was shut down")
             call_id, self._next_call = self._next_call, self._next_call + 1
             self._calls[call_id] = future
             self._send({"op": "call", "call_id": call_id, "name": name})
         return future.result()
 
     def lost_rank(self) -> str | None:
-        """Why the engine core's process (or one of its ranks) is gone; None while all run."""
+        """Why the engine core cannot run requests now (its process exited, one of its ranks is
+        gone, or it stalled; and whether another core is starting); None while it can."""
         return self._lost
 
-    # ---- the output thread -------------------------------------------------------------------------
-    def _read(self) -> None:
-        while not self.closed:
-            try:
-                ready = self._outputs.poll(int(POLL_S * 1000))
-            except zmq.ZMQError:  # (closed under it at shutdown)
-                return
-            if not ready:
-                if not self._process.is_alive() and not self.closed:
-                    self._lose(f"the engine core's process exited (code {self._process.exitcode})")
-                    return
-                continue
-            if not self._read_waiting():
+    @property
+    def _process(self):
+        """The current core's process (tests signal it)."""
+        return self._core.process
+
+    # ---- the output thread ------------------------------------------------------------------------
+    def _supervise(self) -> None:
+        """Read the core's messages; when the core is lost, end its requests, kill it and start
+        another (while ``restart_policy`` allows, until the LLM shuts down)."""
+        while (reason := self._watch(self._core)) is not None:
+            served_s = time.monotonic() - self._core.ready_at
+            self._lose(reason)
+            self._core.stop()
+            if not self._restart(reason, served_s):
                 return
 
-    def _read_waiting(self) -> bool:
+    def _watch(self, core: CoreHandle) -> str | None:
+        """Read ``core``'s messages until it is lost (why: its process exited, a rank of it is
+        gone, or no step finished for ``deadline_s``) or it exits at shutdown (None)."""
+        while True:
+            if core.outputs.poll(POLL_MS) and (lost := self._read_waiting(core)) is not None:
+                return lost
+            if (code := core.exit_code()) is not None:
+                closing = self._closing.is_set()
+                return None if closing else f"the engine core's process exited (code {code})"
+            closing = self._closing.is_set()  # (a core shutting down sends no beats)
+            if not closing and (stall := core.heartbeat.stall(self.deadline_s)) is not None:
+                return stall
+
+    def _restart(self, reason: str, served_s: float) -> bool:
+        """Start cores until one is ready (True); False if ``restart_policy`` allows no more start
+        (``lost_rank`` then says so for good) or the LLM shuts down."""
+        policy = self.restart_policy
+        while (wait_s := policy.next_wait(served_s)) is not None:
+            self._lost = (
+                f"{reason}; restarting the engine core ({policy.attempts} of {policy.max_attempts})"
+            )
+            logger.warning("%s in %g s", self._lost, wait_s)
+            if self._closing.wait(wait_s):
+                return False
+            try:
+                core = self._started()
+            except Exception as exc:
+                logger.error("the engine core did not restart: %s", exc)
+                served_s = 0.0
+                continue
+            with self._lock:
+                if core is None or self.closed:
+                    if core is not None:
+                        core.stop()
+                    return False
+                self._core, self._lost = core, None
+                self.restarts += 1
+            logger.info("the engine core restarted (%d restart(s) so far)", self.restarts)
+            return True
+        tried = f" after {policy.attempts} in a row" if policy.attempts else ""
+        self._lost = (
+            f"{reason}; the engine core was not restarted again{tried}: the LLM must be restarted"
+        )
+        logger.error("%s", self._lost)
+        return False
+
+    def _read_waiting(self, core: CoreHandle) -> str | None:
         """Every message waiting (at most ``MAX_MERGED``), in order; each request's ``on_update``
         called once for all the steps among them that touched it, so a front that falls behind
-        the core catches up in fewer, larger updates. False once the core has closed."""
+        the core catches up in fewer, larger updates. The reason when the core says a rank of it
+        is gone."""
         touched: dict[int, tuple[LlmRequest, Update]] = {}
         try:
             for _ in range(MAX_MERGED):
-                message = decode(self._outputs.recv())
+                message = decode(core.outputs.recv())
                 match message["op"]:
+                    case "beat":
+                        core.heartbeat.heard(message["since_s"])
                     case "outputs":
+                        core.heartbeat.heard()
                         self._apply(message["deltas"], touched)
                     case "reply":
+                        core.heartbeat.heard()
                         with self._lock:
                             future = self._calls.pop(message["call_id"])
                         if message["error"] is not None:
@@ -228,17 +282,12 @@ class CoreProcess:
                         else:
                             future.set_result(message["value"])
                     case "lost":
-                        self._notify(touched)
-                        self._lose(message["reason"])
-                    case "closed":
-                        return False
-                if not self._outputs.poll(0):
+                        return message["reason"]
+                if not core.outputs.poll(0):
                     break
-        except zmq.ZMQError:  # (closed under it at shutdown)
-            return False
         finally:
             self._notify(touched)
-        return True
+        return None
 
     def _apply(self, deltas: list, touched: dict[int, tuple[LlmRequest, Update]]) -> None:
         """One step's changes into the mirrors of the requests it touched."""
@@ -275,8 +324,8 @@ class CoreProcess:
         touched.clear()
 
     def _lose(self, reason: str) -> None:
-        """The core is gone: every request in flight ends with ``reason``."""
-        logger.error("%s: the requests in flight end; the LLM must be restarted", reason)
+        """The core is gone: every request in flight ends with ``reason``, every call fails."""
+        logger.error("%s: the requests in flight end", reason)
         with self._lock:
             self._lost = reason
             watched, self._watchers = list(self._watchers.values()), {}
@@ -286,32 +335,39 @@ class CoreProcess:
                 request.fail(ErrorKind.RANK_LOST, reason)
             _call(on_update, request, True)
         for future in calls:
-            future.set_exception(RuntimeError(reason))
+            future.set_exception(EngineCoreLost(reason))
 
-    def _send(self, message: dict) -> None:  # (with the lock held)
-        self._commands.send(encode(message))
+    def _send(self, message: dict) -> bool:
+        """``message`` to the core, if it runs; False if it takes none. (With the lock held.)"""
+        if self._lost is not None or self.closed:
+            return False
+        try:
+            self._core.commands.send(encode(message), zmq.NOBLOCK)
+        except zmq.Again:  # (its process is gone: the output thread is about to notice)
+            return False
+        return True
 
     # ---- lifetime ----------------------------------------------------------------------------------
     def shutdown(self) -> None:
+        """Tell the core to shut down (waiting up to a minute), then kill what is left of it."""
         if self.closed:
             return
         with self._lock:
-            if self._process.is_alive():  # (also after a rank under it was lost)
-                self._send({"op": "shutdown"})
-        self._process.join(timeout=60)
-        self.closed = True
+            live = self._send({"op": "shutdown"})  # (a lost core, or one restarting: nothing)
+            self.closed = True  # (from here no other core starts)
+            self._closing.set()
+            core = self._core
+        if live:
+            core.wait_exit(60)
         atexit.unregister(self.shutdown)
-        self._reader.join(timeout=2 * POLL_S + 1)
-        self._stop_process()
-
-    def _stop_process(self) -> None:
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        self._commands.close(linger=0)
-        self._outputs.close(linger=0)
+        core.kill()
+        self._reader.join(timeout=30)
+        self._core.stop()
+        with self._lock:
+            calls, self._calls = list(self._calls.values()), {}
+        for future in calls:
+            future.set_exception(EngineCoreLost("this LLM was shut down"))
         self._context.term()
-        self._dir.cleanup()
 
 
 def _call(on_update: Update, request: LlmRequest, finished: bool) -> None:

@@ -1,10 +1,17 @@
 """The engine core's process (``core_process.py`` starts it): build the ``EngineCore``, report
 ready, then apply the front's commands while the engine loop runs, and send each iteration's
-outputs once for the whole batch. It ends on ``shutdown`` or when the front's process is gone."""
+outputs once for the whole batch. Every ``BEAT_S`` the command thread sends a ``beat`` that says
+how long ago the engine loop last finished an iteration (it finishes one at least every
+``IDLE_WAIT_S`` when idle, after every step when busy): the front tells a core whose loop is
+stuck in one step from an idle one by it, and a core that sends nothing at all by the beats'
+absence. The process leads a process group of its own, which its ranks join, so the front can
+end all of them at once. It ends on ``shutdown`` or when the front's process is gone."""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -25,19 +32,23 @@ from tensorrt_llm.llmapi.workers import freeze_startup_heap, leave_a_core, rank_
 from tensorrt_llm.logger import logger
 
 POLL_S = 0.5  # how often each side looks whether the other's process still runs
+BEAT_S = 0.5  # how often the core says how its engine loop stands
 encode = msgspec.msgpack.Encoder().encode
 decode = msgspec.msgpack.Decoder().decode
 
 
 class _Outputs:
     """The core's side of the outputs socket: each request's changes since it was last sent,
-    gathered over one engine iteration and sent as one message (``flush``)."""
+    gathered over one engine iteration and sent as one message (``flush``, at the end of every
+    iteration, on the loop's thread), and the beats (``beat``, on the command thread)."""
 
     def __init__(self, socket: zmq.Socket, reply: Callable[[LlmRequest], object | None]) -> None:
         self.socket = socket
         self.reply = reply  # a finished request's disaggregated reply, if any
         self.deltas: list = []
         self.sent: dict[int, tuple[int, int]] = {}  # request id -> tokens, logprobs sent
+        self.flushed_at = time.monotonic()  # when the loop last finished an iteration
+        self._lock = threading.Lock()  # (two threads send)
 
     def update(self, request: LlmRequest, finished: bool) -> None:
         rid = request.request_id
@@ -64,12 +75,17 @@ class _Outputs:
             self.sent[rid] = (len(request.output_token_ids), len(request.py_logprobs))
 
     def send(self, message: dict) -> None:
-        self.socket.send(encode(message))
+        with self._lock:
+            self.socket.send(encode(message))
 
     def flush(self) -> None:
         if self.deltas:
             deltas, self.deltas = self.deltas, []
             self.send({"op": "outputs", "deltas": deltas})
+        self.flushed_at = time.monotonic()
+
+    def beat(self) -> None:
+        self.send({"op": "beat", "since_s": time.monotonic() - self.flushed_at})
 
 
 def core_main(args_json: str, commands_path: str, outputs_path: str) -> None:
@@ -77,6 +93,7 @@ def core_main(args_json: str, commands_path: str, outputs_path: str) -> None:
     front's process is gone."""
     from tensorrt_llm.llmapi.engine_core import EngineCore
 
+    os.setpgrp()  # (before the ranks start: they join it)
     parent = os.getppid()
     context = zmq.Context()
     outputs_socket = context.socket(zmq.PUSH)
@@ -99,16 +116,19 @@ def core_main(args_json: str, commands_path: str, outputs_path: str) -> None:
     }
     freeze_startup_heap()
     outputs.send({"op": "ready", "info": info})
-    # every send from here on is on the loop's thread
     core.loop.start()
     told = False  # the front, of a lost rank
+    beaten = 0.0
     try:
         while os.getppid() == parent:
-            if not commands.poll(int(POLL_S * 1000)):
+            if time.monotonic() - beaten >= BEAT_S:
+                outputs.beat()
+                beaten = time.monotonic()
+            if not commands.poll(int(BEAT_S * 1000)):
                 lost = core.lost_rank()
                 if lost is not None and not told:
-                    told = True
-                    core.loop.call(lambda lost=lost: outputs.send({"op": "lost", "reason": lost}))
+                    told = True  # (sent from this thread: the loop may wait on the lost rank)
+                    outputs.send({"op": "lost", "reason": lost})
                 continue
             if not _apply_waiting(core, outputs, commands):
                 break

@@ -18,6 +18,7 @@ from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.bundled import bundled_target
 from tensorrt_llm.inputs import MultimodalPrompts
+from tensorrt_llm.llmapi.core_handle import EngineCoreLost
 from tensorrt_llm.llmapi.core_process import CoreProcess
 from tensorrt_llm.llmapi.disaggregated import DisaggregatedServing
 from tensorrt_llm.llmapi.engine_core import EngineCore
@@ -27,7 +28,7 @@ from tensorrt_llm.llmapi.workers import rank_device
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import GenerationDefaults, SamplingParams
 
-__all__ = ["LLM", "GenerationRequest", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "GenerationRequest", "RequestOutput", "CompletionOutput", "EngineCoreLost"]
 
 # text, token ids, or upstream's dict: {"prompt" or "prompt_token_ids": ..., "multi_modal_data":
 # {"image": [...]}} (``tensorrt_llm.inputs.multimodal_prompts``)
@@ -146,7 +147,8 @@ class LLM:
     def kv_cache_report(self) -> dict:
         """Every KV manager's slot counts (free, used, cached, live requests), checked with
         ``check_integrity()``, and the requests active and held for pulls; taken between steps.
-        Raises ``AssertionError`` naming a broken invariant."""
+        Raises ``AssertionError`` naming a broken invariant, ``EngineCoreLost`` while the engine
+        core's process is lost or restarting."""
         self._check_open()
         return self._core.kv_cache_report()
 
@@ -228,21 +230,15 @@ class LLM:
                 )
             check_guide(params.guided_decoding)
         if self.tokenizer is None:
-            if params.stop or params.bad:
-                raise ValueError(
-                    "skip_tokenizer_init=True: stop strings and bad words need a tokenizer"
-                )
+            if params.stop:
+                raise ValueError("skip_tokenizer_init=True: stop strings need a tokenizer")
             params = replace(params, detokenize=False)
-        params.check_vocab(vocab)
-        encode = self.tokenizer.encode if self.tokenizer is not None else None
-        bad_word_ids = params.bad_word_ids(encode, vocab)
         llm_request = LlmRequest(
             request_id=next(self._ids),
             prompt_token_ids=token_ids,
             max_new_tokens=min(params.max_tokens, self.max_seq_len - len(token_ids)),
             sampling_params=params,
             end_ids=(params.end_id,) if params.end_id is not None else self.eos_token_ids,
-            bad_word_ids=bad_word_ids,
             multimodal=multimodal,
         )
         load_kv = None
@@ -304,9 +300,17 @@ class LLM:
         return [results[job.request.request_id] for job in jobs]
 
     def lost_rank(self) -> str | None:
-        """With several ranks: which one's process is gone (None while all run). Every step
-        then fails, ending its requests with an error: the LLM must be restarted."""
+        """Why the LLM cannot run requests now; None while it can. With the core in this process
+        and several ranks: which one's process is gone (every step then fails, ending its
+        requests with an error: the LLM must be restarted). With ``engine_process``: the core's
+        process exited, lost a rank, or finished no step for ``engine_core_deadline_s``; its
+        requests ended, and a new core is starting (``lost_rank`` is None again once it is
+        ready), or the message says that none will."""
         return None if self._closed else self._core.lost_rank()
+
+    def engine_core_restarts(self) -> int:
+        """How many engine cores were started in place of a lost one (``engine_process``)."""
+        return self._core.restarts if isinstance(self._core, CoreProcess) else 0
 
     def shutdown(self) -> None:
         """End the engine loop, free the KV cache and end the NIXL agent; with several ranks, stop

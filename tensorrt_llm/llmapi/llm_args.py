@@ -249,6 +249,11 @@ class TorchLlmArgs(StrictBaseModel):
     # (tokenizing, detokenizing, stop strings) in this one, joined by ZeroMQ: what trtllm-serve
     # runs. False: the core runs on a thread of this process (offline use).
     engine_process: bool = False
+    # With engine_process: how long the engine core may go without finishing a step before the
+    # front takes it as hung (a stuck kernel or collective, a stopped process): its requests end
+    # (a 503 on a server), it is killed and another core starts. Longer than the longest step
+    # that can happen (a long prompt's chunk, a first step that compiles a kernel).
+    engine_core_deadline_s: float = Field(default=60.0, gt=0)
     # Ranks (one process and one GPU each) and how they split the work (upstream's keys): tensor
     # parallelism splits every layer's heads over them; with enable_attention_dp each rank runs
     # its own requests on replicated weights (see _torch/distributed/mapping.py).

@@ -17,19 +17,23 @@ from tensorrt_llm.serve.errors import ServerError
 
 
 def health_reply(llm: LLM) -> JSONResponse:
-    """200 while the LLM can serve; 503 naming the rank once one of its ranks is gone."""
-    lost = llm.lost_rank()
+    """200 while the LLM can serve; 503 naming why not (``LLM.lost_rank``: a rank gone, an
+    engine core that exited or stalled, while a new one starts or for good). Once an engine
+    core was replaced, both say how many times (``engine_core_restarts``)."""
+    lost, restarts = llm.lost_rank(), llm.engine_core_restarts()
+    counted = {"engine_core_restarts": restarts} if restarts else {}
     if lost is None:
-        return JSONResponse({"status": "ok"})
-    return JSONResponse({"status": "unhealthy", "reason": lost}, status_code=503)
+        return JSONResponse({"status": "ok", **counted})
+    return JSONResponse({"status": "unhealthy", "reason": lost, **counted}, status_code=503)
 
 
 def check_ranks(llm: LLM) -> None:
-    """A 503 instead of a request that could not run: one of the LLM's ranks is gone."""
+    """A 503 at once instead of work that could not run: a rank or the engine core is lost (or
+    a new core is starting)."""
     lost = llm.lost_rank()
     if lost is not None:
         raise ServerError(
-            503, f"this server lost a rank ({lost}); it must be restarted", "server_error"
+            503, f"this server lost a rank or its engine core ({lost})", "server_error"
         )
 
 
