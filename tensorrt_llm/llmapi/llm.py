@@ -230,15 +230,21 @@ class LLM:
                 )
             check_guide(params.guided_decoding)
         if self.tokenizer is None:
-            if params.stop:
-                raise ValueError("skip_tokenizer_init=True: stop strings need a tokenizer")
+            if params.stop or params.bad:
+                raise ValueError(
+                    "skip_tokenizer_init=True: stop strings and bad words need a tokenizer"
+                )
             params = replace(params, detokenize=False)
+        params.check_vocab(vocab)
+        encode = self.tokenizer.encode if self.tokenizer is not None else None
+        bad_word_ids = params.bad_word_ids(encode, vocab)
         llm_request = LlmRequest(
             request_id=next(self._ids),
             prompt_token_ids=token_ids,
             max_new_tokens=min(params.max_tokens, self.max_seq_len - len(token_ids)),
             sampling_params=params,
             end_ids=(params.end_id,) if params.end_id is not None else self.eos_token_ids,
+            bad_word_ids=bad_word_ids,
             multimodal=multimodal,
         )
         load_kv = None
