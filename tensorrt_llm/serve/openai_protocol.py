@@ -94,6 +94,10 @@ class _SamplingFields(BaseModel):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[StrictInt, float] | None = None  # JSON keys are strings of token ids
+    # vLLM's token constraints (SamplingParams' stop_token_ids, allowed_token_ids and bad)
+    stop_token_ids: list[StrictInt] | None = None
+    allowed_token_ids: list[StrictInt] | None = None
+    bad_words: list[Text] | None = None
 
     @field_validator("logit_bias", mode="before")
     @classmethod

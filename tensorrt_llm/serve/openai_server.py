@@ -55,6 +55,7 @@ from tensorrt_llm.serve.waits import (
 from tensorrt_llm.serve.warm_up import warm_up_front
 
 _encode_json = msgspec.json.Encoder().encode  # (compact JSON, UTF-8 as is)
+_BODY_NAMES = {"bad": "bad_words"}  # SamplingParams' fields the request body names as vLLM does
 
 
 class OpenAIServer:
@@ -189,7 +190,7 @@ class OpenAIServer:
             )
         max_tokens = self.limits.max_tokens(self.llm, body, prompt_lengths)
         try:
-            return SamplingParams(
+            params = SamplingParams(
                 max_tokens=max_tokens,
                 temperature=self.llm.generation_defaults.openai_temperature(body.temperature),
                 top_p=body.top_p,
@@ -201,10 +202,19 @@ class OpenAIServer:
                 presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty,
                 logit_bias=self._logit_bias(body.logit_bias),
+                stop_token_ids=body.stop_token_ids or [],
+                allowed_token_ids=body.allowed_token_ids,
+                bad=body.bad_words or None,
                 guided_decoding=guide,
             )
+            vocab = self.llm.model_config.vocab_size
+            params.check_vocab(vocab)
+            params.bad_word_ids(self.llm.tokenizer.encode, vocab)  # (a word too long: named here)
+            return params
         except SamplingParamsError as exc:
-            raise ServerError(400, str(exc), param=exc.field) from None
+            field = _BODY_NAMES.get(exc.field, exc.field)
+            message = str(exc) if field == exc.field else f"{field}: {exc}"
+            raise ServerError(400, message, param=field) from None
 
     def _logit_bias(self, bias: dict[int, float] | None) -> dict[int, float] | None:
         vocab = self.llm.model_config.vocab_size
