@@ -211,6 +211,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="a Jinja chat template file, in place of the checkpoint's chat_template.jinja",
     )
+    _add_guard_flags(parser)
+    return parser
+
+
+def _add_guard_flags(parser: argparse.ArgumentParser) -> None:
+    """What a client may ask of the server: its key, where images may come from, how many
+    connections and how much work."""
     parser.add_argument(
         "--api-key",
         default=envs.TRTLLM_API_KEY.get() or None,
@@ -251,7 +258,6 @@ def _parser() -> argparse.ArgumentParser:
         help="the completion tokens one request may ask for, all its choices together (n x "
         "max_tokens); default max(2 x max_seq_len, 16384)",
     )
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

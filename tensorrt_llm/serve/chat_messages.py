@@ -145,6 +145,9 @@ class ChatMessage(BaseModel):
         out = [(f"{where}.content", self.text())]
         if self.reasoning_content:
             out.append((f"{where}.reasoning_content", self.reasoning_content))
+        for key in ("name", "tool_call_id"):
+            if getattr(self, key):
+                out.append((f"{where}.{key}", getattr(self, key)))
         for j, call in enumerate(self.tool_calls or ()):
             arguments = json.dumps(call.function.arguments, ensure_ascii=False)
             out.append((f"{where}.tool_calls.{j}.function.name", call.function.name))

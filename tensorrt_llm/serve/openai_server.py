@@ -164,13 +164,9 @@ class OpenAIServer:
         @app.post("/v1/chat/completions")
         async def chat(body: ChatCompletionRequest, request: Request):
             timer = self.metrics.timer()
-            texts = [text for i, m in enumerate(body.messages) for text in m.texts(i)]
-            whole = "".join(text for _, text in texts)
-            guards.check_text_fits(self.llm, [*texts, ("messages", whole)])
-            guards.refuse_control_tokens(self.llm.tokenizer, texts)
+            variables = guards.check_chat(self.llm, body)
             disagg = body.disaggregated_params
             known = disagg.images if disagg and disagg.has_handle else None
-            variables = body.template_kwargs()
             prompt = media.short_chat_prompt(self.llm, body.messages, variables)
             if prompt is None:
                 prompt = media.chat_prompt(self.llm, body.messages, self.media, known, variables)
