@@ -53,6 +53,15 @@ def test_allowed_token_ids_keep_the_reply_to_their_tokens(server):
     assert len(digits) == 24 and set(digits) <= set("0123456789")
 
 
+def test_a_refused_tokens_logprob_is_vllms_floor_not_json_breaking_inf(server):
+    # two tokens allowed, four asked for: the other two are refused, -inf, sent as -9999.0
+    allowed = server[0].llm.tokenizer.encode("01")
+    top = choice(server, allowed_token_ids=allowed, logprobs=4, max_tokens=2)["logprobs"]
+    for alternatives in top["top_logprobs"]:
+        assert sorted(alternatives.values())[:2] == [-9999.0, -9999.0]
+        assert all(lp > -9999.0 for lp in sorted(alternatives.values())[2:])
+
+
 def test_a_bad_word_never_appears(server):
     text = choice(server, bad_words=["15"])["text"]
     assert text.startswith("58 + 67: 8 + 7 = ") and "15" not in text
