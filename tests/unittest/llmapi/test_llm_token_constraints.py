@@ -15,7 +15,7 @@ from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig
 from tensorrt_llm.sampling_params import MAX_BAD_WORD_TOKENS, SamplingParamsError
 
 # prompts unlike the tiny model's training data: it is unsure of them, so a constraint changes
-# what it writes (the greedy outputs of these are in ``test_the_unconstrained_outputs``)
+# what it writes
 TEXTS = ["zq xv kk", "Tell me a story.", "aaaa bbbb"]
 
 
@@ -42,64 +42,81 @@ def no_slot_held(request):
             assert llm.kv_cache_report()["KV_CACHE_MANAGER"]["used"] == 0
 
 
-def outputs(llm, prompts, **params):
-    done = llm.generate(prompts, SamplingParams(max_tokens=24, **params))
-    return [o.outputs[0] for o in done]
-
-
-def both(llms, **params):
+def both(llms, prompts, params):
     """The outputs of the target and of Eagle3 (equal), and the target's overlapped steps."""
-    target, eagle, prompts = llms
+    target, eagle, _ = llms
     before = target.get_stats()["num_overlapped_steps"]
-    plain = outputs(target, prompts, **params)
+    plain = [o.outputs[0] for o in target.generate(prompts, params)]
     overlapped = target.get_stats()["num_overlapped_steps"] - before
-    speculative = outputs(eagle, prompts, **params)
+    speculative = [o.outputs[0] for o in eagle.generate(prompts, params)]
     assert [o.token_ids for o in speculative] == [o.token_ids for o in plain]
     return plain, overlapped
 
 
 @pytest.fixture(scope="module")
 def unconstrained(llms):
-    return both(llms)[0]
+    return both(llms, llms[2], SamplingParams(max_tokens=24))[0]
 
 
-def test_the_unconstrained_outputs(unconstrained):
-    plain = unconstrained
-    assert "win" in plain[1].text and " mil" in plain[0].text and "I" in plain[2].text
+WORDS = [" mil", "win", "I"]  # a word each prompt's unconstrained output holds
 
 
-def test_allowed_token_ids_keep_every_token_in_the_set(llms, unconstrained):
-    allowed = sorted({t for o in unconstrained for t in o.token_ids[:6]})
-    constrained, overlapped = both(llms, allowed_token_ids=allowed)
-    assert overlapped > 0
-    for free, held in zip(unconstrained, constrained, strict=True):
+@pytest.fixture(scope="module")
+def constrained(llms, unconstrained):
+    """Every prompt under each constraint, in one batch: (``allowed_token_ids``: the first six
+    tokens of the unconstrained outputs; bad ``WORDS``; a stop token: the sixth of the first
+    output), as ``{kind: (outputs per prompt, the constraint)}``, and the overlapped steps."""
+    prompts = llms[2]
+    kinds = {
+        "allowed_token_ids": sorted({t for o in unconstrained for t in o.token_ids[:6]}),
+        "bad": WORDS,
+        "stop_token_ids": [unconstrained[0].token_ids[5]],
+    }
+    params = [SamplingParams(max_tokens=24, **{k: v}) for k, v in kinds.items() for _ in prompts]
+    outs, overlapped = both(llms, prompts * len(kinds), params)
+    n = len(prompts)
+    return {k: (outs[i * n : (i + 1) * n], v) for i, (k, v) in enumerate(kinds.items())}, overlapped
+
+
+def test_the_unconstrained_outputs_hold_what_the_constraints_take_away(unconstrained):
+    assert all(word in out.text for word, out in zip(WORDS, unconstrained, strict=True))
+    assert unconstrained[0].token_ids[5] not in unconstrained[0].token_ids[:5]
+
+
+def test_constrained_steps_overlap(constrained):
+    assert constrained[1] > 0
+
+
+def test_allowed_token_ids_keep_every_token_in_the_set(unconstrained, constrained):
+    outs, allowed = constrained[0]["allowed_token_ids"]
+    for free, held in zip(unconstrained, outs, strict=True):
         assert set(held.token_ids) <= set(allowed) and len(held.token_ids) == 24
         assert not set(free.token_ids) <= set(allowed)
 
 
-def test_bad_words_never_appear(llms, unconstrained):
-    # one word that each prompt's output holds: "win" and "mil" are three tokens each (their last
-    # is banned after the other two), "I" is one (banned everywhere)
-    words = [" mil", "win", "I"]
-    constrained, overlapped = both(llms, bad=words)
-    assert overlapped > 0
-    for word, free, held in zip(words, unconstrained, constrained, strict=True):
-        assert word in free.text and word not in held.text
+def test_bad_words_never_appear(llms, constrained):
+    # "win" and "mil" are three tokens each (their last is banned after the other two), "I" one
+    # (banned everywhere)
+    outs, _ = constrained[0]["bad"]
+    for word, held in zip(WORDS, outs, strict=True):
+        assert word not in held.text
         ids = llms[0].tokenizer.encode(word.strip())
         tokens = held.token_ids
         assert all(tokens[i : i + len(ids)] != ids for i in range(len(tokens)))
 
 
-def test_a_stop_token_ends_the_output_where_it_is_generated(llms, unconstrained):
-    tokens = unconstrained[0].token_ids
-    k = 5
-    stop = tokens[k]
-    assert stop not in tokens[:k]
-    constrained, _ = both(llms, stop_token_ids=[stop])
-    out = constrained[0]
-    assert out.token_ids == tokens[: k + 1] and out.finish_reason is FinishReason.STOP
-    assert out.stop_reason == stop
-    assert out.text == llms[0].tokenizer.decode(tokens[:k])  # (the stop token's text left out)
+def test_a_stop_token_ends_the_output_where_it_is_generated(llms, unconstrained, constrained):
+    outs, (stop,) = constrained[0]["stop_token_ids"]
+    for free, out in zip(unconstrained, outs, strict=True):
+        tokens = free.token_ids
+        if stop not in tokens:
+            assert out.token_ids == tokens
+            continue
+        k = tokens.index(stop)
+        assert out.token_ids == tokens[: k + 1] and out.finish_reason is FinishReason.STOP
+        assert out.stop_reason == stop
+        assert out.text == llms[0].tokenizer.decode(tokens[:k])  # (the stop token's text left out)
+    assert outs[0].token_ids == unconstrained[0].token_ids[:6]
 
 
 @pytest.mark.parametrize(
