@@ -54,6 +54,7 @@ from tensorrt_llm.llmapi.core_worker import decode, encode
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 from tensorrt_llm.llmapi.remote_disaggregation import RemoteDisaggregation, RemoteLoad
 from tensorrt_llm.logger import logger
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
 from tensorrt_llm.tokenizer import TransformersTokenizer
 
 MAX_MERGED = 64  # messages the output thread takes at once (their updates merged per request)
@@ -95,7 +96,7 @@ class CoreProcess:
             raise
         info = self._core.info
         self.disaggregated = RemoteDisaggregation(
-            args.cache_transceiver_config is not None, info["kv_slots_per_rank"], self._call
+            args.cache_transceiver_config is not None, info["kv_slots_per_rank"], self._read_out
         )
         self.dtype = info["dtype"]
         self.kv_slots, self.tokens_per_block = info["kv_slots"], info["tokens_per_block"]
@@ -174,13 +175,20 @@ class CoreProcess:
 
     # ---- read-outs ---------------------------------------------------------------------------------
     def kv_cache_report(self) -> dict:
-        return self._call("kv_cache_report")
+        return self._read_out("kv_cache_report")
 
     def stats(self) -> dict:
-        return self._call("stats")
+        return self._read_out("stats")
 
-    def _call(self, name: str) -> dict:
-        """A read-out where the core is; ``EngineCoreLost`` while it is lost or restarting (a
+    def _read_out(self, name: str):
+        return self._call(name).result()
+
+    def compile_guide(self, guide: GuidedDecodingParams) -> Future:
+        return self._call("compile_guide", guide.to_json())
+
+    def _call(self, name: str, *args) -> Future:
+        """``EngineCore._<name>(*args)`` where the core is, as a future (of the future's result
+        where the call returns one); ``EngineCoreLost`` while the core is lost or restarting (a
         stalled core's calls fail once it passes the deadline)."""
         future: Future = Future()
         with self._lock:
@@ -188,8 +196,8 @@ class CoreProcess:
                 raise EngineCoreLost(self._lost or "this LLM was shut down")
             call_id, self._next_call = self._next_call, self._next_call + 1
             self._calls[call_id] = future
-            self._send({"op": "call", "call_id": call_id, "name": name})
-        return future.result()
+            self._send({"op": "call", "call_id": call_id, "name": name, "args": list(args)})
+        return future
 
     def lost_rank(self) -> str | None:
         """Why the engine core cannot run requests now (its process exited, one of its ranks is
@@ -277,7 +285,10 @@ class CoreProcess:
                         core.heartbeat.heard()
                         with self._lock:
                             future = self._calls.pop(message["call_id"])
-                        if message["error"] is not None:
+                        if message["field"] is not None:  # (a request's field: its error)
+                            error = SamplingParamsError(message["field"], message["error"])
+                            future.set_exception(error)
+                        elif message["error"] is not None:
                             future.set_exception(AssertionError(message["error"]))
                         else:
                             future.set_result(message["value"])

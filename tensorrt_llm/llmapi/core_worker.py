@@ -183,11 +183,23 @@ def _apply_command(core, outputs: _Outputs, message: dict) -> None:
             core.loop.call(lambda: core.finish(rid, FinishReason(reason), stop))
         case "call":
             call_id, fn = message["call_id"], getattr(core, f"_{message['name']}")
+            args = message["args"]
 
-            def answer(future: Future) -> None:  # (on the loop's thread, between steps)
+            def answer(future: Future) -> None:  # (on the loop's thread, or a future's)
                 error = future.exception()
                 value = None if error is not None else future.result()
-                text = None if error is None else f"{type(error).__name__}: {error}"
-                outputs.send({"op": "reply", "call_id": call_id, "value": value, "error": text})
+                if isinstance(value, Future):  # (a call that starts work: its result when done)
+                    value.add_done_callback(answer)
+                    return
+                field = getattr(error, "field", None)  # (a SamplingParamsError: the request's)
+                text = (
+                    None
+                    if error is None
+                    else str(error)
+                    if field
+                    else f"{type(error).__name__}: {error}"
+                )
+                reply = {"call_id": call_id, "value": value, "error": text, "field": field}
+                outputs.send({"op": "reply", **reply})
 
-            core.loop.call(fn).add_done_callback(answer)
+            core.loop.call(lambda: fn(*args)).add_done_callback(answer)

@@ -14,6 +14,7 @@ import dataclasses
 import gc
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import torch
 
@@ -35,6 +36,7 @@ from tensorrt_llm.llmapi.workers import (
     rank_device,
 )
 from tensorrt_llm.logger import logger
+from tensorrt_llm.sampling_params import GuidedDecodingParams
 
 
 class EngineCore:
@@ -166,6 +168,21 @@ class EngineCore:
             "image_cache_hits": encoder.cache.num_hits if encoder is not None else 0,
         }
 
+    def compile_guide(self, guide: GuidedDecodingParams) -> Future:
+        """``guide`` compiled ahead of a request that carries it (``LLM.compile_guide``): a
+        future done once it is compiled, whose exception says why it cannot be used."""
+        if not self.loop.running or self.loop.on_loop_thread:
+            return self._compile_guide(guide.to_json())
+        return chained(self.loop.call(lambda: self._compile_guide(guide.to_json())))
+
+    def _compile_guide(self, guide: dict) -> Future:
+        """(On the engine loop's thread: the compiler's cache is the requests'.) ``guide`` as
+        ``GuidedDecodingParams.to_json`` writes it."""
+        guided = self.rank_executor.guided
+        if guided is None:
+            raise ValueError("guided_decoding needs LLM(guided_decoding_backend='xgrammar')")
+        return guided.prepare(GuidedDecodingParams(**guide))
+
     def _held_slots(self) -> int:
         return self.disaggregated.held_slots()
 
@@ -199,3 +216,20 @@ class EngineCore:
         if self.device.type == "cuda":
             with torch.cuda.device(self.device):
                 torch.cuda.empty_cache()
+
+
+def chained(outer: Future) -> Future:
+    """The future that ``outer``'s result (a future) settles; ``outer``'s own error settles it
+    too."""
+    done: Future = Future()
+
+    def copy(future: Future) -> None:
+        if future.exception() is not None:
+            done.set_exception(future.exception())
+        elif isinstance(future.result(), Future):
+            future.result().add_done_callback(copy)
+        else:
+            done.set_result(future.result())
+
+    outer.add_done_callback(copy)
+    return done

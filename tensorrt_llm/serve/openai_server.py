@@ -74,8 +74,9 @@ class OpenAIServer:
         much work one request may ask for. ``reasoning_parser``: the name of the parser that
         splits a chat reply's reasoning from its content (``reasoning_parser.py``);
         ``tool_parser``: of the one that reads its tool calls (``tool_parser/``)."""
+        backend = llm.args.guided_decoding_backend
         self.protocol = ChatProtocol(
-            llm.tokenizer, reasoning_parser, tool_parser, llm.args.guided_decoding_backend
+            llm.tokenizer, reasoning_parser, tool_parser, backend, llm.compile_guide
         )
         self.grammars = GrammarGate()  # constraints built beside the event loop
         self.limits = limits or guards.ServeLimits()

@@ -1,6 +1,7 @@
 """Grammars for guided decoding, with xgrammar: the tokenizer's vocabulary as xgrammar reads it, a
-compiler that works off the step (one worker thread, compiled grammars cached by their text), a
-matcher per request, and the check a front end runs on a constraint before it submits one.
+compiler that works off the step (one worker thread, compiled grammars cached by their text), and
+a matcher per request. A front end has the engine compile a constraint before it submits the
+request (``LLM.compile_guide``): the request then finds it compiled.
 
 A token's bit in a mask row is set when the grammar allows it next. Control (special) tokens
 are never allowed, save the stop tokens once the grammar is complete; ids past the tokenizer's
@@ -8,14 +9,12 @@ vocabulary (a model's padded rows) never."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from tensorrt_llm.logger import plain_message
-from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
+from tensorrt_llm.sampling_params import GuidedDecodingParams
 
 if TYPE_CHECKING:
     import torch
@@ -54,10 +53,6 @@ def check_backend(backend: str | None) -> None:
         _xgrammar()
 
 
-def _first_line(exc: Exception) -> str:
-    return plain_message(exc, "building a grammar")
-
-
 def json_layout(compact: bool) -> dict:
     """xgrammar's whitespace arguments of a JSON schema: none at all (``compact``, the
     ``disable_any_whitespace`` of a request), or runs of up to ``MAX_WHITESPACE``."""
@@ -69,30 +64,6 @@ def json_layout(compact: bool) -> dict:
 def json_schema_ebnf(schema: str) -> str:
     """A JSON schema's compact grammar as EBNF (where a structural tag holds it)."""
     return str(_xgrammar().Grammar.from_json_schema(schema, **json_layout(True)))
-
-
-def check_guide(guide: GuidedDecodingParams) -> None:
-    """Raise ``SamplingParamsError`` (field ``guided_decoding``) when ``guide``'s schema, regex,
-    grammar or structural tag cannot be built, saying why; no tokenizer is needed, so a front
-    end can refuse a bad constraint before it reaches the engine."""
-    xgr = _xgrammar()
-    kind, text = guide.kind, guide.text
-    try:
-        if kind == "json":
-            schema = json.loads(text)
-            if not isinstance(schema, dict | bool):
-                raise ValueError("a JSON schema is an object (or true/false)")
-            xgr.Grammar.from_json_schema(text, **json_layout(guide.disable_any_whitespace))
-        elif kind == "regex":
-            xgr.Grammar.from_regex(text)
-        elif kind == "grammar":
-            xgr.Grammar.from_ebnf(text)
-        elif kind == "structural_tag":
-            xgr.Grammar.from_structural_tag(text)
-    except Exception as exc:
-        raise SamplingParamsError(
-            "guided_decoding", f"GuidedDecodingParams.{kind}: {_first_line(exc)}"
-        ) from None
 
 
 def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[int]):

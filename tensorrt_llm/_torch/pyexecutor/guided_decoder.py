@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,7 @@ from tensorrt_llm._torch.pyexecutor.grammar_matcher import (
 from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, LlmRequest, LlmRequestState
 from tensorrt_llm.logger import plain_message
 from tensorrt_llm.runtime.staging import PinnedStaging
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
 
 
 @dataclass
@@ -70,6 +72,25 @@ class GuidedDecoder:
             request.state = LlmRequestState.WAITING_FOR_GRAMMAR
             pending.resume = LlmRequestState.CONTEXT_INIT
         self._pending[request.request_id] = (request, pending)
+
+    def prepare(self, guide: GuidedDecodingParams) -> Future:
+        """Start compiling ``guide`` ahead of a request that carries it (the request then finds it
+        compiled: a grammar is built once). A future done once it is compiled; its exception, a
+        ``SamplingParamsError`` naming ``guided_decoding``, says why it cannot be used. On the
+        engine loop's thread (it shares the compiler's cache with ``submit``)."""
+        checked: Future = Future()
+
+        def settle(compiled: Future) -> None:
+            error = compiled.exception()
+            if error is None:
+                checked.set_result(None)
+            else:
+                reason = plain_message(error, "compiling a grammar")
+                message = f"GuidedDecodingParams.{guide.kind}: {reason}"
+                checked.set_exception(SamplingParamsError("guided_decoding", message))
+
+        self.compiler.submit(guide).add_done_callback(settle)
+        return checked
 
     def submit_now(self, request: LlmRequest) -> None:
         """Compile ``request``'s grammar now, its state untouched: ranks that run in step under

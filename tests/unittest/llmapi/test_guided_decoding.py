@@ -176,6 +176,22 @@ def test_a_constraint_that_cannot_be_built_is_refused_naming_it(llm, guide, mess
     )
 
 
+def test_a_constraint_compiled_ahead_is_built_once_for_its_requests(llm, monkeypatch):
+    """``LLM.compile_guide`` (what a server runs before it answers) compiles on the engine's
+    compiler, so the requests that carry the same constraint find it compiled."""
+    compiler = llm.rank_executor.guided.compiler
+    built = []
+    compile_one = compiler._compile
+    monkeypatch.setattr(compiler, "_compile", lambda *key: built.append(key) or compile_one(*key))
+    guide = GuidedDecodingParams(regex="(ab){1,3}c")
+    assert llm.compile_guide(guide).result(timeout=30) is None
+    outs = llm.generate(["x", "y"], [params(guide, False), params(guide, True)])
+    assert all(out.outputs[0].finish_reason == "stop" for out in outs)
+    assert built == [("regex", "(ab){1,3}c", False)]
+    with pytest.raises(ValueError, match="GuidedDecodingParams.regex"):
+        llm.compile_guide(GuidedDecodingParams(regex="(unclosed")).result(timeout=30)
+
+
 def test_guided_decoding_without_a_backend_is_refused(tiny_checkpoint):
     plain = LLM(str(tiny_checkpoint), device="cpu", max_batch_size=2)
     try:
