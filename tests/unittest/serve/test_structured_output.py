@@ -357,3 +357,7 @@ def test_a_constraint_past_a_limit_is_a_fast_400_naming_its_field_while_health_a
         model="m3", messages=USER, max_tokens=4, response_format={"type": "json_object"}
     )
     assert reply.choices[0].finish_reason in ("stop", "length")
+    report = httpx.get(base + "/kv_cache").json()  # (its check_integrity runs too)
+    managers = [v for v in report.values() if isinstance(v, dict)]
+    held = sum(m["used"] + m["live_requests"] for m in managers)
+    assert held + report["held_for_transfer"] + report["active_requests"] == 0, report
