@@ -70,10 +70,8 @@ class BadWordState:
         at = torch.arange(width, device=device)[:, None] + torch.arange(span, device=device)
         before = history[:, at]  # [n, T, span]
         words = self.words[slots]  # [n, W, L]
-        prefix, last = (
-            words[:, None, :, :span],
-            words[:, None, :, span],
-        )  # [n, 1, W, span], [n, 1, W]
+        prefix = words[:, None, :, :span]  # [n, 1, W, span]
+        last = words[:, None, :, span]  # [n, 1, W]
         hit = ((prefix == before[:, :, None, :]) | (prefix == ANY)).all(dim=-1) & (last >= 0)
         rows = torch.arange(n * width, device=device).view(n, width, 1)
         flat = rows * vocab + last.clamp(min=0)  # [n, T, W]
