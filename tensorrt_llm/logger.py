@@ -91,6 +91,7 @@ logger = Logger()
 # a native library's log prefix ("[05:28:29] /project/cpp/grammar_parser.cc:820: ") and any
 # source file's path (":line" with it): where a library failed is nobody's business but the log's
 _NATIVE_PREFIX = re.compile(r"^\[[\d:.]+\]\s+\S+:\d+:\s*")
+_FAILED_CHECK = re.compile(r"^Check failed: \(.*\)(?: is false)?:?")  # (a native assertion's code)
 _SOURCE_PATH = re.compile(r"(?:[\w.~-]*/)+[\w.-]+\.(?:cc|cpp|cxx|cu|cuh|h|hpp|c|py)(?::\d+)?")
 
 
@@ -101,5 +102,7 @@ def plain_message(exc: BaseException, what: str = "a library") -> str:
     text = str(exc).strip()
     logger.info("%s failed: %s: %s", what, type(exc).__name__, text)
     line = _NATIVE_PREFIX.sub("", text.splitlines()[0] if text else "")
+    if check := _FAILED_CHECK.match(line):
+        line = ": ".join(filter(None, ["an internal check failed", line[check.end() :].strip()]))
     line = _SOURCE_PATH.sub("<source>", line).strip()
     return line[:300] or type(exc).__name__

@@ -131,8 +131,10 @@ def structured_guide(
     try:
         if kind is None:  # (the response's JSON, laid out as asked)
             return replace(response, disable_any_whitespace=compact)
-        if kind == "structural_tag" and isinstance(value, str):
-            json.loads(value)  # (its JSON read here: a 400 naming this field)
+        if kind == "structural_tag":  # (its JSON read here: a 400 naming this field)
+            tag = json.loads(value) if isinstance(value, str) else value
+            if not isinstance(tag, dict) or not isinstance(tag.get("format"), dict):
+                raise ValueError("structural_tag must be an object with a format (an object)")
         return GuidedDecodingParams(**{kind: value}, disable_any_whitespace=compact)
     except ValueError as exc:  # (SamplingParamsError and JSON's errors among them)
         raise _bad(f"structured_outputs: {exc}", PARAM) from None

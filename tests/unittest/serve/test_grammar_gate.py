@@ -9,6 +9,7 @@ from tensorrt_llm.logger import plain_message
 from tensorrt_llm.serve import grammar_limits
 from tensorrt_llm.serve.errors import ServerError
 from tensorrt_llm.serve.grammar_gate import GrammarGate
+from tensorrt_llm.serve.structured_output import FormatError, structured_guide
 
 
 def test_a_build_past_its_deadline_is_a_400_naming_the_field_and_counts_until_it_ends():
@@ -110,3 +111,11 @@ def test_a_native_librarys_message_loses_its_clock_and_source_paths():
     )
     assert plain_message(RuntimeError("failed in /a/b/kernels.cu:42 x")) == "failed in <source> x"
     assert plain_message(RuntimeError("")) == "RuntimeError"
+    check = "[05:48:26] /project/cpp/a.cc:9: Check failed: (x.ok()) is false: rule r"
+    assert plain_message(RuntimeError(check)) == "an internal check failed: rule r"
+
+
+@pytest.mark.parametrize("tag", [{"a": 1}, '{"format": 3}', "[]"])
+def test_a_structural_tag_without_a_format_is_refused_naming_structured_outputs(tag):
+    with pytest.raises(FormatError, match="structural_tag must be an object with a format"):
+        structured_guide({"structural_tag": tag}, None)
