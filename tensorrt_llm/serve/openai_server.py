@@ -55,7 +55,6 @@ from tensorrt_llm.serve.waits import (
 from tensorrt_llm.serve.warm_up import warm_up_front
 
 _encode_json = msgspec.json.Encoder().encode  # (compact JSON, UTF-8 as is)
-_BODY_NAMES = {"bad": "bad_words"}  # SamplingParams' fields the request body names as vLLM does
 
 
 class OpenAIServer:
@@ -74,9 +73,8 @@ class OpenAIServer:
         much work one request may ask for. ``reasoning_parser``: the name of the parser that
         splits a chat reply's reasoning from its content (``reasoning_parser.py``);
         ``tool_parser``: of the one that reads its tool calls (``tool_parser/``)."""
-        backend = llm.args.guided_decoding_backend
         self.protocol = ChatProtocol(
-            llm.tokenizer, reasoning_parser, tool_parser, backend, llm.compile_guide
+            llm.tokenizer, reasoning_parser, tool_parser, llm.args.guided_decoding_backend
         )
         self.grammars = GrammarGate()  # constraints built beside the event loop
         self.limits = limits or guards.ServeLimits()
@@ -165,9 +163,13 @@ class OpenAIServer:
         @app.post("/v1/chat/completions")
         async def chat(body: ChatCompletionRequest, request: Request):
             timer = self.metrics.timer()
-            variables = guards.check_chat(self.llm, body)
+            texts = [text for i, m in enumerate(body.messages) for text in m.texts(i)]
+            whole = "".join(text for _, text in texts)
+            guards.check_text_fits(self.llm, [*texts, ("messages", whole)])
+            guards.refuse_control_tokens(self.llm.tokenizer, texts)
             disagg = body.disaggregated_params
             known = disagg.images if disagg and disagg.has_handle else None
+            variables = body.template_kwargs()
             prompt = media.short_chat_prompt(self.llm, body.messages, variables)
             if prompt is None:
                 prompt = media.chat_prompt(self.llm, body.messages, self.media, known, variables)
@@ -187,7 +189,7 @@ class OpenAIServer:
             )
         max_tokens = self.limits.max_tokens(self.llm, body, prompt_lengths)
         try:
-            params = SamplingParams(
+            return SamplingParams(
                 max_tokens=max_tokens,
                 temperature=self.llm.generation_defaults.openai_temperature(body.temperature),
                 top_p=body.top_p,
@@ -199,19 +201,10 @@ class OpenAIServer:
                 presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty,
                 logit_bias=self._logit_bias(body.logit_bias),
-                stop_token_ids=body.stop_token_ids or [],
-                allowed_token_ids=body.allowed_token_ids,
-                bad=body.bad_words or None,
                 guided_decoding=guide,
             )
-            vocab = self.llm.model_config.vocab_size
-            params.check_vocab(vocab)
-            params.bad_word_ids(self.llm.tokenizer.encode, vocab)  # (a word too long: named here)
-            return params
         except SamplingParamsError as exc:
-            field = _BODY_NAMES.get(exc.field, exc.field)
-            message = str(exc) if field == exc.field else f"{field}: {exc}"
-            raise ServerError(400, message, param=field) from None
+            raise ServerError(400, str(exc), param=exc.field) from None
 
     def _logit_bias(self, bias: dict[int, float] | None) -> dict[int, float] | None:
         vocab = self.llm.model_config.vocab_size
