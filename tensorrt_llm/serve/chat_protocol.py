@@ -5,11 +5,7 @@ leaves the model: inside a reasoning block it opened, after one it closed, or fr
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import Future
-
 from tensorrt_llm._torch.disaggregation.params import RequestType
-from tensorrt_llm.llmapi.core_handle import EngineCoreLost
 from tensorrt_llm.llmapi.reasoning_parser import MiniMaxM3ReasoningParser, ReasoningParserFactory
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
 from tensorrt_llm.serve.errors import ServerError
@@ -27,11 +23,9 @@ class ChatProtocol:
         reasoning_parser: str | None = None,
         tool_parser: str | None = None,
         guided_backend: str | None = None,
-        compile_guide: Callable[[GuidedDecodingParams], Future] | None = None,
     ) -> None:
         """Parser names as the server's flags give them (checked here: an unknown one is a
-        ``ValueError`` before the model loads). ``compile_guide``: the engine's
-        (``LLM.compile_guide``), which builds a constraint once, for its request too."""
+        ``ValueError`` before the model loads)."""
         if reasoning_parser is not None:
             ReasoningParserFactory.create_reasoning_parser(reasoning_parser)  # (a known name)
         if tool_parser is not None:
@@ -39,7 +33,6 @@ class ChatProtocol:
         self.tokenizer = tokenizer
         self.reasoning_parser, self.tool_parser = reasoning_parser, tool_parser
         self.guided_backend = guided_backend
-        self.compile_guide = compile_guide
 
     def _prompt_end(self, prompt: list[int] | dict) -> str:
         ids = prompt if isinstance(prompt, list) else prompt["prompt_token_ids"]
@@ -81,20 +74,14 @@ class ChatProtocol:
     def guide(self, body, prompt: list[int] | dict, chat: bool) -> GuidedDecodingParams | None:
         """What the output must match (None: anything): ``response_format``, after the
         reasoning block when this server reads reasoning; or the tool-call markup
-        ``tool_choice`` requires (and strict tools under ``auto``). Compiled by the engine
-        before it returns, so it takes as long as the grammar takes to build (``GrammarGate``
-        runs it beside the event loop). A 400 names the field that cannot be held to; a 503
-        says the engine core is lost or restarting."""
+        ``tool_choice`` requires (and strict tools under ``auto``), made but not compiled
+        (``GrammarGate`` has the engine compile it). A 400 names the field that cannot be held
+        to."""
         param = self.field(body, chat)
         try:
-            guide = self._guide(body, prompt, chat, param)
-            if guide is not None:
-                self.compile_guide(guide).result()
-        except SamplingParamsError as exc:  # (the grammar's own error, or a size past a limit)
+            return self._guide(body, prompt, chat, param)
+        except SamplingParamsError as exc:  # (a size past a limit)
             raise ServerError(400, f"{param}: {exc}", param=param) from None
-        except EngineCoreLost as exc:
-            raise ServerError(503, str(exc), "server_error") from None
-        return guide
 
     def _guide(self, body, prompt, chat: bool, param: str) -> GuidedDecodingParams | None:
         response, calls = body.response_guide(), None

@@ -1,14 +1,19 @@
-"""Where a request's constraint is built and checked before it runs: on a few threads beside the
-event loop (xgrammar leaves the interpreter's lock while it builds), so ``/health``, ``/kv_cache``
-and running streams never wait on it.
+"""Where a request's constraint is made and compiled before the request runs, so that
+``/health``, ``/kv_cache`` and running streams never wait on a grammar:
 
-- At most ``max_builds`` at once; a request past that is a 503 (retry later). A build that ran
-  past its deadline still counts until it really ends: a thread cannot be stopped, so the count
-  is what bounds the CPU that slow constraints take.
-- Each within ``deadline_s``: past it the request is a 400 naming its constraint's field.
+- the constraint is made (``ChatProtocol.guide``: the tool-call markup, the part after the
+  reasoning) on a few threads beside the event loop;
+- the engine compiles it (``LLM.compile_guide``, on its compiler's thread, which leaves the
+  interpreter's lock while it builds); the request then finds it compiled. Requests that carry a
+  constraint being compiled wait for that one compile, and one compiled here lately passes at
+  once;
+- at most ``max_builds`` distinct constraints compile at once: a request that would start
+  another is a 503 (retry later). A compile past the deadline still counts until it ends: it
+  cannot be stopped, so the count is what bounds the CPU that slow constraints take;
+- each request within ``deadline_s``: past it, a 400 naming its constraint's field.
 
-The size limits a constraint is held to before this (``grammar_limits.py``) keep every build of
-a legal constraint far inside the deadline; the deadline is what catches the rest (a regular
+The size limits a constraint is held to before this (``grammar_limits.py``) keep every legal
+constraint's compile far inside the deadline; the deadline catches the rest (a regular
 expression's repetition counts, say).
 """
 
@@ -16,45 +21,52 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from tensorrt_llm.sampling_params import GuidedDecodingParams
+from tensorrt_llm.llmapi.core_handle import EngineCoreLost
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
 from tensorrt_llm.serve.errors import ServerError
 
-MAX_BUILDS = 4  # constraints built at once (the rest: a 503)
-BUILD_DEADLINE_S = 10.0  # a constraint not built by then: a 400
+MAX_BUILDS = 4  # distinct constraints compiled at once (a request that would add one: a 503)
+BUILD_DEADLINE_S = 10.0  # a constraint not made and compiled by then: a 400
+KNOWN_COMPILED = 256  # constraints remembered as compiled (the engine keeps as many)
+
+Compile = Callable[[GuidedDecodingParams], Future]
 
 
 class GrammarGate:
-    def __init__(self, max_builds: int = MAX_BUILDS, deadline_s: float = BUILD_DEADLINE_S) -> None:
+    def __init__(
+        self,
+        compile_guide: Compile,
+        max_builds: int = MAX_BUILDS,
+        deadline_s: float = BUILD_DEADLINE_S,
+    ) -> None:
+        """``compile_guide``: the engine's (``LLM.compile_guide``)."""
+        self.compile_guide = compile_guide
         self.max_builds, self.deadline_s = max_builds, deadline_s
-        self._pool = ThreadPoolExecutor(max_builds, thread_name_prefix="trtllm-grammar-check")
-        self._lock = threading.Lock()
-        self._building = 0  # builds started and not ended, past their deadline or not
+        self._pool = ThreadPoolExecutor(max_builds, thread_name_prefix="trtllm-grammar")
+        self._lock = threading.Lock()  # (compiles end on the engine's threads)
+        self._building: dict[tuple, Future] = {}  # constraint -> its compile, until it ends
+        self._compiled: OrderedDict[tuple, None] = OrderedDict()
 
     @property
     def building(self) -> int:
-        return self._building
+        return len(self._building)
 
     async def build(
         self, make: Callable[[], GuidedDecodingParams | None], param: Callable[[], str]
     ) -> GuidedDecodingParams | None:
-        """``make()``'s constraint, made on the gate's threads (it raises ``ServerError`` for a
-        constraint that cannot be held to); ``param()``: the field a deadline's 400 names."""
-        with self._lock:
-            if self._building >= self.max_builds:
-                raise ServerError(
-                    503,
-                    f"this server is building {self._building} output constraints (grammars), "
-                    f"its most at once; retry later",
-                    "server_error",
-                )
-            self._building += 1
-        future = self._pool.submit(make)
-        future.add_done_callback(self._ended)
+        """``make()``'s constraint (it raises ``ServerError`` for one that cannot be held to),
+        compiled; ``param()``: the field a 400 about it names."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.deadline_s
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self.deadline_s)
+            async with asyncio.timeout_at(deadline):
+                guide = await asyncio.wrap_future(self._pool.submit(make))
+                if guide is not None:
+                    await asyncio.shield(asyncio.wrap_future(self._compile(guide)))
         except TimeoutError:
             field = param()
             raise ServerError(
@@ -63,10 +75,45 @@ class GrammarGate:
                 "constraint smaller or simpler",
                 param=field,
             ) from None
+        except SamplingParamsError as exc:  # (the grammar's own error)
+            field = param()
+            raise ServerError(400, f"{field}: {exc}", param=field) from None
+        except EngineCoreLost as exc:
+            raise ServerError(503, str(exc), "server_error") from None
+        return guide
 
-    def _ended(self, _: Future) -> None:
+    def _compile(self, guide: GuidedDecodingParams) -> Future:
+        """The compile of ``guide``: done at once if it compiled lately, the running one if it
+        is compiling, else a new one (a 503 past ``max_builds``)."""
+        key = (guide.kind, guide.text, guide.disable_any_whitespace)
         with self._lock:
-            self._building -= 1
+            if key in self._compiled:
+                self._compiled.move_to_end(key)
+                done: Future = Future()
+                done.set_result(None)
+                return done
+            running = self._building.get(key)
+            if running is not None:
+                return running
+            if len(self._building) >= self.max_builds:
+                raise ServerError(
+                    503,
+                    f"this server is compiling {len(self._building)} output constraints "
+                    "(grammars), its most at once; retry later",
+                    "server_error",
+                )
+            future = self.compile_guide(guide)
+            self._building[key] = future
+        future.add_done_callback(lambda ended: self._ended(key, ended))
+        return future
+
+    def _ended(self, key: tuple, future: Future) -> None:
+        with self._lock:
+            self._building.pop(key, None)
+            if not future.cancelled() and future.exception() is None:
+                self._compiled[key] = None
+                while len(self._compiled) > KNOWN_COMPILED:
+                    self._compiled.popitem(last=False)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -55,6 +55,7 @@ from tensorrt_llm.serve.waits import (
 from tensorrt_llm.serve.warm_up import warm_up_front
 
 _encode_json = msgspec.json.Encoder().encode  # (compact JSON, UTF-8 as is)
+_BODY_NAMES = {"bad": "bad_words"}  # SamplingParams' fields the request body names as vLLM does
 
 
 class OpenAIServer:
@@ -76,7 +77,7 @@ class OpenAIServer:
         self.protocol = ChatProtocol(
             llm.tokenizer, reasoning_parser, tool_parser, llm.args.guided_decoding_backend
         )
-        self.grammars = GrammarGate()  # constraints built beside the event loop
+        self.grammars = GrammarGate(llm.compile_guide)  # (beside the event loop)
         self.limits = limits or guards.ServeLimits()
         self.llm = llm
         self.media = media.MediaPool(media_options or media.MediaOptions())
@@ -163,13 +164,9 @@ class OpenAIServer:
         @app.post("/v1/chat/completions")
         async def chat(body: ChatCompletionRequest, request: Request):
             timer = self.metrics.timer()
-            texts = [text for i, m in enumerate(body.messages) for text in m.texts(i)]
-            whole = "".join(text for _, text in texts)
-            guards.check_text_fits(self.llm, [*texts, ("messages", whole)])
-            guards.refuse_control_tokens(self.llm.tokenizer, texts)
+            variables = guards.check_chat(self.llm, body)
             disagg = body.disaggregated_params
             known = disagg.images if disagg and disagg.has_handle else None
-            variables = body.template_kwargs()
             prompt = media.short_chat_prompt(self.llm, body.messages, variables)
             if prompt is None:
                 prompt = media.chat_prompt(self.llm, body.messages, self.media, known, variables)
@@ -189,7 +186,7 @@ class OpenAIServer:
             )
         max_tokens = self.limits.max_tokens(self.llm, body, prompt_lengths)
         try:
-            return SamplingParams(
+            params = SamplingParams(
                 max_tokens=max_tokens,
                 temperature=self.llm.generation_defaults.openai_temperature(body.temperature),
                 top_p=body.top_p,
@@ -201,10 +198,19 @@ class OpenAIServer:
                 presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty,
                 logit_bias=self._logit_bias(body.logit_bias),
+                stop_token_ids=body.stop_token_ids or [],
+                allowed_token_ids=body.allowed_token_ids,
+                bad=body.bad_words or None,
                 guided_decoding=guide,
             )
+            vocab = self.llm.model_config.vocab_size
+            params.check_vocab(vocab)
+            params.bad_word_ids(self.llm.tokenizer.encode, vocab)  # (a word too long: named here)
+            return params
         except SamplingParamsError as exc:
-            raise ServerError(400, str(exc), param=exc.field) from None
+            field = _BODY_NAMES.get(exc.field, exc.field)
+            message = str(exc) if field == exc.field else f"{field}: {exc}"
+            raise ServerError(400, message, param=field) from None
 
     def _logit_bias(self, bias: dict[int, float] | None) -> dict[int, float] | None:
         vocab = self.llm.model_config.vocab_size

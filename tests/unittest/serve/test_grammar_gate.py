@@ -1,65 +1,108 @@
 """The grammar gate and the limits a constraint is held to before any grammar is built."""
 
 import asyncio
-import threading
+from concurrent.futures import Future
 
 import pytest
 
+from tensorrt_llm.llmapi.core_handle import EngineCoreLost
 from tensorrt_llm.logger import plain_message
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
 from tensorrt_llm.serve import grammar_limits
 from tensorrt_llm.serve.errors import ServerError
 from tensorrt_llm.serve.grammar_gate import GrammarGate
 from tensorrt_llm.serve.structured_output import FormatError, structured_guide
 
+GUIDE_A = GuidedDecodingParams(regex="a+")
+GUIDE_B = GuidedDecodingParams(regex="b+")
 
-def test_a_build_past_its_deadline_is_a_400_naming_the_field_and_counts_until_it_ends():
-    release = threading.Event()
-    gate = GrammarGate(max_builds=2, deadline_s=0.05)
+
+class Engine:
+    """``LLM.compile_guide`` as the gate sees it: a compile per call, ended by the test."""
+
+    def __init__(self) -> None:
+        self.compiles: list[tuple[GuidedDecodingParams, Future]] = []
+
+    def compile_guide(self, guide: GuidedDecodingParams) -> Future:
+        future: Future = Future()
+        self.compiles.append((guide, future))
+        return future
+
+
+def field() -> str:
+    return "response_format"
+
+
+def test_a_compile_past_the_deadline_is_a_400_naming_the_field_and_counts_until_it_ends():
+    engine = Engine()
+    gate = GrammarGate(engine.compile_guide, max_builds=2, deadline_s=0.05)
 
     async def run():
         with pytest.raises(ServerError) as caught:
-            await gate.build(lambda: release.wait(5), lambda: "response_format")
+            await gate.build(lambda: GUIDE_A, field)
         assert (caught.value.status, caught.value.param) == (400, "response_format")
         assert "not built within 0.05 s" in caught.value.message
-        assert gate.building == 1  # (its thread still runs)
-        release.set()
-        for _ in range(100):
-            if gate.building == 0:
-                return
+        assert gate.building == 1  # (the engine still compiles it)
+        engine.compiles[0][1].set_result(None)
+        assert gate.building == 0
+        assert await gate.build(lambda: GUIDE_A, field) is GUIDE_A  # (compiled: at once)
+
+    asyncio.run(run())
+    assert len(engine.compiles) == 1
+    gate.close()
+
+
+def test_requests_share_a_running_compile_and_a_new_one_past_the_most_is_a_503():
+    engine = Engine()
+    gate = GrammarGate(engine.compile_guide, max_builds=1, deadline_s=5)
+
+    async def run():
+        first = asyncio.ensure_future(gate.build(lambda: GUIDE_A, field))
+        same = asyncio.ensure_future(gate.build(lambda: GUIDE_A, field))
+        while len(engine.compiles) < 1:
             await asyncio.sleep(0.01)
-
-    asyncio.run(run())
-    assert gate.building == 0
-    gate.close()
-
-
-def test_builds_past_the_most_at_once_are_a_503_and_the_gate_reopens():
-    release = threading.Event()
-    gate = GrammarGate(max_builds=1, deadline_s=5)
-
-    async def run():
-        first = asyncio.ensure_future(gate.build(lambda: release.wait(5) and "built", str))
-        await asyncio.sleep(0.05)
         with pytest.raises(ServerError) as caught:
-            await gate.build(lambda: "other", str)
+            await gate.build(lambda: GUIDE_B, field)
         assert caught.value.status == 503 and "retry later" in caught.value.message
-        release.set()
-        assert await first == "built"
-        assert await gate.build(lambda: "after", str) == "after"
+        engine.compiles[0][1].set_result(None)
+        assert await first is GUIDE_A and await same is GUIDE_A
+        built = asyncio.ensure_future(gate.build(lambda: GUIDE_B, field))
+        while len(engine.compiles) < 2:
+            await asyncio.sleep(0.01)
+        engine.compiles[1][1].set_result(None)
+        assert await built is GUIDE_B
 
     asyncio.run(run())
+    assert [guide for guide, _ in engine.compiles] == [GUIDE_A, GUIDE_B]
     gate.close()
 
 
-def test_a_builds_own_error_reaches_the_caller():
-    gate = GrammarGate()
+def test_the_engines_refusal_is_a_400_and_a_lost_core_a_503():
+    engine = Engine()
+    gate = GrammarGate(engine.compile_guide)
 
-    def refuse():
-        raise ServerError(400, "tool_choice: bad", param="tool_choice")
+    async def refused(error: Exception) -> ServerError:
+        task = asyncio.ensure_future(gate.build(lambda: GUIDE_A, field))
+        while not engine.compiles or engine.compiles[-1][1].done():
+            await asyncio.sleep(0.01)
+        engine.compiles[-1][1].set_exception(error)
+        with pytest.raises(ServerError) as caught:
+            await task
+        return caught.value
 
     async def run():
+        bad = await refused(SamplingParamsError("guided_decoding", "GuidedDecodingParams.regex: x"))
+        assert (bad.status, bad.param) == (400, "response_format")
+        assert bad.message == "response_format: GuidedDecodingParams.regex: x"
+        lost = await refused(EngineCoreLost("the engine core's process exited"))
+        assert lost.status == 503
+
+        def no_tools():
+            raise ServerError(400, "tool_choice: bad", param="tool_choice")
+
         with pytest.raises(ServerError, match="tool_choice: bad"):
-            await gate.build(refuse, str)
+            await gate.build(no_tools, field)
+        assert await gate.build(lambda: None, field) is None
 
     asyncio.run(run())
     assert gate.building == 0
