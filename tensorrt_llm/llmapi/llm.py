@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -13,7 +14,6 @@ from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 from tensorrt_llm._torch.models.config_utils import read_generation_config
 from tensorrt_llm._torch.pyexecutor.engine_loop import Submit
 from tensorrt_llm._torch.pyexecutor.executor import Executor
-from tensorrt_llm._torch.pyexecutor.grammar_matcher import check_guide
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.bundled import bundled_target
@@ -26,7 +26,7 @@ from tensorrt_llm.llmapi.llm_args import TorchLlmArgs, default_attn_backend
 from tensorrt_llm.llmapi.outputs import CompletionOutput, OutputTracker, RequestOutput
 from tensorrt_llm.llmapi.workers import rank_device
 from tensorrt_llm.logger import logger
-from tensorrt_llm.sampling_params import GenerationDefaults, SamplingParams
+from tensorrt_llm.sampling_params import GenerationDefaults, GuidedDecodingParams, SamplingParams
 
 __all__ = ["LLM", "GenerationRequest", "RequestOutput", "CompletionOutput", "EngineCoreLost"]
 
@@ -161,6 +161,17 @@ class LLM:
         self._check_open()
         return self._core.stats()
 
+    def compile_guide(self, guide: GuidedDecodingParams) -> Future:
+        """Compile ``guide`` ahead of the requests that carry it (they then find it compiled:
+        the engine builds each constraint once, and keeps the most recent 256). A future done
+        once it is compiled; its exception, a ``SamplingParamsError`` naming
+        ``guided_decoding``, says why it cannot be used. ``generate`` does this for its
+        requests; a server does it before it answers."""
+        self._check_open()
+        if self.args.guided_decoding_backend is None:
+            raise ValueError("guided_decoding needs LLM(guided_decoding_backend='xgrammar')")
+        return self._core.compile_guide(guide)
+
     def between_steps(self, fn: Callable[[], object]):
         """``fn()`` where no step runs: on the engine loop's thread while it runs, else here."""
         self._check_open()
@@ -192,6 +203,13 @@ class LLM:
             self._prepare(GenerationRequest(p, sp, d))
             for p, sp, d in zip(prompts, params_list, disagg_list, strict=True)
         ]
+        guides = {}  # (a bad constraint fails here, not in a step)
+        for job in jobs:
+            guide = job.request.sampling_params.guided_decoding
+            if guide is not None:
+                guides.setdefault((guide.kind, guide.text, guide.disable_any_whitespace), guide)
+        for compiled in [self.compile_guide(guide) for guide in guides.values()]:
+            compiled.result()
         outputs = self._run(jobs)
         return outputs[0] if single else outputs
 
@@ -223,22 +241,26 @@ class LLM:
                 f"prompt of {len(token_ids)} tokens exceeds max_seq_len={self.max_seq_len} (leaving no room to generate)"
             )
         params = self.generation_defaults.apply(request.sampling_params)
-        if params.guided_decoding is not None:  # (a bad constraint fails here, not in a step)
-            if self.args.guided_decoding_backend is None:
-                raise ValueError(
-                    "SamplingParams.guided_decoding needs LLM(guided_decoding_backend='xgrammar')"
-                )
-            check_guide(params.guided_decoding)
+        if params.guided_decoding is not None and self.args.guided_decoding_backend is None:
+            raise ValueError(
+                "SamplingParams.guided_decoding needs LLM(guided_decoding_backend='xgrammar')"
+            )
         if self.tokenizer is None:
-            if params.stop:
-                raise ValueError("skip_tokenizer_init=True: stop strings need a tokenizer")
+            if params.stop or params.bad:
+                raise ValueError(
+                    "skip_tokenizer_init=True: stop strings and bad words need a tokenizer"
+                )
             params = replace(params, detokenize=False)
+        params.check_vocab(vocab)
+        encode = self.tokenizer.encode if self.tokenizer is not None else None
+        bad_word_ids = params.bad_word_ids(encode, vocab)
         llm_request = LlmRequest(
             request_id=next(self._ids),
             prompt_token_ids=token_ids,
             max_new_tokens=min(params.max_tokens, self.max_seq_len - len(token_ids)),
             sampling_params=params,
             end_ids=(params.end_id,) if params.end_id is not None else self.eos_token_ids,
+            bad_word_ids=bad_word_ids,
             multimodal=multimodal,
         )
         load_kv = None

@@ -14,6 +14,7 @@ from tensorrt_llm._torch.disaggregation import trust
 from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams, RequestType
 from tensorrt_llm.llmapi.llm import LLM
 from tensorrt_llm.serve.errors import ServerError
+from tensorrt_llm.serve.grammar_limits import check_json
 
 
 def health_reply(llm: LLM) -> JSONResponse:
@@ -72,18 +73,79 @@ async def check_hold_room(llm: LLM, disagg: DisaggregatedParams | None) -> None:
 
 
 def refuse_control_tokens(tokenizer, texts: list[tuple[str, str]]) -> None:
-    """Message text is text: a special token in it (M3's ``[e~[`` or ``]~b]``) would be read as
-    the chat template's control token, so it is refused. ``texts`` as ``(param, text)``."""
+    """Text is text: a special token in it (M3's ``[e~[`` or ``]~b]``) would be read as the chat
+    template's control token, so it is refused, wherever it would reach the template (message
+    text, the tools' names, descriptions and schemas, template variables). ``texts`` as
+    ``(param, text)``; the first holding one is named."""
     specials = tokenizer.special_tokens
+    joined = "\0".join(text for _, text in texts)  # (one search per token; no token holds NUL)
+    if not any(t in joined for t in specials):
+        return
     for param, text in texts:
         found = [t for t in specials if t in text]
         if found:
             raise ServerError(
                 400,
-                f"{param} contains the special token(s) {found}; message text may not contain "
-                "the chat template's control tokens",
+                f"{param} contains the special token(s) {found}; text that reaches the chat "
+                "template may not contain its control tokens",
                 param=param,
             )
+
+
+def strings_in(value, param: str) -> list[tuple[str, str]]:
+    """Every string of a JSON value, keys included, as ``(param, text)``: a key's param is its
+    object's path with the key's name in brackets (``tools.0.function.parameters.properties[n]``
+    for the key ``n``), a value's is its path."""
+    out, stack = [], [(value, param)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, str):
+            out.append((where, node))
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                out.append((f"{where}[{key}]", str(key)))
+                stack.append((child, f"{where}.{key}"))
+        elif isinstance(node, list):
+            stack.extend((child, f"{where}.{i}") for i, child in enumerate(node))
+    return out
+
+
+def check_template_variables(tokenizer, variables: dict | None) -> None:
+    """A 400 naming each ``chat_template_kwargs`` key the chat template does not take from a
+    request (``TransformersTokenizer.template_variables``): ``messages``, ``tools`` and
+    ``add_generation_prompt`` come from the request's own fields, special tokens from the
+    checkpoint; anything else the template never reads."""
+    allowed = tokenizer.template_variables
+    for key, value in (variables or {}).items():
+        param = f"chat_template_kwargs.{key}"
+        if key not in allowed:
+            raise ServerError(
+                400,
+                f"{param}: not a variable this server's chat template takes from a request (it "
+                f"takes {', '.join(sorted(allowed))})",
+                param=param,
+            )
+        try:
+            check_json(value, param)
+        except ValueError as exc:
+            raise ServerError(400, str(exc), param=param) from None
+
+
+def check_chat(llm: LLM, body) -> dict:
+    """A chat request's checks before its template renders it, over every string the template
+    would render (messages, tools, template variables): the variables the template takes, no
+    control tokens, text short enough to tokenize. Returns the template's variables."""
+    check_template_variables(llm.tokenizer, body.chat_template_kwargs)
+    variables = body.template_kwargs()
+    texts = [
+        *(text for i, m in enumerate(body.messages) for text in m.texts(i)),
+        *strings_in(variables.get("tools", []), "tools"),
+        *strings_in(body.chat_template_kwargs or {}, "chat_template_kwargs"),
+    ]
+    whole = "".join(text for _, text in texts)
+    check_text_fits(llm, [*texts, ("messages", whole)])
+    refuse_control_tokens(llm.tokenizer, texts)
+    return variables
 
 
 def check_text_fits(llm: LLM, texts: list[tuple[str, str]]) -> None:
