@@ -7,10 +7,12 @@
   interpreter's lock while it builds); the request then finds it compiled. Requests that carry a
   constraint being compiled wait for that one compile, and one compiled here lately passes at
   once;
-- at most ``max_builds`` distinct constraints compile at once: a request that would start
-  another is a 503 (retry later). A compile past the deadline still counts until it ends: it
-  cannot be stopped, so the count is what bounds the CPU that slow constraints take;
-- each request within ``deadline_s``: past it, a 400 naming its constraint's field.
+- at most ``max_builds`` distinct constraints compile at once; a request that would start
+  another waits for one to end, at most ``max_waiting`` of them (past that, or past its
+  deadline while it waits, a 503: retry later). A compile past the deadline still counts until
+  it ends: it cannot be stopped, so the count is what bounds the CPU that slow constraints take;
+- each request within ``deadline_s``: a compile that passes it is a 400 naming the constraint's
+  field.
 
 The size limits a constraint is held to before this (``grammar_limits.py``) keep every legal
 constraint's compile far inside the deadline; the deadline catches the rest (a regular
@@ -29,7 +31,9 @@ from tensorrt_llm.llmapi.core_handle import EngineCoreLost
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
 from tensorrt_llm.serve.errors import ServerError
 
-MAX_BUILDS = 4  # distinct constraints compiled at once (a request that would add one: a 503)
+MAX_BUILDS = 4  # distinct constraints compiled at once
+MAX_WAITING = 64  # requests waiting to start a compile (past that: a 503)
+WAIT_POLL_S = 0.01
 BUILD_DEADLINE_S = 10.0  # a constraint not made and compiled by then: a 400
 KNOWN_COMPILED = 256  # constraints remembered as compiled (the engine keeps as many)
 
@@ -42,10 +46,12 @@ class GrammarGate:
         compile_guide: Compile,
         max_builds: int = MAX_BUILDS,
         deadline_s: float = BUILD_DEADLINE_S,
+        max_waiting: int = MAX_WAITING,
     ) -> None:
         """``compile_guide``: the engine's (``LLM.compile_guide``)."""
         self.compile_guide = compile_guide
-        self.max_builds, self.deadline_s = max_builds, deadline_s
+        self.max_builds, self.deadline_s, self.max_waiting = max_builds, deadline_s, max_waiting
+        self._waiting = 0  # (on the event loop)
         self._pool = ThreadPoolExecutor(max_builds, thread_name_prefix="trtllm-grammar")
         self._lock = threading.Lock()  # (compiles end on the engine's threads)
         self._building: dict[tuple, Future] = {}  # constraint -> its compile, until it ends
@@ -60,14 +66,17 @@ class GrammarGate:
     ) -> GuidedDecodingParams | None:
         """``make()``'s constraint (it raises ``ServerError`` for one that cannot be held to),
         compiled; ``param()``: the field a 400 about it names."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.deadline_s
+        deadline = asyncio.get_running_loop().time() + self.deadline_s
+        guide = compiled = None
         try:
             async with asyncio.timeout_at(deadline):
                 guide = await asyncio.wrap_future(self._pool.submit(make))
                 if guide is not None:
-                    await asyncio.shield(asyncio.wrap_future(self._compile(guide)))
+                    compiled = await self._started(guide)
+                    await asyncio.shield(asyncio.wrap_future(compiled))
         except TimeoutError:
+            if guide is not None and compiled is None:
+                raise self._busy() from None
             field = param()
             raise ServerError(
                 400,
@@ -82,9 +91,32 @@ class GrammarGate:
             raise ServerError(503, str(exc), "server_error") from None
         return guide
 
-    def _compile(self, guide: GuidedDecodingParams) -> Future:
+    async def _started(self, guide: GuidedDecodingParams) -> Future:
+        """``guide``'s compile, once there is room for it (``_compile``)."""
+        compiled = self._compile(guide)
+        if compiled is not None:
+            return compiled
+        if self._waiting >= self.max_waiting:
+            raise self._busy()
+        self._waiting += 1
+        try:
+            while (compiled := self._compile(guide)) is None:
+                await asyncio.sleep(WAIT_POLL_S)
+        finally:
+            self._waiting -= 1
+        return compiled
+
+    def _busy(self) -> ServerError:
+        return ServerError(
+            503,
+            f"this server is compiling {len(self._building)} output constraints (grammars), its "
+            f"most at once, with {self._waiting} requests waiting; retry later",
+            "server_error",
+        )
+
+    def _compile(self, guide: GuidedDecodingParams) -> Future | None:
         """The compile of ``guide``: done at once if it compiled lately, the running one if it
-        is compiling, else a new one (a 503 past ``max_builds``)."""
+        is compiling, else a new one; None while ``max_builds`` others run."""
         key = (guide.kind, guide.text, guide.disable_any_whitespace)
         with self._lock:
             if key in self._compiled:
@@ -96,12 +128,7 @@ class GrammarGate:
             if running is not None:
                 return running
             if len(self._building) >= self.max_builds:
-                raise ServerError(
-                    503,
-                    f"this server is compiling {len(self._building)} output constraints "
-                    "(grammars), its most at once; retry later",
-                    "server_error",
-                )
+                return None
             future = self.compile_guide(guide)
             self._building[key] = future
         future.add_done_callback(lambda ended: self._ended(key, ended))

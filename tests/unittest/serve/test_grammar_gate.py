@@ -52,28 +52,53 @@ def test_a_compile_past_the_deadline_is_a_400_naming_the_field_and_counts_until_
     gate.close()
 
 
-def test_requests_share_a_running_compile_and_a_new_one_past_the_most_is_a_503():
+GUIDE_C = GuidedDecodingParams(regex="c+")
+
+
+def test_requests_share_a_running_compile_and_a_new_one_waits_for_room():
+    """One compile at most: a second constraint waits for the first to end, a third (past one
+    waiting) is a 503, and requests under a compiling constraint share its compile."""
     engine = Engine()
-    gate = GrammarGate(engine.compile_guide, max_builds=1, deadline_s=5)
+    gate = GrammarGate(engine.compile_guide, max_builds=1, deadline_s=5, max_waiting=1)
 
     async def run():
         first = asyncio.ensure_future(gate.build(lambda: GUIDE_A, field))
         same = asyncio.ensure_future(gate.build(lambda: GUIDE_A, field))
         while len(engine.compiles) < 1:
             await asyncio.sleep(0.01)
+        waiting = asyncio.ensure_future(gate.build(lambda: GUIDE_B, field))
+        await asyncio.sleep(0.05)
         with pytest.raises(ServerError) as caught:
-            await gate.build(lambda: GUIDE_B, field)
+            await gate.build(lambda: GUIDE_C, field)
         assert caught.value.status == 503 and "retry later" in caught.value.message
+        assert len(engine.compiles) == 1 and not waiting.done()
         engine.compiles[0][1].set_result(None)
         assert await first is GUIDE_A and await same is GUIDE_A
-        built = asyncio.ensure_future(gate.build(lambda: GUIDE_B, field))
         while len(engine.compiles) < 2:
             await asyncio.sleep(0.01)
         engine.compiles[1][1].set_result(None)
-        assert await built is GUIDE_B
+        assert await waiting is GUIDE_B
 
     asyncio.run(run())
     assert [guide for guide, _ in engine.compiles] == [GUIDE_A, GUIDE_B]
+    gate.close()
+
+
+def test_a_request_that_waits_for_room_past_its_deadline_is_a_503():
+    engine = Engine()
+    gate = GrammarGate(engine.compile_guide, max_builds=1, deadline_s=0.1)
+
+    async def run():
+        running = asyncio.ensure_future(gate.build(lambda: GUIDE_A, field))
+        await asyncio.sleep(0.02)
+        with pytest.raises(ServerError) as caught:
+            await gate.build(lambda: GUIDE_B, field)
+        assert caught.value.status == 503
+        with pytest.raises(ServerError) as caught:
+            await running
+        assert caught.value.status == 400  # (its own compile passed the deadline)
+
+    asyncio.run(run())
     gate.close()
 
 
