@@ -1,7 +1,8 @@
 """The tool parser's contract: a reply's text split into normal text and tool calls, whole
 (``detect_and_parse``) or as it streams (``parse_streaming_increment`` per new piece of text,
-``finish`` at the end). Streamed pieces concatenated give the whole result: the same normal
-text, and per call its name and, joined, its arguments' JSON text."""
+``finish`` at the end). Streamed pieces concatenated give the whole result, wherever the text is
+cut into pieces: the same normal text, and per call its name and, joined, its arguments' JSON
+text."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ class BaseToolParser(ABC):
 
     @abstractmethod
     def parse_streaming_increment(self, new_text: str, tools: list) -> StreamingParseResult:
-        """What ``new_text`` completes: normal text, a call's name once known, its arguments as
-        each completes (text that may still be markup is held back)."""
+        """What ``new_text`` decides: normal text, and calls (or the parts of one) that the whole
+        reply's reading will report whatever follows (text that may still be markup is held
+        back)."""
 
     @abstractmethod
     def finish(self, tools: list) -> StreamingParseResult:
