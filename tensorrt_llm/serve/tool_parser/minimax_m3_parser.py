@@ -101,13 +101,13 @@ class MiniMaxM3ToolParser(BaseToolParser):
         fault, given = read.fault, 0  # (given: the body's text up to the last call given out)
         pending = None  # the first invoke that made no call
         for invoke in read.invokes:
+            if not invoke.end and not final:
+                pending = invoke  # (its closing tag has not arrived)
+                break
             try:
                 if not invoke.end:
-                    raise Malformed(len(body)) if final else _Open
+                    raise Malformed(len(body))  # (never closed)
                 args = arguments(invoke.params, schemas.get(invoke.name))
-            except _Open:
-                pending = invoke
-                break
             except Malformed as bad:
                 pending, fault = invoke, min(bad.at, len(body) if fault is None else fault)
                 break
@@ -135,7 +135,3 @@ class MiniMaxM3ToolParser(BaseToolParser):
         out.calls.append(ToolCallItem(index, None, json.dumps(args, ensure_ascii=False)))
         self._num_calls += 1
         self._block_calls += 1
-
-
-class _Open(Exception):
-    """An invoke whose closing tag has not arrived."""
