@@ -37,7 +37,7 @@ gap and the KV slots held after it (``/kv_cache``):
 | json_offset | a body cut short: the error's ``param`` |
 | half_open | 600 connections that send nothing: still open after 25 s |
 | tool_round_trip | a tool whose property is ``-n``: a call in ``tool_calls`` or markup in ``content`` |
-| json_whitespace | 8 ``json_schema`` replies of 128 tokens: finish reasons |
+| json_whitespace | 8 ``json_schema`` replies of 128 tokens at once: finish reasons, 503s, where cut replies stopped, the longest whitespace run |
 | hung_core | the engine core SIGSTOPped (``/health``, ``/kv_cache``, streams; engine_core_deadline_s 10 where it exists), then killed: served again after, ``engine_core_restarts`` |
 """
 
@@ -787,7 +787,38 @@ def probe_json_whitespace(url: str, pid: int) -> None:
     ]
     counts = ", ".join(f"{reasons.count(r)} {r}" for r in dict.fromkeys(reasons))
     first = f" ({len(refused)} a 503 when sent at once; sent again alone)" if refused else ""
-    report(f"json_schema, default whitespace, {len(bodies)} prompts of 128 tokens", counts + first)
+    shapes = [json_shape(_content(r)) for r in replies]
+    in_string = sum(inside for (inside, _), reason in zip(shapes, reasons) if reason == "length")
+    report(
+        f"json_schema, default whitespace, {len(bodies)} prompts of 128 tokens",
+        f"{counts}{first}; cut inside a string value {in_string}; longest whitespace run "
+        f"{max(run for _, run in shapes)}",
+    )
+
+
+def _content(reply: httpx.Response) -> str:
+    message = (_json(reply).get("choices") or [{}])[0].get("message") or {}
+    return message.get("content") or ""
+
+
+def json_shape(text: str) -> tuple[bool, int]:
+    """Whether JSON ``text`` (cut anywhere) ends inside a string, and its longest run of
+    whitespace outside strings."""
+    inside = escaped = False
+    run = longest = 0
+    for ch in text:
+        if inside:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                inside = False
+            continue
+        run = run + 1 if ch in " \t\n\r" else 0
+        longest = max(longest, run)
+        inside = ch == '"'
+    return inside, longest
 
 
 def engine_core(pid: int) -> int | None:
