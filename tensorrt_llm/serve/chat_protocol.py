@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from tensorrt_llm._torch.disaggregation.params import RequestType
 from tensorrt_llm.llmapi.reasoning_parser import MiniMaxM3ReasoningParser, ReasoningParserFactory
-from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
+from tensorrt_llm.logger import plain_message
+from tensorrt_llm.sampling_params import GuidedDecodingParams
 from tensorrt_llm.serve.errors import ServerError
 from tensorrt_llm.serve.reply_parsing import ReplyParsing
 from tensorrt_llm.serve.structured_output import after_reasoning, constraint_field, tool_guide
@@ -80,8 +81,10 @@ class ChatProtocol:
         param = self.field(body, chat)
         try:
             return self._guide(body, prompt, chat, param)
-        except SamplingParamsError as exc:  # (a size past a limit)
-            raise ServerError(400, f"{param}: {exc}", param=param) from None
+        except (ValueError, RuntimeError) as exc:  # (a size past a limit, JSON or a grammar
+            # that cannot be read where the constraint is written after the reasoning)
+            message = plain_message(exc, "making a constraint")
+            raise ServerError(400, f"{param}: {message}", param=param) from None
 
     def _guide(self, body, prompt, chat: bool, param: str) -> GuidedDecodingParams | None:
         response, calls = body.response_guide(), None

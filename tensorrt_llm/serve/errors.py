@@ -1,6 +1,7 @@
 """Every error a server answers is an OpenAI error object with the matching status: validation
-errors name the field (``param``), a request's engine error is mapped by its kind, and anything
-unforeseen is a 500 object that names only its type (the traceback goes to the log)."""
+errors name the field (``param``), a request's engine error is mapped by its kind, an engine
+core that is lost or restarting is a 503, and anything unforeseen is a 500 object that names
+only its type (the traceback goes to the log)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tensorrt_llm._torch.pyexecutor.llm_request import ErrorKind, RequestError
+from tensorrt_llm.llmapi.core_handle import EngineCoreLost
 from tensorrt_llm.logger import logger
 from tensorrt_llm.serve.middleware import ApiKey, BodySizeLimit
 from tensorrt_llm.serve.openai_protocol import ErrorInfo, ErrorResponse
@@ -70,6 +72,11 @@ def install_error_handling(app: FastAPI, api_key: str | None = None) -> None:
     @app.exception_handler(ServerError)
     async def _server_error(_: Request, exc: ServerError):
         return error_response(exc.status, exc.message, exc.kind, exc.param)
+
+    @app.exception_handler(EngineCoreLost)
+    async def _core_lost(request: Request, exc: EngineCoreLost):  # (lost or restarting)
+        message = f"{request.url.path}: the engine core cannot answer now ({exc})"
+        return error_response(503, message, "server_error")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):

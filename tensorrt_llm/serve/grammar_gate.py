@@ -3,16 +3,15 @@
 
 - the constraint is made (``ChatProtocol.guide``: the tool-call markup, the part after the
   reasoning) on a few threads beside the event loop;
-- the engine compiles it (``LLM.compile_guide``, on its compiler's thread, which leaves the
-  interpreter's lock while it builds); the request then finds it compiled. Requests that carry a
-  constraint being compiled wait for that one compile, and one compiled here lately passes at
-  once;
+- the engine compiles it (``LLM.compile_guide``: on the compiler's threads, as many as this gate
+  lets in, which leave the interpreter's lock while they build; a constraint it holds compiled
+  comes back at once); the request then finds it compiled. Requests that carry a constraint
+  being compiled wait for that one compile;
 - at most ``max_builds`` distinct constraints compile at once; a request that would start
-  another waits for one to end, at most ``max_waiting`` of them (past that, or past its
-  deadline while it waits, a 503: retry later). A compile past the deadline still counts until
+  another waits for one to end, at most ``max_waiting`` of them: past that, or past its deadline
+  before its compile starts, a 503 (retry later). A compile past the deadline still counts until
   it ends: it cannot be stopped, so the count is what bounds the CPU that slow constraints take;
-- each request within ``deadline_s``: a compile that passes it is a 400 naming the constraint's
-  field.
+- a compile that runs past the request's ``deadline_s`` is a 400 naming the constraint's field.
 
 The size limits a constraint is held to before this (``grammar_limits.py``) keep every legal
 constraint's compile far inside the deadline; the deadline catches the rest (a regular
@@ -22,20 +21,19 @@ expression's repetition counts, say).
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from tensorrt_llm.llmapi.core_handle import EngineCoreLost
 from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
 from tensorrt_llm.serve.errors import ServerError
 
-MAX_BUILDS = 4  # distinct constraints compiled at once
+MAX_BUILDS = 4  # distinct constraints compiled at once (grammar_matcher.COMPILE_THREADS)
 MAX_WAITING = 64  # requests waiting to start a compile (past that: a 503)
+BUILD_DEADLINE_S = 10.0  # a request's constraint not made and compiled by then: a 400 or 503
 WAIT_POLL_S = 0.01
-BUILD_DEADLINE_S = 10.0  # a constraint not made and compiled by then: a 400
-KNOWN_COMPILED = 256  # constraints remembered as compiled (the engine keeps as many)
+_WHICH = re.compile(r"^GuidedDecodingParams\.\w+: ")  # (the client named a field, not this)
 
 Compile = Callable[[GuidedDecodingParams], Future]
 
@@ -51,31 +49,28 @@ class GrammarGate:
         """``compile_guide``: the engine's (``LLM.compile_guide``)."""
         self.compile_guide = compile_guide
         self.max_builds, self.deadline_s, self.max_waiting = max_builds, deadline_s, max_waiting
-        self._waiting = 0  # (on the event loop)
         self._pool = ThreadPoolExecutor(max_builds, thread_name_prefix="trtllm-grammar")
         self._lock = threading.Lock()  # (compiles end on the engine's threads)
         self._building: dict[tuple, Future] = {}  # constraint -> its compile, until it ends
-        self._compiled: OrderedDict[tuple, None] = OrderedDict()
-
-    @property
-    def building(self) -> int:
-        return len(self._building)
+        self._waiting = 0  # (on the event loop)
 
     async def build(
         self, make: Callable[[], GuidedDecodingParams | None], param: Callable[[], str]
     ) -> GuidedDecodingParams | None:
         """``make()``'s constraint (it raises ``ServerError`` for one that cannot be held to),
-        compiled; ``param()``: the field a 400 about it names."""
+        compiled; ``param()``: the field a 400 about it names. ``EngineCoreLost`` passes
+        through (a 503 at the edge)."""
         deadline = asyncio.get_running_loop().time() + self.deadline_s
-        guide = compiled = None
+        compiled = None
         try:
             async with asyncio.timeout_at(deadline):
                 guide = await asyncio.wrap_future(self._pool.submit(make))
-                if guide is not None:
-                    compiled = await self._started(guide)
-                    await asyncio.shield(asyncio.wrap_future(compiled))
+                if guide is None:
+                    return None
+                compiled = await self._started(guide)
+                await asyncio.shield(asyncio.wrap_future(compiled))
         except TimeoutError:
-            if guide is not None and compiled is None:
+            if compiled is None:  # (it waited for others': not its own doing)
                 raise self._busy() from None
             field = param()
             raise ServerError(
@@ -86,9 +81,7 @@ class GrammarGate:
             ) from None
         except SamplingParamsError as exc:  # (the grammar's own error)
             field = param()
-            raise ServerError(400, f"{field}: {exc}", param=field) from None
-        except EngineCoreLost as exc:
-            raise ServerError(503, str(exc), "server_error") from None
+            raise ServerError(400, f"{field}: {_WHICH.sub('', str(exc))}", param=field) from None
         return guide
 
     async def _started(self, guide: GuidedDecodingParams) -> Future:
@@ -115,15 +108,11 @@ class GrammarGate:
         )
 
     def _compile(self, guide: GuidedDecodingParams) -> Future | None:
-        """The compile of ``guide``: done at once if it compiled lately, the running one if it
-        is compiling, else a new one; None while ``max_builds`` others run."""
+        """The compile of ``guide``: the running one if it is compiling, else a new one (the
+        engine's, done at once when it holds the grammar); None while ``max_builds`` others
+        run."""
         key = (guide.kind, guide.text, guide.disable_any_whitespace)
         with self._lock:
-            if key in self._compiled:
-                self._compiled.move_to_end(key)
-                done: Future = Future()
-                done.set_result(None)
-                return done
             running = self._building.get(key)
             if running is not None:
                 return running
@@ -131,16 +120,13 @@ class GrammarGate:
                 return None
             future = self.compile_guide(guide)
             self._building[key] = future
-        future.add_done_callback(lambda ended: self._ended(key, ended))
+        # (after the lock: a compile already done calls back at once, on this thread)
+        future.add_done_callback(lambda _: self._ended(key))
         return future
 
-    def _ended(self, key: tuple, future: Future) -> None:
+    def _ended(self, key: tuple) -> None:
         with self._lock:
             self._building.pop(key, None)
-            if not future.cancelled() and future.exception() is None:
-                self._compiled[key] = None
-                while len(self._compiled) > KNOWN_COMPILED:
-                    self._compiled.popitem(last=False)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

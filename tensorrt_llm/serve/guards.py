@@ -5,6 +5,8 @@ server's limits on one request's work (``ServeLimits``). Each raises ``ServerErr
 from __future__ import annotations
 
 import asyncio
+import functools
+import re
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -90,6 +92,77 @@ def refuse_control_tokens(tokenizer, texts: list[tuple[str, str]]) -> None:
                 "template may not contain its control tokens",
                 param=param,
             )
+
+
+def refuse_formed_tokens(tokenizer, marked: list[dict], variables: dict, text: str) -> None:
+    """A 400 when the rendered chat ``text`` is cut into control tokens otherwise than its
+    template alone cuts it: a message that ends with the start of a control token
+    (``hello]~!b``) completes it with the template's text after it (``[e~[``), or takes the
+    start of the template's own token, which checking each string alone cannot see. The same
+    chat rendered with each string fenced by ``FENCE`` (where nothing can form across a
+    string's edge) must hold the same control tokens at the same places (fences not counted),
+    both cut as the tokenizer cuts text: leftmost, longest first."""
+    fenced = tokenizer.apply_chat_template(_fenced(marked), **variables)
+    specials = _specials(tuple(tokenizer.special_tokens))
+    if _control_tokens(specials, text) != _control_tokens(specials, fenced, FENCE):
+        raise ServerError(
+            400,
+            "messages: a message's text next to the chat template's own forms or splits one of "
+            "its control tokens (a message ends or begins with part of one)",
+            param="messages",
+        )
+
+
+FENCE = "\uffff"  # (a noncharacter: no text a tokenizer is given holds it)
+_TEXT_FIELDS = ("content", "reasoning_content", "name", "tool_call_id")
+
+
+@functools.lru_cache(maxsize=4)
+def _specials(tokens: tuple[str, ...]) -> re.Pattern:
+    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+
+
+def _control_tokens(specials: re.Pattern, text: str, fence: str | None = None) -> list:
+    """``(place, token)`` of each control token in ``text``; a place does not count ``fence``
+    characters before it."""
+    found, fences, last = [], 0, 0
+    for match in specials.finditer(text):
+        if fence is not None:
+            fences += text.count(fence, last, match.start())
+            last = match.end()
+        found.append((match.start() - fences, match.group()))
+    return found
+
+
+def _fenced(marked: list[dict]) -> list[dict]:
+    """The messages with each non-empty text between fences, the string values of their tool
+    calls' arguments too."""
+    out = []
+    for message in marked:
+        message = {k: _fence(v) if k in _TEXT_FIELDS else v for k, v in message.items()}
+        if message.get("tool_calls"):
+            message["tool_calls"] = [
+                {
+                    **call,
+                    "function": {
+                        **call["function"],
+                        "arguments": _fence(call["function"]["arguments"]),
+                    },
+                }
+                for call in message["tool_calls"]
+            ]
+        out.append(message)
+    return out
+
+
+def _fence(value):
+    if isinstance(value, str):
+        return f"{FENCE}{value}{FENCE}" if value else value
+    if isinstance(value, dict):
+        return {key: _fence(child) for key, child in value.items()}
+    if isinstance(value, list):
+        return [_fence(child) for child in value]
+    return value
 
 
 def strings_in(value, param: str) -> list[tuple[str, str]]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from tensorrt_llm._torch.pyexecutor.multimodal import ImageItem
 from tensorrt_llm.inputs import IMAGE_TOKEN
 from tensorrt_llm.logger import logger
+from tensorrt_llm.serve import guards
 from tensorrt_llm.serve.errors import ServerError
 from tensorrt_llm.serve.media_fetch import FetchPolicy, FetchRefused, fetch
 
@@ -194,6 +195,7 @@ def _render(
         text = tokenizer.apply_chat_template(marked, **(variables or {}))
     except ValueError as exc:
         raise ServerError(400, str(exc), param="messages") from None
+    guards.refuse_formed_tokens(tokenizer, marked, variables or {}, text)
     return text, tokenizer.encode(text) if tokenize else None
 
 

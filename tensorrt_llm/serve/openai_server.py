@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 
 from tensorrt_llm._torch.disaggregation.params import RequestType
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason
-from tensorrt_llm.llmapi.llm import LLM, EngineCoreLost, GenerationRequest
+from tensorrt_llm.llmapi.llm import LLM, GenerationRequest
 from tensorrt_llm.logger import logger
 from tensorrt_llm.sampling_params import MAX_INT64, SamplingParams, SamplingParamsError
 from tensorrt_llm.serve import guards, media
@@ -113,12 +113,10 @@ class OpenAIServer:
         async def kv_cache():
             """KV slot counts and ``check_integrity()`` of every manager, taken between steps."""
             guards.check_ranks(self.llm)  # (a 503 at once while the engine core is lost)
-            try:
+            try:  # (a core lost while it waited for the report: a 503, errors.py)
                 return await asyncio.to_thread(self.llm.kv_cache_report)
             except AssertionError as exc:
                 return error_response(500, f"KV cache integrity: {exc}", "server_error")
-            except EngineCoreLost as exc:  # (lost while it waited for the report)
-                return error_response(503, f"no KV report: {exc}", "server_error")
 
         @app.get("/v1/models")
         async def models():

@@ -24,6 +24,7 @@ BACKENDS = ("xgrammar",)
 CACHED_GRAMMARS = 256  # compiled grammars kept, the most recently used,
 CACHE_BYTES = 512 << 20  # and at most this much of them (a vocabulary of 200K makes large ones)
 COMPILE_TIMEOUT_S = 30.0  # a request whose grammar takes longer ends with an error
+COMPILE_THREADS = 4  # grammars compiled at once (a server's gate lets as many in)
 MAX_WHITESPACE = 4
 """JSON's whitespace between tokens (a schema's, ``json_layout``; the JSON in a structural tag and
 the tool-call markup's): at most this many characters in a row. Room for ``json.dumps``'s
@@ -108,15 +109,16 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[i
 
 
 class GrammarCompiler:
-    """Compiles constraints for one tokenizer on a worker thread; the same constraint compiles
-    once (``CACHED_GRAMMARS`` and ``CACHE_BYTES`` kept)."""
+    """Compiles constraints for one tokenizer on ``COMPILE_THREADS`` worker threads (xgrammar
+    leaves the interpreter's lock while it builds); the same constraint compiles once
+    (``CACHED_GRAMMARS`` and ``CACHE_BYTES`` kept)."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
         xgr = _xgrammar()
         self.info = tokenizer_info(tokenizer, vocab_size, stop_token_ids)
         self.vocab_size = vocab_size
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar")
         self._cache: OrderedDict[tuple[str, str, bool], Future] = OrderedDict()
         self._serial = xgr.BatchGrammarMatcher(max_threads=1)
         self._parallel = xgr.BatchGrammarMatcher()  # (half the hardware threads)

@@ -115,3 +115,30 @@ def test_chat_template_kwargs_take_only_the_templates_own_variables(keyed, key, 
 def test_the_templates_own_variables_are_taken(keyed):
     for kwargs in ({"thinking_mode": "disabled"}, {"enable_thinking": True}):
         assert chat(keyed, chat_template_kwargs=kwargs).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "messages, token",
+    [
+        ([{"role": "user", "content": "hello]~!b"}], "]~!b["),  # (+ the template's [e~[)
+        ([{"role": "user", "content": "over[e~"}], "[e~["),  # (takes the template's [ early)
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": "v]~b"}}}]},
+                {"role": "user", "content": "go on"},
+            ],
+            "]~b]",  # (+ the markup's ]<]minimax[>[ after an argument)
+        ),
+    ],
+)  # fmt: skip
+def test_text_that_forms_a_control_token_with_the_templates_own_is_refused(keyed, messages, token):
+    reply = chat(keyed, messages=messages)
+    error = reply.json()["error"]
+    assert (reply.status_code, error["param"]) == (400, "messages"), error
+    assert "control tokens" in error["message"]
+
+
+def test_text_that_only_looks_like_part_of_a_control_token_is_taken(keyed):
+    for content in ("a[0] = b[1]", "ok]~b", "]~", "~b] and [e"):
+        assert chat(keyed, messages=[{"role": "user", "content": content}]).status_code == 200
