@@ -867,9 +867,9 @@ def probe_hung_core(url: str, pid: int, cap: float = 40.0) -> None:
         start = time.monotonic()
         try:
             status = httpx.get(url + "/kv_cache", timeout=30).status_code
-            kv.append(f"/kv_cache {status} in {time.monotonic() - start:.2f} s")
+            kv.append(f"{status} in {time.monotonic() - start:.2f} s")
         except httpx.TimeoutException:
-            kv.append("/kv_cache timed out after 30 s")
+            kv.append("timed out after 30 s")
 
     with Beside(url, once=True) as beside:
         os.kill(core, signal.SIGSTOP)
@@ -885,6 +885,8 @@ def probe_hung_core(url: str, pid: int, cap: float = 40.0) -> None:
                     break
                 time.sleep(0.1)
             asking.join()
+            if unhealthy:  # (and once /health says why)
+                kv_cache()
             streams = _endings(beside, stopped, cap)
         finally:
             with contextlib.suppress(ProcessLookupError):
@@ -893,12 +895,13 @@ def probe_hung_core(url: str, pid: int, cap: float = 40.0) -> None:
         served = served_within(url, resumed, 90)
     if unhealthy:
         t, body = unhealthy[0]
-        turned = f"503 after {t - stopped:.1f} s ({str(body.get('reason', ''))[:60]!r})"
+        turned = f"503 after {t - stopped:.1f} s ({str(body.get('reason', ''))[:80]!r})"
     else:
         turned = f"200 throughout (> {cap:.0f} s)"
     report(
         "engine core SIGSTOPped",
-        f"/health {turned}; {kv[0]}; streams: {streams}; served {served} after SIGCONT; "
+        f"/health {turned}; /kv_cache asked 2 s in: {', then: '.join(kv)}; streams: {streams}; "
+        f"served {served} after SIGCONT; "
         f"{slots_after(url)}",
     )
     with Beside(url, once=True) as beside:
