@@ -53,7 +53,8 @@ class GuidedDecodingParams:
     ``structural_tag``, an xgrammar structural tag (its JSON text). The engine builds it with the
     ``guided_decoding_backend`` of the ``LLM`` (``xgrammar``). A schema's properties are written
     in its order. ``disable_any_whitespace`` (vLLM's name): JSON without whitespace between its
-    tokens (``{"a":1,"b":[2]}``); else up to 16 whitespace characters in a row."""
+    tokens (``{"a":1,"b":[2]}``); else up to 4 whitespace characters in a row
+    (``grammar_matcher.MAX_WHITESPACE``)."""
 
     json: str | dict | None = None
     regex: str | None = None

@@ -6,8 +6,9 @@ over two ZeroMQ sockets on local IPC paths, messages in msgpack (``msgspec``); n
 unpickled:
 
 - front -> core: ``submit`` (a request as ``request_to_json`` writes it, images included),
-  ``cancel``, ``finish`` (a stop string the front found), ``call`` (a read-out: the KV report or
-  the stats), ``shutdown``;
+  ``cancel``, ``finish`` (a stop string the front found), ``call`` (a read-out, the KV report or
+  the stats, or work the core starts, a constraint's compile: its reply comes when it ends),
+  ``shutdown``;
 - core -> front: ``ready`` (or ``failed``, with the error), then after every engine iteration one
   ``outputs`` message for the whole batch: per request touched, its new tokens and logprobs, and
   how it stands (finish reason, stop reason or error, decode iterations, accepted drafts); a
@@ -285,13 +286,10 @@ class CoreProcess:
                         core.heartbeat.heard()
                         with self._lock:
                             future = self._calls.pop(message["call_id"])
-                        if message["field"] is not None:  # (a request's field: its error)
-                            error = SamplingParamsError(message["field"], message["error"])
-                            future.set_exception(error)
-                        elif message["error"] is not None:
-                            future.set_exception(AssertionError(message["error"]))
-                        else:
+                        if message["error"] is None:
                             future.set_result(message["value"])
+                        else:
+                            future.set_exception(_call_error(message))
                     case "lost":
                         return message["reason"]
                 if not core.outputs.poll(0):
@@ -388,3 +386,13 @@ def _call(on_update: Update, request: LlmRequest, finished: bool) -> None:
         logger.error(
             "update callback of request %d failed:\n%s", request.request_id, traceback.format_exc()
         )
+
+
+def _call_error(reply: dict) -> Exception:
+    """A call's error, as the core raised it: a request field's (``SamplingParamsError``), a
+    broken invariant (``AssertionError``), a refused argument (``ValueError``); else a
+    ``RuntimeError`` naming its type."""
+    if reply["field"] is not None:
+        return SamplingParamsError(reply["field"], reply["error"])
+    kind = {"AssertionError": AssertionError, "ValueError": ValueError}.get(reply["kind"])
+    return kind(reply["error"]) if kind else RuntimeError(f"{reply['kind']}: {reply['error']}")

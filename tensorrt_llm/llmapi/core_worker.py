@@ -30,8 +30,9 @@ from tensorrt_llm._torch.pyexecutor.llm_request import (
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 from tensorrt_llm.llmapi.workers import freeze_startup_heap, leave_a_core, rank_device
 from tensorrt_llm.logger import logger
+from tensorrt_llm.sampling_params import SamplingParamsError
 
-POLL_S = 0.5  # how often each side looks whether the other's process still runs
+POLL_S = 0.5  # how often the core looks whether the front's process still runs
 BEAT_S = 0.5  # how often the core says how its engine loop stands
 encode = msgspec.msgpack.Encoder().encode
 decode = msgspec.msgpack.Decoder().decode
@@ -191,15 +192,11 @@ def _apply_command(core, outputs: _Outputs, message: dict) -> None:
                 if isinstance(value, Future):  # (a call that starts work: its result when done)
                     value.add_done_callback(answer)
                     return
-                field = getattr(error, "field", None)  # (a SamplingParamsError: the request's)
-                text = (
-                    None
-                    if error is None
-                    else str(error)
-                    if field
-                    else f"{type(error).__name__}: {error}"
-                )
-                reply = {"call_id": call_id, "value": value, "error": text, "field": field}
+                kind = None if error is None else type(error).__name__
+                text = None if error is None else str(error)
+                field = error.field if isinstance(error, SamplingParamsError) else None
+                reply = {"call_id": call_id, "value": value, "error": text, "kind": kind}
+                reply["field"] = field  # (a request's field: what its error names)
                 outputs.send({"op": "reply", **reply})
 
             core.loop.call(lambda: fn(*args)).add_done_callback(answer)

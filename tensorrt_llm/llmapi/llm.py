@@ -6,6 +6,7 @@ import itertools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tensorrt_llm._torch.disaggregation.params import DisaggregatedParams
 from tensorrt_llm._torch.models.config_utils import read_generation_config
 from tensorrt_llm._torch.pyexecutor.engine_loop import Submit
 from tensorrt_llm._torch.pyexecutor.executor import Executor
+from tensorrt_llm._torch.pyexecutor.grammar_matcher import COMPILE_TIMEOUT_S
 from tensorrt_llm._torch.pyexecutor.llm_request import FinishReason, LlmRequest
 from tensorrt_llm._torch.pyexecutor.py_executor import PyExecutor
 from tensorrt_llm.bundled import bundled_target
@@ -126,7 +128,9 @@ class LLM:
         """Start ``request`` on the LLM's engine loop (a background thread, started by the first
         call) and return its id. ``on_update(output)`` is called on that thread after every step
         that touched it, the last time with ``output.finished``. A request that cannot run raises
-        ``ValueError`` or ``TypeError`` here, naming what is wrong, and takes nothing."""
+        ``ValueError`` or ``TypeError`` here, naming what is wrong, and takes nothing; a
+        constraint that cannot be compiled ends it with an error naming ``guided_decoding``
+        instead (``compile_guide`` refuses one ahead)."""
         job = self._prepare(request)
         self._core.start()
         self._dispatch(job, on_update)
@@ -163,8 +167,8 @@ class LLM:
 
     def compile_guide(self, guide: GuidedDecodingParams) -> Future:
         """Compile ``guide`` ahead of the requests that carry it (they then find it compiled:
-        the engine builds each constraint once, and keeps the most recent 256). A future done
-        once it is compiled; its exception, a ``SamplingParamsError`` naming
+        the engine builds each constraint once and keeps the most recent, up to 256 and 512 MiB).
+        A future done once it is compiled; its exception, a ``SamplingParamsError`` naming
         ``guided_decoding``, says why it cannot be used. ``generate`` does this for its
         requests; a server does it before it answers."""
         self._check_open()
@@ -209,7 +213,12 @@ class LLM:
             if guide is not None:
                 guides.setdefault((guide.kind, guide.text, guide.disable_any_whitespace), guide)
         for compiled in [self.compile_guide(guide) for guide in guides.values()]:
-            compiled.result()
+            try:
+                compiled.result(timeout=COMPILE_TIMEOUT_S)
+            except FutureTimeout:
+                raise ValueError(
+                    f"guided_decoding: a constraint was not compiled within {COMPILE_TIMEOUT_S:g} s"
+                ) from None
         outputs = self._run(jobs)
         return outputs[0] if single else outputs
 

@@ -5,7 +5,8 @@ headers.
 - ``header_timeout_s``: from a connection's opening, or a keep-alive request's first byte, to
   the end of its headers; past it the connection is closed (a slow-headers client holds a
   socket no longer than this). Idle keep-alive connections close after uvicorn's
-  ``timeout_keep_alive`` (``commands/serve.SERVER_KEEP_ALIVE_S``).
+  ``timeout_keep_alive`` (``commands/serve.SERVER_KEEP_ALIVE_S``), and one that trickles its body
+  after the body timeout (``middleware.BODY_TIMEOUT_S``, a 408).
 - ``max_connections``: connections open at once; the one past it gets a 503 (an OpenAI error
   object) and is closed at once, before it is read. The default stays below the process's
   file-descriptor limit, so the server never runs out of them.

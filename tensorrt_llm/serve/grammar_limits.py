@@ -9,6 +9,8 @@ What the limits bound (a constraint within all of them builds in well under a se
 - ``MAX_JSON_DEPTH``: objects and arrays inside one another, in a JSON schema or a structural
   tag. A schema nests two levels per nested object (the object, its ``properties``), so 128
   allows 64 nested schemas;
+- ``MAX_JSON_VALUES``: the values of one such document (or of a past tool call's arguments),
+  which bounds the walk that checks it;
 - ``MAX_PROPERTIES``: property names of every object of a schema together;
 - ``MAX_ENUM_VALUES``: ``enum`` values of every schema together;
 - ``MAX_CONSTRAINT_BYTES``: a schema's, an EBNF grammar's or a structural tag's text;
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 
 MAX_JSON_DEPTH = 128
+MAX_JSON_VALUES = 32768
 MAX_PROPERTIES = 1024
 MAX_ENUM_VALUES = 1024
 MAX_CONSTRAINT_BYTES = 64 * 1024
@@ -32,10 +35,13 @@ def check_json(value, name: str) -> None:
     """``value`` (a JSON document as Python objects) within the depth, property and enum limits;
     ``name``: the request field it came in, for the message. Walked without recursion, so any
     depth is measured."""
-    properties = enum_values = 0
+    properties = enum_values = walked = 0
     stack = [(value, 1)]
     while stack:
         node, depth = stack.pop()
+        walked += 1
+        if walked > MAX_JSON_VALUES:
+            raise ValueError(f"{name} holds more than {MAX_JSON_VALUES} values")
         if not isinstance(node, dict | list):
             continue
         if depth > MAX_JSON_DEPTH:

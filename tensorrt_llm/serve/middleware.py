@@ -3,18 +3,22 @@ and a body limit that counts the bytes as they arrive.
 
 The body limit does not trust the headers: a chunked body has no ``Content-Length``, so the bytes
 are counted as they come in and the request is refused (413) the moment they pass the limit, with
-at most one chunk past it ever held. A request that carries both ``Content-Length`` and
+at most one chunk past it ever held; a body that has not all come within ``BODY_TIMEOUT_S`` is
+refused (408), so a client that trickles its body holds a connection no longer than that. A
+request that carries both ``Content-Length`` and
 ``Transfer-Encoding``, or two lengths, is refused (400): front ends disagree on which one wins,
 which is how requests are smuggled past them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 from tensorrt_llm.serve.openai_protocol import ErrorInfo, ErrorResponse
 
 MAX_BODY_BYTES = 8 * 2**20  # a larger request body is refused (413)
+BODY_TIMEOUT_S = 60.0  # a body not all come by then is refused (408): a trickle holds no socket
 
 
 async def send_error(send, status: int, message: str, kind: str) -> None:
@@ -30,8 +34,10 @@ class BodySizeLimit:
     """Reads a request's body, counting it, before the app sees it; the app then reads the same
     messages (and, after them, whatever the client sends next: a disconnect still reaches it)."""
 
-    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(
+        self, app, max_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = BODY_TIMEOUT_S
+    ) -> None:
+        self.app, self.max_bytes, self.body_timeout_s = app, max_bytes, body_timeout_s
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -42,19 +48,24 @@ class BodySizeLimit:
             await send_error(send, *refusal, "invalid_request_error")
             return
         messages, size = [], 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break  # a disconnect: the app sees it in turn
-            size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                await send_error(
-                    send, 413, self._too_large(f"over {size}"), "invalid_request_error"
-                )
-                return
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                while True:
+                    message = await receive()
+                    messages.append(message)
+                    if message["type"] != "http.request":
+                        break  # a disconnect: the app sees it in turn
+                    size += len(message.get("body", b""))
+                    if size > self.max_bytes:
+                        too_large = self._too_large(f"over {size}")
+                        await send_error(send, 413, too_large, "invalid_request_error")
+                        return
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            message = f"the request body did not all come within {self.body_timeout_s:g} s"
+            await send_error(send, 408, message, "invalid_request_error")
+            return
 
         async def replay():
             return messages.pop(0) if messages else await receive()

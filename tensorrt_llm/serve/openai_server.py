@@ -174,7 +174,7 @@ class OpenAIServer:
             return await self._serve(body, [prompt], request, timer, chat=True)
 
     # ---- generation ---------------------------------------------------------------------------
-    def _params(self, body, prompt_lengths: list[int], guide=None) -> SamplingParams:
+    def _params(self, body, prompt_lengths: list[int]) -> SamplingParams:
         if body.model is not None and body.model != self.model_name:
             raise ServerError(
                 404,
@@ -199,7 +199,6 @@ class OpenAIServer:
                 stop_token_ids=body.stop_token_ids or [],
                 allowed_token_ids=body.allowed_token_ids,
                 bad=body.bad_words or None,
-                guided_decoding=guide,
             )
             vocab = self.llm.model_config.vocab_size
             params.check_vocab(vocab)
@@ -240,13 +239,13 @@ class OpenAIServer:
                 "%s: ignoring unknown field(s) %s", request.url.path, body.ignored_fields()
             )
         lengths = [len(p["prompt_token_ids"] if isinstance(p, dict) else p) for p in prompts]
-        guide = None
+        params = self._params(body, lengths)  # (a bad field: a 400 before any grammar)
         if self.protocol.constrains(body, chat):
             guide = await self.grammars.build(
                 lambda: self.protocol.guide(body, prompts[0], chat),
                 lambda: self.protocol.field(body, chat),
             )
-        params = self._params(body, lengths, guide)
+            params = replace(params, guided_decoding=guide)
         await guards.check_hold_room(self.llm, body.disaggregated_params)
         jobs = self._jobs(body, prompts, params)
         param = (

@@ -9,9 +9,10 @@ import time
 import httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from tensorrt_llm.serve.connections import ConnectionLimits
+from tensorrt_llm.serve.middleware import BodySizeLimit
 
 TIMEOUT_S = 0.4
 
@@ -23,6 +24,12 @@ def url():
     @app.get("/health")
     async def health():
         return {"status": "ok"}
+
+    @app.post("/echo")
+    async def echo(request: Request):
+        return {"bytes": len(await request.body())}
+
+    app.add_middleware(BodySizeLimit, body_timeout_s=TIMEOUT_S)
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -86,3 +93,14 @@ def test_a_keep_alive_connection_serves_requests_after_the_timeout(url):
         assert client.get(base + "/health").status_code == 200
         time.sleep(TIMEOUT_S + 0.2)  # (idle between requests: the keep-alive timeout's business)
         assert client.get(base + "/health").status_code == 200
+
+
+def test_a_body_that_trickles_past_the_body_timeout_is_a_408(url):
+    base, port = url
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        sock.settimeout(5)
+        start = time.monotonic()
+        reply = sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - start < TIMEOUT_S + 1
+    assert httpx.post(base + "/echo", content=b"x" * 100).json() == {"bytes": 100}

@@ -154,6 +154,7 @@ def nested(levels: int) -> dict:
         ("json", "[" * 30_000 + "]" * 30_000, "deeper than 128"),
         ("json", {"properties": {f"p{i}": {} for i in range(1025)}}, "1025 properties"),
         ("json", {"enum": list(range(1025))}, "1025 enum values"),
+        ("json", {"examples": [0] * 40_000}, "more than 32768 values"),
         ("regex", "a" * 4097, "4097 characters"),
         ("grammar", "root ::= " + '"a" ' * 20_000, "bytes; at most"),
         ("structural_tag", {"format": nested(100)}, "deeper than 128"),
