@@ -38,6 +38,7 @@ import threading
 import time
 import traceback
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import zmq
 
@@ -51,14 +52,15 @@ from tensorrt_llm._torch.pyexecutor.llm_request import (
     stop_reason_from_json,
 )
 from tensorrt_llm.llmapi.core_handle import POLL_MS, CoreHandle, EngineCoreLost, RestartPolicy
-from tensorrt_llm.llmapi.core_worker import decode, encode
+from tensorrt_llm.llmapi.core_worker import call_error, decode, encode
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 from tensorrt_llm.llmapi.remote_disaggregation import RemoteDisaggregation, RemoteLoad
 from tensorrt_llm.logger import logger
-from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParamsError
+from tensorrt_llm.sampling_params import GuidedDecodingParams
 from tensorrt_llm.tokenizer import TransformersTokenizer
 
 MAX_MERGED = 64  # messages the output thread takes at once (their updates merged per request)
+READ_OUT_TIMEOUT_S = 5.0  # a read-out (the KV report, the stats) not answered by then: a 503
 
 
 class CoreProcess:
@@ -182,7 +184,16 @@ class CoreProcess:
         return self._read_out("stats")
 
     def _read_out(self, name: str):
-        return self._call(name).result()
+        """A read-out's value; ``EngineCoreLost`` when the core does not answer within
+        ``READ_OUT_TIMEOUT_S`` (a step that long is what a stalled core looks like before its
+        deadline)."""
+        try:
+            return self._call(name).result(timeout=READ_OUT_TIMEOUT_S)
+        except FutureTimeout:
+            raise EngineCoreLost(
+                f"the engine core did not answer within {READ_OUT_TIMEOUT_S:g} s (a step that "
+                "long, or a stall)"
+            ) from None
 
     def compile_guide(self, guide: GuidedDecodingParams) -> Future:
         return self._call("compile_guide", guide.to_json())
@@ -289,7 +300,7 @@ class CoreProcess:
                         if message["error"] is None:
                             future.set_result(message["value"])
                         else:
-                            future.set_exception(_call_error(message))
+                            future.set_exception(call_error(message))
                     case "lost":
                         return message["reason"]
                 if not core.outputs.poll(0):
@@ -386,13 +397,3 @@ def _call(on_update: Update, request: LlmRequest, finished: bool) -> None:
         logger.error(
             "update callback of request %d failed:\n%s", request.request_id, traceback.format_exc()
         )
-
-
-def _call_error(reply: dict) -> Exception:
-    """A call's error, as the core raised it: a request field's (``SamplingParamsError``), a
-    broken invariant (``AssertionError``), a refused argument (``ValueError``); else a
-    ``RuntimeError`` naming its type."""
-    if reply["field"] is not None:
-        return SamplingParamsError(reply["field"], reply["error"])
-    kind = {"AssertionError": AssertionError, "ValueError": ValueError}.get(reply["kind"])
-    return kind(reply["error"]) if kind else RuntimeError(f"{reply['kind']}: {reply['error']}")

@@ -200,3 +200,13 @@ def _apply_command(core, outputs: _Outputs, message: dict) -> None:
                 outputs.send({"op": "reply", **reply})
 
             core.loop.call(lambda: fn(*args)).add_done_callback(answer)
+
+
+def call_error(reply: dict) -> Exception:
+    """A call's error, as the core raised it: a request field's (``SamplingParamsError``), a
+    broken invariant (``AssertionError``), a refused argument (``ValueError``); else a
+    ``RuntimeError`` naming its type."""
+    if reply["field"] is not None:
+        return SamplingParamsError(reply["field"], reply["error"])
+    kind = {"AssertionError": AssertionError, "ValueError": ValueError}.get(reply["kind"])
+    return kind(reply["error"]) if kind else RuntimeError(f"{reply['kind']}: {reply['error']}")
