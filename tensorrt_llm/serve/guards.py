@@ -102,6 +102,8 @@ def refuse_formed_tokens(tokenizer, marked: list[dict], variables: dict, text: s
     chat rendered with each string fenced by ``FENCE`` (where nothing can form across a
     string's edge) must hold the same control tokens at the same places (fences not counted),
     both cut as the tokenizer cuts text: leftmost, longest first."""
+    if not tokenizer.special_tokens:
+        return
     fenced = tokenizer.apply_chat_template(_fenced(marked), **variables)
     specials = _specials(tuple(tokenizer.special_tokens))
     if _control_tokens(specials, text) != _control_tokens(specials, fenced, FENCE):

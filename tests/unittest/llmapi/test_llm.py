@@ -229,7 +229,7 @@ def test_without_a_tokenizer_prompts_are_token_ids(tiny_checkpoint):
         ValueError, match="skip_tokenizer_init=True: prompts must be lists of token"
     ):
         llm.generate("ab")
-    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+    with pytest.raises(ValueError, match="stop strings and bad words need a tokenizer"):
         llm.generate([3, 4], SamplingParams(stop="x"))
 
 

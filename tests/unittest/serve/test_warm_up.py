@@ -7,6 +7,8 @@ from tensorrt_llm.serve.media import MediaOptions, MediaPool
 
 
 class Tokenizer:
+    special_tokens: list[str] = []  # (no control token to form)
+
     def __init__(self) -> None:
         self.calls: list[str] = []
 
