@@ -17,6 +17,16 @@ def llm():
     return LLM(device="cpu", kv_cache_config=KvCacheConfig(max_tokens=128 * 4))
 
 
+@pytest.fixture(autouse=True)
+def no_slot_held(llm):
+    """After every test: no KV slot used, no request live (a refusal takes nothing)."""
+    yield
+    report = llm.kv_cache_report()
+    managers = [v for v in report.values() if isinstance(v, dict)]
+    assert sum(m["used"] + m["live_requests"] for m in managers) == 0, report
+    assert report["active_requests"] == 0, report
+
+
 @pytest.fixture(scope="module")
 def keyed(llm):
     server = OpenAIServer(llm, "m", api_key=KEY)
