@@ -12,7 +12,7 @@ Only the configs are read, nothing is allocated, so the full model's layout prin
     num_slots: 64                  # or max_tokens: 8192
     alignment_bytes: 256           # optional
     kernel_page_tokens: 32         # optional
-    defaults: {num_kv_heads: 2, head_dim: 64, dtype: bfloat16}
+    defaults: {num_kv_heads: 2, head_dim: 64, dtype: bfloat16}   # or fp8 (rows + scales)
     layers:
       - {layer_id: 0}
       - {layer_id: 1, index_key: {num_heads: 1, head_dim: 64}}
@@ -38,7 +38,7 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.draft_subpage_view 
 from tensorrt_llm._torch.models.checkpoint import load_config
 from tensorrt_llm._torch.models.modeling_minimaxm3_mtp import mtp_kv_cache_layer
 from tensorrt_llm._torch.models.modeling_speculative import Eagle3Config
-from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer
+from tensorrt_llm._torch.pyexecutor.config import KV_DTYPES, KV_STORAGE_DTYPES, KvCacheLayer
 from tensorrt_llm._torch.pyexecutor.kv_cache_manager_v2 import engine_layer
 from tensorrt_llm.runtime.kv_cache_manager_v2 import (
     DEFAULT_LIFE_CYCLE,
@@ -81,6 +81,7 @@ def config_from_yaml(data: dict) -> KVCacheManagerConfig:
     for i, raw in enumerate(data["layers"]):
         _check_keys(f"layers[{i}]", raw, _LAYER_KEYS)
         entry = {**defaults, **raw}
+        entry["dtype"] = KV_STORAGE_DTYPES.get(entry["dtype"], entry["dtype"])
         for key in ("layer_id", "num_kv_heads", "head_dim"):
             if key not in entry:
                 raise ValueError(f"layers[{i}]: missing {key!r} (and no default)")
@@ -93,6 +94,7 @@ def config_from_yaml(data: dict) -> KVCacheManagerConfig:
                 "dtype": entry["dtype"],
                 **entry["index_key"],
             }
+            ik["dtype"] = KV_STORAGE_DTYPES.get(ik["dtype"], ik["dtype"])
             index_key = (ik["num_heads"], ik["head_dim"], ik["dtype"])
         layers.append(
             AttentionLayerConfig.kv(
@@ -201,7 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tokens-per-block", type=int, default=128)
     parser.add_argument("--num-slots", type=int, default=64)
-    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
+    parser.add_argument(
+        "--dtype",
+        choices=KV_DTYPES,
+        default=None,
+        help="the KV cache dtype (default: the model's); fp8: float8_e4m3fn rows and their scales",
+    )
     parser.add_argument(
         "--simulate", action="store_true", help="also run two requests through the cache"
     )

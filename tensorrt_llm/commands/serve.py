@@ -34,6 +34,7 @@ FLAG_OPTIONS: dict[str, tuple[str, ...]] = {
     "max_num_tokens": ("max_num_tokens",),
     "max_seq_len": ("max_seq_len",),
     "kv_cache_free_gpu_memory_fraction": ("kv_cache_config", "free_gpu_memory_fraction"),
+    "kv_cache_dtype": ("kv_cache_config", "dtype"),
     "chat_template": ("chat_template",),
     "guided_decoding_backend": ("guided_decoding_backend",),
 }
@@ -189,6 +190,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="the share of the free GPU memory the KV cache takes (kv_cache_config)",
+    )
+    parser.add_argument(
+        "--kv_cache_dtype",
+        default=None,
+        choices=["auto", "float32", "float16", "bfloat16", "fp8"],
+        help="the KV cache's dtype (kv_cache_config.dtype); fp8: float8_e4m3fn rows with scales",
     )
     parser.add_argument(
         "--reasoning_parser",

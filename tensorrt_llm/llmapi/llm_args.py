@@ -51,7 +51,9 @@ class KvCacheConfig(StrictBaseModel):
     tokens_per_block: int = 128
     max_tokens: int | None = Field(default=None, gt=0)
     free_gpu_memory_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    # The KV cache's dtype (upstream's key): "auto" takes the model's; "fp8" keeps every row (K, V,
+    # index keys, the drafter's) in float8_e4m3fn with a float32 scale per token and head.
+    dtype: Literal["auto", "float32", "float16", "bfloat16", "fp8"] = "auto"
 
     @field_validator("tokens_per_block")
     @classmethod

@@ -8,7 +8,9 @@ for a layer's **page tensors** and reads them through the step's block table:
     K of logical block b of batch row r = k_pages[block_offsets[pool, r, 0, b]]
     V of logical block b of batch row r = v_pages[block_offsets[pool, r, 1, b]]
 
-``tokens_per_block`` is the manager's. Swapping the manager (for example for the Eagle3 draft
+``tokens_per_block`` is the manager's. With an FP8 cache the page tensors hold ``float8_e4m3fn`` rows
+and ``manager.get_kv_scales(layer)`` gives their float32 scales (``ScalePages``: one per token and
+head; ``kv_quant.py``); with a 16- or 32-bit cache it gives ``None``. Swapping the manager (for example for the Eagle3 draft
 sub-page view) therefore changes the page size and the addressing an op sees, with no change to the op.
 
 **The step's batch.** ``AttentionMetadata`` is built once per step by the model engine. Sequences are ordered contexts first, then generations.
@@ -44,6 +46,23 @@ import torch
 from tensorrt_llm.runtime.staging import PinnedStaging
 
 
+@dataclass(frozen=True)
+class ScalePages:
+    """The float32 scales of a page tensor's (token, head) rows in an FP8 cache: page ``p``'s are
+    ``tensor[p // page_units, p % page_units]`` ``[page_tokens, heads]``.
+
+    A manager's pages are slots (``page_units`` 1); the draft sub-page view's pages are
+    ``slot_units`` to a slot, and its K and V pages share one scale tensor, V's scale pages
+    following K's as V's pages follow K's."""
+
+    tensor: torch.Tensor  # [num_slots, pages_per_slot, page_tokens, heads] float32
+    page_units: int = 1
+
+    def of(self, page: torch.Tensor) -> torch.Tensor:
+        """The scales of pages ``page`` (any shape): ``[*page.shape, page_tokens, heads]``."""
+        return self.tensor[page // self.page_units, page % self.page_units]
+
+
 class PagedKVCache(Protocol):
     """Every member an attention op (or a kernel launcher) may read from the manager attached to
     the step's metadata. Implemented by ``KVCacheManagerV2`` (pages = slots) and by
@@ -60,6 +79,10 @@ class PagedKVCache(Protocol):
         ...
 
     def get_kv_pages(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def get_kv_scales(self, layer_idx: int) -> tuple[ScalePages, ScalePages] | None:
+        """K's and V's row scales (FP8), or ``None`` (rows stored as they are)."""
+        ...
 
     def layer_pool_index(self, layer_idx: int) -> int: ...
 
@@ -80,6 +103,7 @@ PAGED_KV_CACHE_MEMBERS = (
     "blocks_in_primary_pool",
     "kv_cache_pool_pointers",
     "get_kv_pages",
+    "get_kv_scales",
     "layer_pool_index",
     "copy_batch_block_offsets",
 )

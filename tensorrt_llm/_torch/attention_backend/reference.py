@@ -2,14 +2,17 @@
 through ``VanillaAttentionBackend`` (``vanilla.py``, ``attn_backend="VANILLA"``), never directly.
 
 Every read and write goes through what the metadata's manager publishes (``interface.py``): page
-tensors, ``tokens_per_block`` and the block table. Nothing here knows a slot layout.
+tensors, their scales in an FP8 cache, ``tokens_per_block`` and the block table. Nothing here knows
+a slot layout. Attention always reads K and V back from the cache, the step's own tokens' too, so a
+prefix computed now, reused, transferred or verified is read the same way.
 """
 
 from __future__ import annotations
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, ScalePages
+from tensorrt_llm._torch.attention_backend.kv_quant import dequantize_rows, quantize_rows
 
 
 def token_pages(
@@ -28,21 +31,38 @@ def write_paged(
     pool: int,
     lane: int,
     values: torch.Tensor,
+    scales: ScalePages | None = None,
 ) -> None:
-    """Store ``values`` ``[num_tokens, heads, dim]`` at the step's positions of ``pages``."""
+    """Store ``values`` ``[num_tokens, heads, dim]`` at the step's positions of ``pages``, as FP8
+    rows with their ``scales`` when given."""
     page, offset = token_pages(metadata, pool, lane)
-    pages[page.to(pages.device), offset.to(pages.device)] = values.to(pages.dtype)
+    page, offset = page.to(pages.device), offset.to(pages.device)
+    if scales is None:
+        pages[page, offset] = values.to(pages.dtype)
+        return
+    rows, row_scales = quantize_rows(values)
+    pages[page, offset] = rows
+    scales.tensor[page // scales.page_units, page % scales.page_units, offset] = row_scales
 
 
 def gather_paged(
-    pages: torch.Tensor, metadata: AttentionMetadata, pool: int, lane: int, seq: int
+    pages: torch.Tensor,
+    metadata: AttentionMetadata,
+    pool: int,
+    lane: int,
+    seq: int,
+    scales: ScalePages | None = None,
 ) -> torch.Tensor:
-    """All cached positions of sequence ``seq``: ``[kv_len, heads, dim]``."""
+    """All cached positions of sequence ``seq``: ``[kv_len, heads, dim]`` (FP8 rows dequantized to
+    float32 with their ``scales`` when given)."""
     kv_len = int(metadata.kv_lens_cpu[seq])
     tpb = metadata.tokens_per_block
     num_blocks = -(-kv_len // tpb)
     table = metadata.kv_cache_block_offsets[pool, seq, lane, :num_blocks].long()
-    blocks = pages[table.to(pages.device)]  # [num_blocks, tokens_per_block, heads, dim]
+    table = table.to(pages.device)
+    blocks = pages[table]  # [num_blocks, tokens_per_block, heads, dim]
+    if scales is not None:
+        blocks = dequantize_rows(blocks, scales.of(table))
     return blocks.reshape(num_blocks * tpb, *blocks.shape[2:])[:kv_len]
 
 
@@ -88,15 +108,35 @@ def paged_attention(
 
     q: ``[num_tokens, num_heads, head_dim]``; k, v: ``[num_tokens, num_kv_heads, head_dim]``.
     """
-    manager = metadata.kv_cache_manager
-    pool = manager.layer_pool_index(layer_idx)
-    k_pages, v_pages = manager.get_kv_pages(layer_idx)
-    write_paged(k_pages, metadata, pool, 0, k)
-    write_paged(v_pages, metadata, pool, 1, v)
+    write_kv(layer_idx, k, v, metadata)
     out = torch.empty_like(q)
     for seq in range(metadata.num_seqs):
         span = metadata.seq_token_slice(seq)
-        k_all = gather_paged(k_pages, metadata, pool, 0, seq)
-        v_all = gather_paged(v_pages, metadata, pool, 1, seq)
+        k_all, v_all = gather_kv(layer_idx, metadata, seq)
         out[span] = causal_attention(q[span], k_all, v_all, metadata.position_ids[span], scale)
     return out
+
+
+def write_kv(layer_idx: int, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata) -> None:
+    """Store the step's K and V ``[num_tokens, num_kv_heads, head_dim]`` of layer ``layer_idx``
+    through the manager attached to ``metadata`` (as FP8 rows and scales in an FP8 cache)."""
+    manager = metadata.kv_cache_manager
+    pool = manager.layer_pool_index(layer_idx)
+    k_pages, v_pages = manager.get_kv_pages(layer_idx)
+    k_scales, v_scales = manager.get_kv_scales(layer_idx) or (None, None)
+    write_paged(k_pages, metadata, pool, 0, k, k_scales)
+    write_paged(v_pages, metadata, pool, 1, v, v_scales)
+
+
+def gather_kv(
+    layer_idx: int, metadata: AttentionMetadata, seq: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every cached K and V of sequence ``seq`` on layer ``layer_idx``: ``[kv_len, Hkv, D]`` each."""
+    manager = metadata.kv_cache_manager
+    pool = manager.layer_pool_index(layer_idx)
+    k_pages, v_pages = manager.get_kv_pages(layer_idx)
+    k_scales, v_scales = manager.get_kv_scales(layer_idx) or (None, None)
+    return (
+        gather_paged(k_pages, metadata, pool, 0, seq, k_scales),
+        gather_paged(v_pages, metadata, pool, 1, seq, v_scales),
+    )

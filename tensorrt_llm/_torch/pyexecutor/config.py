@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from tensorrt_llm._torch.distributed.mapping import Mapping
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 
-KV_DTYPES = ("float32", "float16", "bfloat16")
+KV_DTYPES = ("float32", "float16", "bfloat16", "fp8")
+# The element dtype each KV dtype stores; "fp8" rows carry a float32 scale per token and head.
+KV_STORAGE_DTYPES = {"fp8": "float8_e4m3fn"}
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,12 @@ from collections.abc import Sequence
 
 import torch
 
-from tensorrt_llm._torch.pyexecutor.config import KvCacheLayer, KVCacheManagerV2Config
+from tensorrt_llm._torch.attention_backend.interface import ScalePages
+from tensorrt_llm._torch.pyexecutor.config import (
+    KV_STORAGE_DTYPES,
+    KvCacheLayer,
+    KVCacheManagerV2Config,
+)
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.resource_manager import BaseResourceManager
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
@@ -44,14 +49,20 @@ from tensorrt_llm.runtime.kv_cache_manager_v2 import (
     plan_storage,
 )
 from tensorrt_llm.runtime.kv_cache_manager_v2.host_block_table import HostBlockTable
-from tensorrt_llm.runtime.kv_cache_manager_v2.pool import allocate_pools, buffer_view, kv_view
+from tensorrt_llm.runtime.kv_cache_manager_v2.pool import (
+    allocate_pools,
+    buffer_view,
+    kv_view,
+)
 
 
 def engine_layer(
     layer_id: int, layer: KvCacheLayer, dtype: str, is_draft: bool
 ) -> AttentionLayerConfig:
     """The storage engine's description of one layer: K and V, and on a sparse layer one index-K
-    head; a draft layer's KV depends on the next token (the drafter boundary rule)."""
+    head; a draft layer's KV depends on the next token (the drafter boundary rule). ``dtype`` is
+    the KV dtype (``fp8``: every buffer in float8_e4m3fn with its scales)."""
+    dtype = KV_STORAGE_DTYPES.get(dtype, dtype)
     index_key = (1, layer.index_head_dim, dtype) if layer.index_head_dim else None
     return AttentionLayerConfig.kv(
         layer_id,
@@ -159,6 +170,22 @@ class KVCacheManagerV2(BaseResourceManager):
     def get_index_k_pages(self, layer_idx: int) -> torch.Tensor:
         """Index-K pages, addressed like K (lane 0 of the block table)."""
         return self.get_index_k_buffers(layer_idx)
+
+    def get_kv_scales(self, layer_idx: int) -> tuple[ScalePages, ScalePages] | None:
+        """K's and V's row scales in an FP8 cache (``[num_slots, 1, tokens_per_block, heads]``
+        each: a page is a slot), else ``None``."""
+        if not self.layout.has(layer_idx, DataRole.KEY_SCALE):
+            return None
+        pool, key_scale = self.layout.placement(layer_idx, DataRole.KEY_SCALE)
+        kv = kv_view(self.pools[pool.pool_index], pool, key_scale)[..., 0]
+        return ScalePages(kv[:, 0, None]), ScalePages(kv[:, 1, None])
+
+    def get_index_k_scales(self, layer_idx: int) -> ScalePages | None:
+        """Index-K's row scales in an FP8 cache, else ``None``."""
+        if not self.layout.has(layer_idx, DataRole.INDEX_KEY_SCALE):
+            return None
+        pool, buf = self.layout.placement(layer_idx, DataRole.INDEX_KEY_SCALE)
+        return ScalePages(buffer_view(self.pools[pool.pool_index], pool, buf)[:, None, ..., 0])
 
     def layer_pool_index(self, layer_idx: int) -> int:
         return self.layout.pool_of_layer(layer_idx)

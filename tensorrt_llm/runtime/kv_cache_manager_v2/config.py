@@ -5,6 +5,11 @@ A **buffer** is ``(layer_id, role)``: one role of one layer, holding ``tokens_pe
 ``tokens_per_block * num_heads * head_dim * itemsize``. Each layer has a ``key`` and a ``value``
 buffer of identical geometry, and optionally an ``index_key`` buffer (the MSA indexer's per-token key).
 
+A buffer of a **scaled dtype** (``float8_e4m3fn``) stores each ``head_dim`` row of a token and head
+divided by a power-of-two float32 scale, and has a companion **scale buffer** (``key_scale``,
+``value_scale``, ``index_key_scale``): ``num_heads x 1`` float32 per token, in the same slot, so
+every move of a slot (reuse, eviction, transfer) moves the scales with their rows.
+
 A **life cycle** is a set of layers allocated together; every layer of this engine retains all of its
 blocks (full attention, the drafter included), so a life cycle is simply a named group that gets one
 slot layout and one pool (see ``layout.py``).
@@ -28,6 +33,10 @@ DTYPE_SIZES: dict[str, int] = {
 
 DEFAULT_LIFE_CYCLE = "full_attention"
 
+# Element dtypes stored with a per-(token, head) scale, and the scales' dtype.
+SCALED_DTYPES = frozenset({"float8_e4m3fn"})
+SCALE_DTYPE = "float32"
+
 
 def is_power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
@@ -37,6 +46,25 @@ class DataRole(enum.StrEnum):
     KEY = "key"
     VALUE = "value"
     INDEX_KEY = "index_key"
+    KEY_SCALE = "key_scale"
+    VALUE_SCALE = "value_scale"
+    INDEX_KEY_SCALE = "index_key_scale"
+
+    @property
+    def scale(self) -> DataRole:
+        """The scale buffer of a data role (``KeyError`` for a scale role)."""
+        return _SCALE_ROLES[self]
+
+    @property
+    def is_scale(self) -> bool:
+        return self in _SCALE_ROLES.values()
+
+
+_SCALE_ROLES = {
+    DataRole.KEY: DataRole.KEY_SCALE,
+    DataRole.VALUE: DataRole.VALUE_SCALE,
+    DataRole.INDEX_KEY: DataRole.INDEX_KEY_SCALE,
+}
 
 
 @dataclass(frozen=True)
@@ -68,6 +96,11 @@ class BufferConfig:
     @property
     def bytes_per_token(self) -> int:
         return self.num_heads * self.head_dim * self.itemsize
+
+
+def _scale_of(buf: BufferConfig) -> BufferConfig:
+    """The scale buffer of a scaled-dtype buffer: one float32 per token and head."""
+    return BufferConfig(buf.role.scale, buf.num_heads, 1, SCALE_DTYPE)
 
 
 @dataclass(frozen=True)
@@ -102,6 +135,22 @@ class AttentionLayerConfig:
             raise ValueError(
                 f"layer {self.layer_id}: key {key} and value {value} must have the same heads, head_dim and dtype"
             )
+        for buf in self.buffers:
+            if buf.role.is_scale:
+                if not any(not b.role.is_scale and b.role.scale is buf.role for b in self.buffers):
+                    raise ValueError(f"layer {self.layer_id}: {buf.role.value} scales no buffer")
+                continue
+            wanted = buf.dtype in SCALED_DTYPES
+            if wanted != self.has(buf.role.scale):
+                raise ValueError(
+                    f"layer {self.layer_id}: {buf.role.value} of dtype {buf.dtype} "
+                    + ("needs" if wanted else "takes no")
+                    + f" {buf.role.scale.value!r} buffer"
+                )
+            if wanted and self.buffer(buf.role.scale) != _scale_of(buf):
+                raise ValueError(
+                    f"layer {self.layer_id}: {buf.role.scale.value} must be {_scale_of(buf)}"
+                )
 
     @classmethod
     def kv(
@@ -115,13 +164,15 @@ class AttentionLayerConfig:
         life_cycle: str = DEFAULT_LIFE_CYCLE,
         depends_on_next_token: bool = False,
     ) -> AttentionLayerConfig:
-        """A layer with K and V buffers, plus an index-K buffer ``(num_heads, head_dim, dtype)`` if given."""
-        buffers = [
+        """A layer with K and V buffers, plus an index-K buffer ``(num_heads, head_dim, dtype)`` if
+        given; each buffer of a scaled dtype with its scale buffer."""
+        data = [
             BufferConfig(DataRole.KEY, num_kv_heads, head_dim, dtype),
             BufferConfig(DataRole.VALUE, num_kv_heads, head_dim, dtype),
         ]
         if index_key is not None:
-            buffers.append(BufferConfig(DataRole.INDEX_KEY, *index_key))
+            data.append(BufferConfig(DataRole.INDEX_KEY, *index_key))
+        buffers = data + [_scale_of(b) for b in data if b.dtype in SCALED_DTYPES]
         return cls(layer_id, tuple(buffers), life_cycle, depends_on_next_token)
 
     def buffer(self, role: DataRole | str) -> BufferConfig:

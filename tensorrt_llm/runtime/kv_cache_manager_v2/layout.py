@@ -7,11 +7,16 @@ One slot holds one logical block of every buffer of a life cycle, back to back, 
       ^ a multiple of alignment_bytes        ^ value starts where key ends (no gap), so a layer's
                                                K and V form one [2, tokens_per_block, H, D] block
 
+With a scaled dtype (FP8) each layer also holds its scales, K's and V's adjacent like the rows::
+
+    | L1.key | L1.value | pad | L1.key_scale | L1.value_scale | pad | L1.index_key | pad | L1.index_key_scale | pad |
+
 Rules (each is pinned by tests/unittest/runtime/kv_cache_manager_v2/test_layout.py):
 
-1. Layers in ascending ``layer_id``; inside a layer: key, value, index_key.
-2. Every key and every index_key starts at a multiple of ``alignment_bytes``; value starts right after
-   key. Within a buffer, a block is ``[tokens_per_block, num_heads, head_dim]`` row-major (NHD), so
+1. Layers in ascending ``layer_id``; inside a layer: key, value, key_scale, value_scale, index_key,
+   index_key_scale (those it has).
+2. Every buffer but value and value_scale starts at a multiple of ``alignment_bytes``; value starts
+   right after key, value_scale right after key_scale. Within a buffer, a block is ``[tokens_per_block, num_heads, head_dim]`` row-major (NHD), so
    ``kernel_page_tokens`` consecutive tokens form one contiguous kernel page.
 3. ``slot_bytes`` is the end of the last buffer rounded up to a multiple of ``alignment_bytes`` and of
    every buffer's kernel-page bytes (``kernel_page_tokens * bytes_per_token``). Hence every buffer can
@@ -32,6 +37,15 @@ from collections import Counter
 from dataclasses import dataclass
 
 from tensorrt_llm.runtime.kv_cache_manager_v2.config import DataRole, KVCacheManagerConfig
+
+_ROLE_ORDER = (
+    DataRole.KEY,
+    DataRole.VALUE,
+    DataRole.KEY_SCALE,
+    DataRole.VALUE_SCALE,
+    DataRole.INDEX_KEY,
+    DataRole.INDEX_KEY_SCALE,
+)
 
 
 def align_up(value: int, alignment: int) -> int:
@@ -112,13 +126,13 @@ class StorageLayout:
                 f"pool {pool.pool_index} (life cycle {pool.life_cycle!r}): slot_bytes={pool.slot_bytes} "
                 f"used={pool.used_bytes} padding={pad} page_size={pool.page_size}"
             )
-            header = f"  {'layer':>5} {'role':<10} {'offset':>10} {'bytes':>10} {'heads x dim':>12} {'dtype':<14} class"
+            header = f"  {'layer':>5} {'role':<15} {'offset':>10} {'bytes':>10} {'heads x dim':>12} {'dtype':<14} class"
             lines.append(header)
             for b in pool.buffers:
                 cls = "sub-page" if b.is_subpage else "page"
                 geom = f"{b.num_heads}x{b.head_dim}"
                 lines.append(
-                    f"  {b.layer_id:>5} {b.role.value:<10} {b.offset:>10} {b.size:>10} {geom:>12} {b.dtype:<14} {cls}"
+                    f"  {b.layer_id:>5} {b.role.value:<15} {b.offset:>10} {b.size:>10} {geom:>12} {b.dtype:<14} {cls}"
                 )
         return "\n".join(lines)
 
@@ -140,11 +154,11 @@ def plan_storage(config: KVCacheManagerConfig) -> StorageLayout:
         placed: list[BufferPlacement] = []
         cursor = 0
         for layer in members:
-            for role in (DataRole.KEY, DataRole.VALUE, DataRole.INDEX_KEY):
+            for role in _ROLE_ORDER:
                 if not layer.has(role):
                     continue
                 buf = layer.buffer(role)
-                if role is not DataRole.VALUE:
+                if role not in (DataRole.VALUE, DataRole.VALUE_SCALE):
                     cursor = align_up(cursor, align)
                 size = buf.bytes_per_token * tpb
                 placed.append(

@@ -51,15 +51,31 @@ def buffer_view(pool: torch.Tensor, slot: SlotLayout, buf: BufferPlacement) -> t
 
 def kv_view(pool: torch.Tensor, slot: SlotLayout, key: BufferPlacement) -> torch.Tensor:
     """``[num_slots, 2, tokens_per_block, num_kv_heads, head_dim]`` view of a layer's K (lane 0) and V
-    (lane 1). Relies on V starting right where K ends (layout rule 2)."""
-    value = next(b for b in slot.buffers if b.layer_id == key.layer_id and b.role is DataRole.VALUE)
+    (lane 1); given the ``key_scale`` placement, ``[num_slots, 2, tokens_per_block, num_kv_heads, 1]``
+    of their scales. Relies on V starting right where K ends (layout rule 2)."""
+    pair = DataRole.VALUE_SCALE if key.role is DataRole.KEY_SCALE else DataRole.VALUE
+    value = next(b for b in slot.buffers if b.layer_id == key.layer_id and b.role is pair)
     if value.offset != key.end:
         raise AssertionError(
-            f"layer {key.layer_id}: value at {value.offset} does not follow key at {key.end}"
+            f"layer {key.layer_id}: {pair.value} at {value.offset} does not follow "
+            f"{key.role.value} at {key.end}"
         )
     typed, slot_stride, offset = _typed(pool, key)
     h, d = key.num_heads, key.head_dim
     tpb = key.size // (h * d * key.itemsize)
     return typed.as_strided(
         (pool.shape[0], 2, tpb, h, d), (slot_stride, tpb * h * d, h * d, d, 1), offset
+    )
+
+
+def page_scale_view(
+    pool: torch.Tensor, slot: SlotLayout, scale: BufferPlacement, page_tokens: int, num_pages: int
+) -> torch.Tensor:
+    """``[num_slots, num_pages, page_tokens, num_heads]`` float32 view of the scales of a slot's
+    ``page_tokens``-token pages, from the scale buffer ``scale`` on (``num_pages`` may run on into
+    the buffers that follow it: V's scales after K's)."""
+    typed, slot_stride, offset = _typed(pool, scale)
+    h = scale.num_heads
+    return typed.as_strided(
+        (pool.shape[0], num_pages, page_tokens, h), (slot_stride, page_tokens * h, h, 1), offset
     )

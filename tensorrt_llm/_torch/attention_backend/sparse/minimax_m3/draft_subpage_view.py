@@ -14,6 +14,9 @@ the same bytes as a page space rooted at the draft layer's K of slot 0::
     slot s:  |.. target K/V, index-K ..| draft K: j=0 1 2 3 | draft V: j=0 1 2 3 |.. pad ..|
              ^ s*slot_units pages from the re-rooted base    ^ + subdiv pages
 
+In an FP8 cache each page's rows have float32 scales in the draft layer's scale buffers, K's then
+V's, page for page (``get_kv_scales``: page p's at ``[p // slot_units, p % slot_units]``).
+
 Table entries past a row's blocks hold slot 0, so they expand to slot 0's pages: inert, since kernels
 never read past a row's length. The view owns no blocks. It is built from what it reads (the host
 block table, the slot layout, the pool tensor, the draft layer ids) and declares every member the
@@ -28,11 +31,12 @@ from collections.abc import Sequence
 import torch
 
 from tensorrt_llm import envs
+from tensorrt_llm._torch.attention_backend.interface import ScalePages
 from tensorrt_llm.logger import logger
 from tensorrt_llm.runtime.kv_cache_manager_v2 import DataRole, StorageLayout
 from tensorrt_llm.runtime.kv_cache_manager_v2.config import is_power_of_two
 from tensorrt_llm.runtime.kv_cache_manager_v2.host_block_table import HostBlockTable
-from tensorrt_llm.runtime.kv_cache_manager_v2.pool import torch_dtype
+from tensorrt_llm.runtime.kv_cache_manager_v2.pool import page_scale_view, torch_dtype
 
 DEFAULT_SUBPAGE_TOKENS = 32
 
@@ -56,6 +60,7 @@ class MiniMaxM3DraftSubpageView:
         "_host_table",
         "_pool",
         "_key_offsets",
+        "_scales",
         "_geometry",
         "_lane_offsets",
         "draft_layer_ids",
@@ -110,6 +115,10 @@ class MiniMaxM3DraftSubpageView:
         self._key_offsets = {
             layer: layout.placement(layer, DataRole.KEY)[1].offset for layer in self.draft_layer_ids
         }
+        self._scales = {
+            layer: _scale_pages(layout, self._pool, layer, subpage_tokens, self)
+            for layer in self.draft_layer_ids
+        }
         # Pages from the re-rooted base (the first draft layer's K of slot 0) to the pool's end.
         self.blocks_in_primary_pool = (self._pool.numel() - key.offset) // self.page_bytes
         self._geometry = (key.num_heads, key.head_dim, key.dtype, key.itemsize)
@@ -146,6 +155,13 @@ class MiniMaxM3DraftSubpageView:
             offset // itemsize,
         )
         return pages, pages
+
+    def get_kv_scales(self, layer_idx: int) -> tuple[ScalePages, ScalePages] | None:
+        """In an FP8 cache, the scales of the page space (one tensor for K and V: V's scale pages
+        follow K's in the slot as V's pages follow K's); else ``None``."""
+        self._check_layer(layer_idx)
+        scales = self._scales[layer_idx]
+        return None if scales is None else (scales, scales)
 
     @property
     def kv_cache_pool_pointers(self) -> torch.Tensor:
@@ -184,6 +200,24 @@ class MiniMaxM3DraftSubpageView:
             raise KeyError(
                 f"layer {layer_idx} is not a draft layer of this view {list(self.draft_layer_ids)}"
             )
+
+
+def _scale_pages(
+    layout: StorageLayout,
+    pool: torch.Tensor,
+    layer: int,
+    subpage_tokens: int,
+    view: MiniMaxM3DraftSubpageView,
+) -> ScalePages | None:
+    """The draft layer's K and V scales as ``2 * subdiv`` scale pages per slot, or ``None``."""
+    if not layout.has(layer, DataRole.KEY_SCALE):
+        return None
+    slot, key_scale = layout.placement(layer, DataRole.KEY_SCALE)
+    value_scale = layout.placement(layer, DataRole.VALUE_SCALE)[1]
+    if value_scale.offset != key_scale.end:
+        raise ValueError(f"draft layer {layer}: value_scale does not follow key_scale")
+    tensor = page_scale_view(pool, slot, key_scale, subpage_tokens, 2 * view.subdiv)
+    return ScalePages(tensor, view.slot_units)
 
 
 def _draft_key_placement(layout: StorageLayout, draft_layer_ids: Sequence[int]):

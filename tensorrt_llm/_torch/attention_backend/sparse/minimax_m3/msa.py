@@ -28,7 +28,9 @@ import torch
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
 from tensorrt_llm._torch.attention_backend.reference import (
     causal_attention,
+    gather_kv,
     gather_paged,
+    write_kv,
     write_paged,
 )
 
@@ -133,12 +135,24 @@ def write_msa_step(
 ) -> None:
     """Store the step's K, V ``[n, Hkv, D]`` and index-K ``[n, 1, Di]`` of a sparse layer at the
     step's positions, through the manager attached to ``metadata``."""
+    write_kv(layer_idx, k, v, metadata)
+    write_index_k(layer_idx, index_k, metadata)
+
+
+def write_index_k(layer_idx: int, index_k: torch.Tensor, metadata: AttentionMetadata) -> None:
+    """Store the step's index-K ``[n, 1, Di]`` (addressed like K: lane 0 of the block table)."""
     manager = metadata.kv_cache_manager
     pool = manager.layer_pool_index(layer_idx)
-    k_pages, v_pages = manager.get_kv_pages(layer_idx)
-    write_paged(k_pages, metadata, pool, 0, k)
-    write_paged(v_pages, metadata, pool, 1, v)
-    write_paged(manager.get_index_k_pages(layer_idx), metadata, pool, 0, index_k)
+    pages, scales = manager.get_index_k_pages(layer_idx), manager.get_index_k_scales(layer_idx)
+    write_paged(pages, metadata, pool, 0, index_k, scales)
+
+
+def gather_index_k(layer_idx: int, metadata: AttentionMetadata, seq: int) -> torch.Tensor:
+    """Every cached index-K of sequence ``seq``: ``[kv_len, Di]``."""
+    manager = metadata.kv_cache_manager
+    pool = manager.layer_pool_index(layer_idx)
+    pages, scales = manager.get_index_k_pages(layer_idx), manager.get_index_k_scales(layer_idx)
+    return gather_paged(pages, metadata, pool, 0, seq, scales)[:, 0]
 
 
 def msa_paged_attention(
@@ -162,17 +176,12 @@ def msa_paged_attention(
             "indexer selects per KV group (index_n_heads == num_key_value_heads)"
         )
     write_msa_step(layer_idx, k, v, msa.index_k, metadata)
-    manager = metadata.kv_cache_manager
-    pool = manager.layer_pool_index(layer_idx)
-    k_pages, v_pages = manager.get_kv_pages(layer_idx)
-    ik_pages = manager.get_index_k_pages(layer_idx)
     out = torch.empty_like(q)
     for seq in range(metadata.num_seqs):
         span = metadata.seq_token_slice(seq)
         pos = metadata.position_ids[span]
-        k_all = gather_paged(k_pages, metadata, pool, 0, seq)
-        v_all = gather_paged(v_pages, metadata, pool, 1, seq)
-        ik_all = gather_paged(ik_pages, metadata, pool, 0, seq)[:, 0]  # [L, Di]
+        k_all, v_all = gather_kv(layer_idx, metadata, seq)
+        ik_all = gather_index_k(layer_idx, metadata, seq)  # [L, Di]
         scores = index_block_scores(msa.index_q[span], ik_all, pos, cfg.block_size)
         selected = select_blocks(scores, pos, cfg)
         out[span] = sparse_attention(q[span], k_all, v_all, pos, selected, cfg.block_size, scale)
