@@ -12,7 +12,8 @@ area, then ``regroup_heads`` writes each destination buffer from the source rank
 heads (index-K from the first source).
 
 ``peer_layouts`` rebuilds a context rank's slot layout from its fingerprint and says whether the
-two layouts hold the same heads (then slots cross byte for byte, no staging).
+two layouts hold the same heads (then slots cross byte for byte, no staging); servers of
+different KV dtypes are refused there, naming both.
 """
 
 from __future__ import annotations
@@ -118,10 +119,17 @@ def attention_ranks(parallel: str) -> int:
 def peer_layouts(
     theirs: LayoutFingerprint, mine: LayoutFingerprint, my_pools: tuple[SlotLayout, ...]
 ) -> tuple[list[SlotLayout], bool]:
-    """One rank's slot layouts of the peer, rebuilt from its fingerprint (``theirs``) and this
-    side's own (``mine``, ``my_pools``), and whether the two hold the same heads (equal splits,
-    equal bytes: slots cross whole). A ``ValueError`` names every difference that no head
-    regrouping can bridge."""
+    """One rank's slot layouts of the peer, rebuilt from its fingerprint (``theirs``, a context
+    server's) and this side's own (``mine``, a generation server's; ``my_pools``), and whether
+    the two hold the same heads (equal splits, equal bytes: slots cross whole). A ``ValueError``
+    names every difference that no head regrouping can bridge; different KV dtypes first, alone
+    (every buffer differs then, and no conversion is made)."""
+    if theirs.kv_dtype != mine.kv_dtype:
+        raise ValueError(
+            f"context server KV dtype {theirs.kv_dtype}, generation server KV dtype "
+            f"{mine.kv_dtype}: KV cannot be transferred between different KV dtypes; start both "
+            "with the same kv_cache_config.dtype"
+        )
     same_split = attention_ranks(theirs.parallel) == attention_ranks(mine.parallel)
     shape = ("tokens_per_block", "layers", "draft_layers")
     diffs = [d for d in mine.differences(theirs) if d.split(":")[0] in shape]

@@ -47,9 +47,16 @@ class PoolFingerprint(_Message):
     buffers: list[tuple[int, str, int, int, str]]
 
 
+# a KV cache dtype as the user named it (``KvCacheConfig.dtype`` resolved: "bfloat16", "fp8", ...)
+KV_DTYPE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+
+
 class LayoutFingerprint(_Message):
     """Everything two peers must agree on to exchange slots byte for byte, and its digest."""
 
+    # the KV cache dtype the server was started with; ``pools`` holds each buffer's own dtype
+    # (an FP8 cache's scale buffers are float32), so two servers of one ``kv_dtype`` agree there too
+    kv_dtype: str = Field(pattern=KV_DTYPE_PATTERN)
     tokens_per_block: int
     layers: list[int]
     draft_layers: list[int]
@@ -62,6 +69,7 @@ class LayoutFingerprint(_Message):
     @classmethod
     def build(
         cls,
+        kv_dtype: str,
         tokens_per_block: int,
         layers: list[int],
         draft_layers: list[int],
@@ -69,6 +77,7 @@ class LayoutFingerprint(_Message):
         parallel: str = "tp1",
     ) -> LayoutFingerprint:
         body = {
+            "kv_dtype": kv_dtype,
             "parallel": parallel,
             "tokens_per_block": tokens_per_block,
             "layers": list(layers),

@@ -2,13 +2,16 @@
 
 The generation side **pulls**: it allocates slots for the prompt, then issues one NIXL READ of whole
 slots (every pool's ``slot_bytes`` per logical block) from the context side's pools. With the
-unified KV cache a slot holds every layer's K/V, the index-K and the drafter's sub-pages, so all of
-them arrive with no per-buffer code; with a separate draft manager only the target's pools are
-registered, so the drafter's KV stays behind (upstream's behaviour, kept for measurement).
+unified KV cache a slot holds every layer's K/V, the index-K and the drafter's sub-pages (and an
+FP8 cache's scales), so all of them arrive with no per-buffer code; with a separate draft manager
+only the target's pools are registered, so the drafter's KV stays behind (upstream's behaviour,
+kept for measurement).
 
 The control plane is a ``TransferHandle`` (JSON: agent metadata as base64 of NIXL's own bytes, slot
-ids, pool base addresses and a layout fingerprint). When a READ completes, NIXL delivers a
-notification to the context side; this module alone encodes and decodes it. Nothing is unpickled.
+ids, pool base addresses and a layout fingerprint: the KV dtype, every buffer's place and dtype).
+Servers of different KV dtypes are refused before any slot is taken (``head_regroup.peer_layouts``).
+When a READ completes, NIXL delivers a notification to the context side; this module alone encodes
+and decodes it. Nothing is unpickled.
 
 Each hold is one transfer with an unguessable ``transfer_id``, a ticket and an expiry:
 
@@ -81,6 +84,7 @@ def layout_fingerprint(manager: KVCacheManagerV2, parallel: str = "tp1") -> Layo
         for pool in manager.layout.pools
     ]
     return LayoutFingerprint.build(
+        kv_dtype=manager.dtype,
         tokens_per_block=manager.tokens_per_block,
         layers=list(manager.pp_layers),
         draft_layers=[i for i in manager.pp_layers if manager.is_draft_layer(i)],

@@ -28,7 +28,7 @@ from tensorrt_llm.serve.router import DisaggRouter
 
 def context_reply() -> dict:
     fingerprint = LayoutFingerprint.build(
-        tokens_per_block=128, layers=[0], draft_layers=[], pools=[]
+        kv_dtype="bfloat16", tokens_per_block=128, layers=[0], draft_layers=[], pools=[]
     )
     handle = TransferHandle(
         request_id=1,

@@ -22,14 +22,21 @@ from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
 from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 
 
-def fingerprint(slot_bytes: int = 4096, parallel: str = "tp1") -> LayoutFingerprint:
+def fingerprint(
+    slot_bytes: int = 4096, parallel: str = "tp1", kv_dtype: str = "float16"
+) -> LayoutFingerprint:
     half = slot_bytes // 2
     pool = PoolFingerprint(
         slot_bytes=slot_bytes,
-        buffers=[(0, "key", 0, half, "float16"), (0, "value", half, half, "float16")],
+        buffers=[(0, "key", 0, half, kv_dtype), (0, "value", half, half, kv_dtype)],
     )
     return LayoutFingerprint.build(
-        tokens_per_block=128, layers=[0], draft_layers=[], pools=[pool], parallel=parallel
+        kv_dtype=kv_dtype,
+        tokens_per_block=128,
+        layers=[0],
+        draft_layers=[],
+        pools=[pool],
+        parallel=parallel,
     )
 
 
@@ -76,15 +83,19 @@ def pulled(transceiver, timeout_s: float = 10.0) -> list[int]:
 
 
 def bundled_manager(
-    tp_size: int = 1, rank: int = 0, attention_dp: bool = False, device: str = "cpu"
+    tp_size: int = 1,
+    rank: int = 0,
+    attention_dp: bool = False,
+    device: str = "cpu",
+    kv_dtype: str = "float32",
 ):
-    """The bundled model's unified KV manager (float32, 16 slots) on one rank of a layout."""
+    """The bundled model's unified KV manager (``kv_dtype``, 16 slots) on one rank of a layout."""
     mapping = Mapping(tp_size, tp_size, rank, attention_dp)
     config = PyExecutorConfig(
         max_batch_size=2,
         max_num_tokens=512,
         max_seq_len=512,
-        kv_cache=KvCacheOptions(dtype="float32", max_tokens=2048),
+        kv_cache=KvCacheOptions(dtype=kv_dtype, max_tokens=2048),
         speculative=Eagle3SpecConfig(max_draft_len=3, speculative_model=str(BUNDLED_DRAFT)),
         mapping=mapping,
         device=device,

@@ -18,9 +18,9 @@ from tensorrt_llm.runtime.kv_cache_manager_v2.pool import buffer_view
 NUM_SLOTS = 3
 
 
-def slot_layout(tp_size: int, rank: int):
+def slot_layout(tp_size: int, rank: int, kv_dtype: str = "float32"):
     """The bundled model's unified slot layout on one rank of a TP layout."""
-    (pool,) = bundled_manager(tp_size, rank).layout.pools
+    (pool,) = bundled_manager(tp_size, rank, kv_dtype=kv_dtype).layout.pools
     return pool
 
 
@@ -103,14 +103,16 @@ def test_source_ranks_are_those_holding_the_destinations_heads(
     assert source_ranks(dest_rank, dest_tp, source_tp) == expected
 
 
-def fingerprint_of(tp_size: int, attention_dp: bool = False) -> LayoutFingerprint:
-    layout = slot_layout(1 if attention_dp else tp_size, 0)
+def fingerprint_of(
+    tp_size: int, attention_dp: bool = False, kv_dtype: str = "float32"
+) -> LayoutFingerprint:
+    layout = slot_layout(1 if attention_dp else tp_size, 0, kv_dtype)
     pool = PoolFingerprint(
         slot_bytes=layout.slot_bytes,
         buffers=[(b.layer_id, b.role.value, b.offset, b.size, b.dtype) for b in layout.buffers],
     )
     parallel = f"{'adp' if attention_dp else 'tp'}{tp_size}"
-    return LayoutFingerprint.build(128, [0, 1, 2, 3], [3], [pool], parallel=parallel)
+    return LayoutFingerprint.build(kv_dtype, 128, [0, 1, 2, 3], [3], [pool], parallel=parallel)
 
 
 def test_a_peers_layout_is_rebuilt_from_its_fingerprint():
@@ -136,3 +138,15 @@ def test_layouts_no_regrouping_bridges_are_refused():
     replicated = fingerprint_of(2).model_copy(update={"parallel": "tp4"})
     with pytest.raises(ValueError, match="replicated over ranks"):
         peer_layouts(replicated, fingerprint_of(1), (slot_layout(1, 0),))
+
+
+def test_a_peer_of_another_kv_dtype_is_refused_naming_both():
+    # issue 58: a TP2 float32 context rank and a TP1 bfloat16 generation rank: heads can be
+    # regrouped, dtypes cannot (and the refusal says which server has which, not every buffer)
+    mine = fingerprint_of(1, kv_dtype="bfloat16")
+    with pytest.raises(ValueError) as refused:
+        peer_layouts(fingerprint_of(2), mine, (slot_layout(1, 0, "bfloat16"),))
+    assert str(refused.value) == (
+        "context server KV dtype float32, generation server KV dtype bfloat16: KV cannot be "
+        "transferred between different KV dtypes; start both with the same kv_cache_config.dtype"
+    )

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from tensorrt_llm._torch.disaggregation.head_regroup import attention_ranks
 from tensorrt_llm._torch.disaggregation.params import (
     DisaggregatedParams,
+    LayoutFingerprint,
     RequestType,
     parallel_ranks,
 )
@@ -90,3 +91,14 @@ def test_fingerprints_name_the_fields_that_differ():
     assert attention_ranks("tp4-ep2-moetp2") == 4
     with pytest.raises(ValueError, match="is not a parallel layout"):
         parallel_ranks("adp2-ep2")
+
+
+def test_a_fingerprint_carries_the_kv_dtype_as_a_plain_name():
+    bf16 = fingerprint(4096, kv_dtype="bfloat16")
+    assert bf16.kv_dtype == "bfloat16" and bf16.digest != fingerprint(4096).digest
+    assert "kv_dtype: local 'bfloat16' vs peer 'float16'" in bf16.differences(fingerprint(4096))
+    assert LayoutFingerprint.model_validate_json(bf16.model_dump_json()) == bf16
+    with pytest.raises(ValidationError, match="kv_dtype"):  # a name, nothing else, from the wire
+        bf16.model_validate({**bf16.model_dump(), "kv_dtype": "fp8; rm -rf /"})
+    with pytest.raises(ValidationError, match="kv_dtype"):  # a peer that does not say is refused
+        bf16.model_validate({k: v for k, v in bf16.model_dump().items() if k != "kv_dtype"})

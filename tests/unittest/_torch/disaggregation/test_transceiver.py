@@ -2,6 +2,7 @@
 same descriptors in unified mode, stay behind in separate mode; an incompatible peer is refused."""
 
 import logging
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -24,19 +25,20 @@ pytest.importorskip("nixl")
 PROMPT = list(range(300))
 
 
-def managers(draft_kv_cache="unified", draft_heads=4):
+def managers(draft_kv_cache="unified", draft_heads=4, kv_dtype="float32"):
     """What the creation site builds for a 2-layer M3 (layer 1 sparse) with a drafter of
-    ``draft_heads`` KV heads: 8 slots of 128 tokens."""
+    ``draft_heads`` KV heads: 8 slots of 128 tokens of ``kv_dtype``."""
     spec = Eagle3SpecConfig(3, "unused", draft_kv_cache=draft_kv_cache)
     runtime = executor_config(128, max_tokens=1024, max_seq_len=1024, max_batch_size=2, spec=spec)
+    runtime = replace(runtime, kv_cache=replace(runtime.kv_cache, dtype=kv_dtype))
     built = create_kv_cache_managers(tiny_config(num_hidden_layers=2), runtime, (draft_heads, 8))
     return built[ResourceManagerType.KV_CACHE_MANAGER], built.get(
         ResourceManagerType.DRAFT_KV_CACHE_MANAGER
     )
 
 
-def unified(draft_heads=4):
-    return managers("unified", draft_heads)[0]
+def unified(draft_heads=4, kv_dtype="float32"):
+    return managers("unified", draft_heads, kv_dtype)[0]
 
 
 def prefilled(manager, seed):
@@ -174,6 +176,30 @@ def test_an_incompatible_peer_is_refused_with_the_difference():
         match="incompatible KV cache layout on peer 'ctx-mismatch': pool 0 layer 2 key: 4 heads",
     ):
         receiver.pull(0, KvCacheTransceiver(ctx, "ctx-mismatch").export(0, 30.0), num_blocks=3)
+
+
+@pytest.mark.parametrize(
+    ("ctx_dtype", "gen_dtype"), [("bfloat16", "float16"), ("float32", "bfloat16")]
+)
+def test_servers_of_different_kv_dtypes_are_refused_naming_both(ctx_dtype, gen_dtype):
+    # issue 58, item 4: bf16 and fp16 slots have the same bytes, so only the dtype tells them
+    # apart; the refusal names which server has which, before any slot is read
+    ctx = prefilled(unified(kv_dtype=ctx_dtype), seed=7)
+    gen = unified(kv_dtype=gen_dtype)
+    gen.add_sequence(0, PROMPT)
+    assert gen.resize_sequence(0, len(PROMPT))
+    sender = KvCacheTransceiver(ctx, f"ctx-{ctx_dtype}")
+    receiver = KvCacheTransceiver(gen, f"gen-{gen_dtype}")
+    handle = TransferHandle.model_validate_json(sender.export(0, 30.0).model_dump_json())
+    assert handle.fingerprint.kv_dtype == ctx_dtype
+    with pytest.raises(ValueError) as refused:
+        receiver.pull(0, handle, num_blocks=3)
+    assert str(refused.value) == (
+        f"incompatible KV cache layout on peer 'ctx-{ctx_dtype}': context server KV dtype "
+        f"{ctx_dtype}, generation server KV dtype {gen_dtype}: KV cannot be transferred between "
+        "different KV dtypes; start both with the same kv_cache_config.dtype"
+    )
+    assert not gen.pools[0].any()  # nothing was read
 
 
 def test_separate_mode_moves_the_target_only():
