@@ -3,13 +3,14 @@ rebuilds one rank's slots from other ranks' slots.
 
 Under tensor parallelism over ``tp`` ranks that split the KV heads evenly, rank ``r`` holds global
 K/V heads ``[r * h, (r + 1) * h)`` of every layer (``h = num_kv_heads / tp``; the drafter's layer
-too), and every rank holds the whole index-K (the MSA indexer is replicated). An attention-DP rank
+too), and every rank holds the whole index-K (the MSA indexer is replicated). An FP8 cache's scale
+buffers (one float32 per token and head) split like the rows they scale. An attention-DP rank
 holds every head (``tp = 1`` for its slots). Layouts with fewer KV heads than ranks (a head
 replicated over several ranks) cross only to a server of the same layout. A block is
 ``[tokens, heads, head_dim]`` (layout rule 2), so one rank's heads are strided inside a slot of
 another layout: a transfer between layouts pulls each source rank's slots whole into a staging
 area, then ``regroup_heads`` writes each destination buffer from the source ranks that hold its
-heads (index-K from the first source).
+heads (index-K and its scales from the first source).
 
 ``peer_layouts`` rebuilds a context rank's slot layout from its fingerprint and says whether the
 two layouts hold the same heads (then slots cross byte for byte, no staging); servers of
@@ -27,6 +28,14 @@ from tensorrt_llm._torch.disaggregation.params import LayoutFingerprint, paralle
 from tensorrt_llm.runtime.kv_cache_manager_v2.config import DataRole
 from tensorrt_llm.runtime.kv_cache_manager_v2.layout import BufferPlacement, SlotLayout
 from tensorrt_llm.runtime.kv_cache_manager_v2.pool import buffer_view
+
+_REPLICATED = (DataRole.INDEX_KEY, DataRole.INDEX_KEY_SCALE)
+
+
+def replicated(role: DataRole) -> bool:
+    """Whether every rank holds a buffer of ``role`` whole (the MSA indexer is replicated: its
+    keys, and an FP8 cache's scales of them); other buffers are split by head like K and V."""
+    return role in _REPLICATED
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ class RankSlots:
 
     def heads(self, buf: BufferPlacement) -> range:
         """The global heads ``buf`` holds on this rank (index-K: its one head, on every rank)."""
-        if buf.role is DataRole.INDEX_KEY:
+        if replicated(buf.role):
             return range(buf.num_heads)
         return range(self.rank * buf.num_heads, (self.rank + 1) * buf.num_heads)
 
@@ -78,7 +87,7 @@ def regroup_heads(sources: list[RankSlots], dest: RankSlots) -> None:
     for dbuf in dest.layout.buffers:
         target = buffer_view(dest.slots, dest.layout, dbuf)  # [n, tokens, heads, dim]
         wanted, filled = dest.heads(dbuf), set()
-        for src in sources[:1] if dbuf.role is DataRole.INDEX_KEY else sources:
+        for src in sources[:1] if replicated(dbuf.role) else sources:
             sbuf = src.buffer(dbuf.layer_id, dbuf.role)
             if (sbuf.head_dim, sbuf.dtype) != (dbuf.head_dim, dbuf.dtype):
                 raise ValueError(
@@ -159,9 +168,9 @@ def _peer_pool(pool, slot: SlotLayout, theirs: LayoutFingerprint, mine: LayoutFi
         what = f"pool {slot.pool_index} layer {buf.layer_id} {buf.role.value}"
         if rest or not heads:
             raise ValueError(f"{what}: {size} bytes at the peer is not whole heads of {per_head}")
-        if buf.role is DataRole.INDEX_KEY and heads != buf.num_heads:
+        if replicated(buf.role) and heads != buf.num_heads:
             raise ValueError(f"{what}: {heads} heads at the peer, {buf.num_heads} here")
-        if buf.role is not DataRole.INDEX_KEY and heads * their_ranks != buf.num_heads * my_ranks:
+        if not replicated(buf.role) and heads * their_ranks != buf.num_heads * my_ranks:
             hint = (
                 "; KV heads replicated over ranks (fewer KV heads than ranks) cross only between "
                 "servers of the same layout"

@@ -10,6 +10,7 @@ from tensorrt_llm._torch.disaggregation.head_regroup import (
     RankSlots,
     peer_layouts,
     regroup_heads,
+    replicated,
     source_ranks,
 )
 from tensorrt_llm._torch.disaggregation.params import LayoutFingerprint, PoolFingerprint
@@ -50,18 +51,18 @@ def buffers_equal(a: RankSlots, b: RankSlots) -> bool:
     )
 
 
-def test_tp1_slots_split_into_tp2_ranks_and_back_exactly():
-    whole = random_slots(slot_layout(1, 0), seed=1)
-    halves = [empty(slot_layout(2, r), r, 2) for r in range(2)]
+@pytest.mark.parametrize("kv_dtype", ["float32", "fp8"])  # fp8: rows and their scales
+def test_tp1_slots_split_into_tp2_ranks_and_back_exactly(kv_dtype):
+    whole = random_slots(slot_layout(1, 0, kv_dtype), seed=1)
+    halves = [empty(slot_layout(2, r, kv_dtype), r, 2) for r in range(2)]
     for half in halves:
         regroup_heads([whole], half)
-    # rank r holds K/V heads r of the target's 2 and heads 2r, 2r+1 of the drafter's 4; index-K whole
+    # rank r holds K/V heads r of the target's 2 and heads 2r, 2r+1 of the drafter's 4 (and
+    # their scales); index-K (and its scales) whole
     for buf in halves[1].layout.buffers:
         got = buffer_view(halves[1].slots, halves[1].layout, buf)
         full = buffer_view(whole.slots, whole.layout, whole.buffer(buf.layer_id, buf.role))
-        expected = (
-            full if buf.role.value == "index_key" else full[:, :, buf.num_heads : 2 * buf.num_heads]
-        )
+        expected = full if replicated(buf.role) else full[:, :, buf.num_heads : 2 * buf.num_heads]
         assert same_bits(got, expected), (buf.layer_id, buf.role)
     rebuilt = empty(whole.layout, 0, 1)
     regroup_heads(halves, rebuilt)

@@ -9,9 +9,9 @@ import torch
 from disagg_helpers import bundled_manager, pulled
 
 from tensorrt_llm._torch.disaggregation import pulls
+from tensorrt_llm._torch.disaggregation.head_regroup import replicated
 from tensorrt_llm._torch.disaggregation.params import TransferHandle
 from tensorrt_llm._torch.disaggregation.transceiver import KvCacheTransceiver, StaleTransferError
-from tensorrt_llm.runtime.kv_cache_manager_v2.config import DataRole
 from tensorrt_llm.runtime.kv_cache_manager_v2.pool import buffer_view
 
 pytest.importorskip("nixl")
@@ -29,30 +29,35 @@ DEVICES = [
 
 
 def manager(
-    device: str, tp_size: int = 1, rank: int = 0, attention_dp: bool = False, shift: int = 3
+    device: str,
+    tp_size: int = 1,
+    rank: int = 0,
+    attention_dp: bool = False,
+    shift: int = 3,
+    kv_dtype: str = "float32",
 ):
     """The bundled model's unified KV manager of one rank, with ``PROMPT``'s slots allocated
     (from a free list rotated by ``shift``: the ranks of one server allocate the same slots, the
     two servers different ones)."""
     if device == "cuda":  # rank r on cuda:r, as a server places them, when there are GPUs enough
         device = f"cuda:{rank % torch.cuda.device_count()}"
-    kv = bundled_manager(tp_size, rank, attention_dp, device)
+    kv = bundled_manager(tp_size, rank, attention_dp, device, kv_dtype)
     kv.impl._pool._free.rotate(-shift)
     kv.add_sequence(0, PROMPT)
     assert kv.resize_sequence(0, len(PROMPT))
     return kv
 
 
-def context_ranks(device: str, name: str, tp_size: int = 2):
+def context_ranks(device: str, name: str, tp_size: int = 2, kv_dtype: str = "float32"):
     """A context server's ranks: random KV in ``PROMPT``'s slots, joined, holding request 0."""
     ranks = []
     for rank in range(tp_size):
-        kv = manager(device, tp_size, rank, shift=1)
+        kv = manager(device, tp_size, rank, shift=1, kv_dtype=kv_dtype)
         for pool in kv.pools:
             generator = torch.Generator().manual_seed(10 + rank)
             pool.copy_(torch.randint(0, 256, pool.shape, dtype=torch.uint8, generator=generator))
         for buf in kv.layout.pools[0].buffers if ranks else ():  # index-K is replicated
-            if buf.role is DataRole.INDEX_KEY:
+            if replicated(buf.role):
                 first = ranks[0].manager
                 buffer_view(kv.pools[0], kv.layout.pools[0], buf).copy_(
                     buffer_view(first.pools[0], first.layout.pools[0], buf)
@@ -76,7 +81,7 @@ def heads_of(kv, buf, rank_slots):
 
 def assert_holds_its_heads(gen, gen_rank: int, gen_ranks: int, ctx) -> None:
     """Every buffer of ``gen``'s slots of request 0 holds exactly the heads of its rank, as the
-    context ranks ``ctx`` hold them (index-K: context rank 0's)."""
+    context ranks ``ctx`` hold them (index-K and its scales: context rank 0's)."""
     slots = gen.get_batch_cache_indices([0])[0]
     for buf in gen.layout.pools[0].buffers:
         got = heads_of(gen, buf, slots)
@@ -85,7 +90,7 @@ def assert_holds_its_heads(gen, gen_rank: int, gen_ranks: int, ctx) -> None:
             kv = t.manager
             cbuf = kv.layout.placement(buf.layer_id, buf.role)[1]
             parts.append(heads_of(kv, cbuf, kv.get_batch_cache_indices([0])[0]))
-        if buf.role is DataRole.INDEX_KEY:
+        if replicated(buf.role):
             expected = parts[0]
         else:
             every_head = torch.cat(parts, dim=2)
@@ -95,18 +100,20 @@ def assert_holds_its_heads(gen, gen_rank: int, gen_ranks: int, ctx) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv_dtype", ["float32", "fp8"])  # fp8: rows and their scales
 @pytest.mark.parametrize(
     ("gen_tp", "gen_rank", "attention_dp"),
     [(1, 0, False), (2, 1, True), (2, 0, False), (2, 1, False)],
     ids=["to-tp1", "to-adp2-rank1", "to-tp2-rank0", "to-tp2-rank1"],
 )
-def test_a_generation_rank_gets_exactly_its_heads_from_tp2(device, gen_tp, gen_rank, attention_dp):
-    ctx = context_ranks(device, f"ctx-{gen_tp}-{gen_rank}-{attention_dp}")
-    gen = manager(device, gen_tp, gen_rank, attention_dp)
+def test_a_generation_rank_gets_exactly_its_heads_from_tp2(
+    device, kv_dtype, gen_tp, gen_rank, attention_dp
+):
+    name = f"{kv_dtype}-{gen_tp}-{gen_rank}-{attention_dp}"
+    ctx = context_ranks(device, f"ctx-{name}", kv_dtype=kv_dtype)
+    gen = manager(device, gen_tp, gen_rank, attention_dp, kv_dtype=kv_dtype)
     parallel = f"{'adp' if attention_dp else 'tp'}{gen_tp}"
-    receiver = KvCacheTransceiver(
-        gen, f"gen-{parallel}-{gen_rank}", parallel=parallel, rank=gen_rank
-    )
+    receiver = KvCacheTransceiver(gen, f"gen-{name}", parallel=parallel, rank=gen_rank)
     handle = exported(ctx)
     whole = receiver.check_peer(handle)[1]
     assert whole == (gen_tp == 2 and not attention_dp)  # TP2 -> TP2: rank to rank, no staging

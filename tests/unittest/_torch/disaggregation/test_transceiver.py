@@ -20,6 +20,7 @@ from tensorrt_llm._torch.disaggregation.transceiver import (
 from tensorrt_llm._torch.pyexecutor._util import create_kv_cache_managers
 from tensorrt_llm._torch.pyexecutor.resource_manager import ResourceManagerType
 from tensorrt_llm._torch.speculative.interface import Eagle3SpecConfig
+from tensorrt_llm.runtime.kv_cache_manager_v2.pool import buffer_view
 
 pytest.importorskip("nixl")
 PROMPT = list(range(300))
@@ -49,9 +50,10 @@ def prefilled(manager, seed):
     return manager
 
 
-def test_unified_slots_move_whole_with_the_drafters_subpages():
-    ctx = prefilled(unified(), seed=1)
-    gen = unified()
+@pytest.mark.parametrize("kv_dtype", ["float32", "fp8"])
+def test_unified_slots_move_whole_with_the_drafters_subpages(kv_dtype):
+    ctx = prefilled(unified(kv_dtype=kv_dtype), seed=1)
+    gen = unified(kv_dtype=kv_dtype)
     gen.impl._pool._free.rotate(-3)  # different slot ids on the two sides
     gen.add_sequence(0, PROMPT)
     assert gen.resize_sequence(0, len(PROMPT))
@@ -67,11 +69,19 @@ def test_unified_slots_move_whole_with_the_drafters_subpages():
     src, dst = ctx.get_batch_cache_indices([0])[0], gen.get_batch_cache_indices([0])[0]
     assert src != dst
     assert torch.equal(gen.pools[0][dst], ctx.pools[0][src])
+    # every buffer of the layout arrived: the drafter's sub-pages, index-K and an FP8 cache's
+    # scales (whole slots, no per-buffer code); as bytes (random FP8 bytes hold NaNs)
+    (layout,) = gen.layout.pools
+    held = {(buf.layer_id, buf.role.value) for buf in layout.buffers}
     draft = ctx.local_draft_layer_ids[0]
-    assert torch.equal(
-        gen.get_buffers(draft)[dst], ctx.get_buffers(draft)[src]
-    )  # drafter KV arrived
-    assert torch.equal(gen.get_index_k_buffers(1)[dst], ctx.get_index_k_buffers(1)[src])
+    assert {(draft, "key"), (draft, "value"), (1, "index_key")} <= held
+    scales = {(1, "key_scale"), (1, "index_key_scale"), (draft, "value_scale")}
+    assert (scales <= held) == (kv_dtype == "fp8")
+    for buf in layout.buffers:
+        got = buffer_view(gen.pools[0], layout, buf)[dst].view(torch.uint8)
+        assert got.any() and torch.equal(
+            got, buffer_view(ctx.pools[0], layout, buf)[src].view(torch.uint8)
+        )
     assert pulled(sender) == [0]  # the context side learns which request to release
 
 
@@ -179,11 +189,13 @@ def test_an_incompatible_peer_is_refused_with_the_difference():
 
 
 @pytest.mark.parametrize(
-    ("ctx_dtype", "gen_dtype"), [("bfloat16", "float16"), ("float32", "bfloat16")]
+    ("ctx_dtype", "gen_dtype"),
+    [("fp8", "bfloat16"), ("bfloat16", "fp8"), ("bfloat16", "float16"), ("float32", "bfloat16")],
 )
 def test_servers_of_different_kv_dtypes_are_refused_naming_both(ctx_dtype, gen_dtype):
     # issue 58, item 4: bf16 and fp16 slots have the same bytes, so only the dtype tells them
-    # apart; the refusal names which server has which, before any slot is read
+    # apart (fp8's slots hold scale buffers too); the refusal names which server has which,
+    # before any slot is read
     ctx = prefilled(unified(kv_dtype=ctx_dtype), seed=7)
     gen = unified(kv_dtype=gen_dtype)
     gen.add_sequence(0, PROMPT)
