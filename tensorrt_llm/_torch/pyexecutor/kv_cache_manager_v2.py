@@ -34,6 +34,7 @@ from tensorrt_llm._torch.pyexecutor.config import (
     KvCacheLayer,
     KVCacheManagerV2Config,
 )
+from tensorrt_llm._torch.pyexecutor.kv_slot_views import SlotViews
 from tensorrt_llm._torch.pyexecutor.llm_request import LlmRequest
 from tensorrt_llm._torch.pyexecutor.resource_manager import BaseResourceManager
 from tensorrt_llm._torch.pyexecutor.scheduler import ScheduledRequests
@@ -41,7 +42,6 @@ from tensorrt_llm.logger import logger
 from tensorrt_llm.runtime.kv_cache_manager_v2 import (
     AllocationResult,
     AttentionLayerConfig,
-    DataRole,
     KVCache,
     KVCacheManager,
     KVCacheManagerConfig,
@@ -49,11 +49,7 @@ from tensorrt_llm.runtime.kv_cache_manager_v2 import (
     plan_storage,
 )
 from tensorrt_llm.runtime.kv_cache_manager_v2.host_block_table import HostBlockTable
-from tensorrt_llm.runtime.kv_cache_manager_v2.pool import (
-    allocate_pools,
-    buffer_view,
-    kv_view,
-)
+from tensorrt_llm.runtime.kv_cache_manager_v2.pool import allocate_pools
 
 
 def engine_layer(
@@ -107,6 +103,7 @@ class KVCacheManagerV2(BaseResourceManager):
         self.impl = KVCacheManager(dataclasses.replace(engine_config, num_slots=num_slots))
         self.layout = self.impl.layout
         self.pools: list[torch.Tensor] = allocate_pools(self.layout, num_slots, self.device)
+        self.views = SlotViews(self.layout, self.pools)
         self.host_block_table = HostBlockTable(
             len(self.pools),
             self.max_batch_size,
@@ -143,23 +140,18 @@ class KVCacheManagerV2(BaseResourceManager):
             return num
         return self.max_batch_size * self.max_blocks_per_seq
 
-    # ---- tensors --------------------------------------------------------------------------------
+    # ---- tensors (zero-copy views of the pools: ``SlotViews``) ------------------------------------
     def get_buffers(self, layer_idx: int, kv_layout: str = "NHD") -> torch.Tensor:
-        """Zero-copy ``[num_slots, 2, tokens_per_block, num_kv_heads, head_dim]`` view of a layer's K
-        and V; the slot stride is the slot size."""
+        """``[num_slots, 2, tokens_per_block, num_kv_heads, head_dim]`` view of a layer's K and V."""
         if kv_layout != "NHD":
             raise ValueError(
                 f"kv_layout={kv_layout!r}: this cache stores blocks token-major ('NHD') only"
             )
-        pool, key = self.layout.placement(layer_idx, DataRole.KEY)
-        return kv_view(self.pools[pool.pool_index], pool, key)
+        return self.views.kv(layer_idx)
 
     def get_index_k_buffers(self, layer_idx: int) -> torch.Tensor:
-        """Zero-copy ``[num_slots, tokens_per_block, index_heads, index_head_dim]`` view of index-K."""
-        if not self.layout.has(layer_idx, DataRole.INDEX_KEY):
-            raise KeyError(f"layer {layer_idx} has no index_key buffer")
-        pool, buf = self.layout.placement(layer_idx, DataRole.INDEX_KEY)
-        return buffer_view(self.pools[pool.pool_index], pool, buf)
+        """``[num_slots, tokens_per_block, index_heads, index_head_dim]`` view of index-K."""
+        return self.views.index_k(layer_idx)
 
     def get_kv_pages(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The paged-KV contract (``attention_backend/interface.py``): K and V page tensors
@@ -169,23 +161,15 @@ class KVCacheManagerV2(BaseResourceManager):
 
     def get_index_k_pages(self, layer_idx: int) -> torch.Tensor:
         """Index-K pages, addressed like K (lane 0 of the block table)."""
-        return self.get_index_k_buffers(layer_idx)
+        return self.views.index_k(layer_idx)
 
     def get_kv_scales(self, layer_idx: int) -> tuple[ScalePages, ScalePages] | None:
-        """K's and V's row scales in an FP8 cache (``[num_slots, 1, tokens_per_block, heads]``
-        each: a page is a slot), else ``None``."""
-        if not self.layout.has(layer_idx, DataRole.KEY_SCALE):
-            return None
-        pool, key_scale = self.layout.placement(layer_idx, DataRole.KEY_SCALE)
-        kv = kv_view(self.pools[pool.pool_index], pool, key_scale)[..., 0]
-        return ScalePages(kv[:, 0, None]), ScalePages(kv[:, 1, None])
+        """K's and V's row scales in an FP8 cache, else ``None``."""
+        return self.views.kv_scales(layer_idx)
 
     def get_index_k_scales(self, layer_idx: int) -> ScalePages | None:
         """Index-K's row scales in an FP8 cache, else ``None``."""
-        if not self.layout.has(layer_idx, DataRole.INDEX_KEY_SCALE):
-            return None
-        pool, buf = self.layout.placement(layer_idx, DataRole.INDEX_KEY_SCALE)
-        return ScalePages(buffer_view(self.pools[pool.pool_index], pool, buf)[:, None, ..., 0])
+        return self.views.index_k_scales(layer_idx)
 
     def layer_pool_index(self, layer_idx: int) -> int:
         return self.layout.pool_of_layer(layer_idx)
@@ -206,11 +190,7 @@ class KVCacheManagerV2(BaseResourceManager):
     @property
     def kv_cache_pool_mapping(self) -> torch.Tensor:
         """``[num_local_layers, 2]`` int32: (pool index, byte offset of the layer's K in a slot)."""
-        rows = []
-        for layer_id in self.pp_layers:
-            pool, key = self.layout.placement(layer_id, DataRole.KEY)
-            rows.append([pool.pool_index, key.offset])
-        return torch.tensor(rows, dtype=torch.int32)
+        return self.views.pool_mapping(self.pp_layers)
 
     def slot_bytes(self, pool_index: int = 0) -> int:
         return self.layout.pools[pool_index].slot_bytes

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tensorrt_llm._torch.attention_backend.interface import PagedKVCache
+from tensorrt_llm._torch.attention_backend.interface import PagedKVCache, ScalePages
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.draft_subpage_view import (
     MiniMaxM3DraftSubpageView,
 )
@@ -70,8 +70,17 @@ class PagedKV:
     v_pages: torch.Tensor  # the same shape; may be k_pages itself (one page space, as the view)
     block_table: torch.Tensor  # [num_seqs, 2, max_blocks] int32, lane 0 K, lane 1 V
     addressing: PageAddressing
+    # FP8 pages: K's and V's row scales (one stride set: ``scale_strides``); None otherwise
+    k_scales: ScalePages | None = None
+    v_scales: ScalePages | None = None
 
     def __post_init__(self) -> None:
+        if (self.k_scales is None) != (self.v_scales is None):
+            raise ValueError("k_scales and v_scales must be given together")
+        if self.k_scales is not None:
+            k, v = self.k_scales, self.v_scales
+            if k.tensor.stride()[:3] != v.tensor.stride()[:3] or k.page_units != v.page_units:
+                raise ValueError("K's and V's scale pages must share strides and page units")
         if self.k_pages.dim() != 4 or self.k_pages.shape != self.v_pages.shape:
             raise ValueError(
                 f"k_pages {tuple(self.k_pages.shape)} and v_pages {tuple(self.v_pages.shape)} must "
@@ -98,6 +107,25 @@ class PagedKV:
         return self.k_pages.shape[2]
 
     @property
+    def scaled(self) -> bool:
+        return self.k_scales is not None
+
+    def scale_args(self) -> tuple:
+        """What a kernel takes for the scales: K's and V's tensors, ``page_units``, and the slot,
+        page and row strides (dummies, never read, for unscaled pages)."""
+        if self.k_scales is None:
+            return (self.k_pages, self.v_pages, 1, 0, 0, 0)
+        stride_slot, stride_page, stride_row = self.k_scales.tensor.stride()[:3]
+        return (
+            self.k_scales.tensor,
+            self.v_scales.tensor,
+            self.k_scales.page_units,
+            stride_slot,
+            stride_page,
+            stride_row,
+        )
+
+    @property
     def head_dim(self) -> int:
         return self.k_pages.shape[3]
 
@@ -107,7 +135,8 @@ def plain_paged_kv(manager: PagedKVCache, layer_idx: int, block_offsets: torch.T
     ``[num_pools, num_seqs, 2, max_blocks]`` (the metadata's ``kv_cache_block_offsets``)."""
     k_pages, v_pages = manager.get_kv_pages(layer_idx)
     table = block_offsets[manager.layer_pool_index(layer_idx)]
-    return PagedKV(k_pages, v_pages, table, PageAddressing.plain(manager.tokens_per_block))
+    scales = manager.get_kv_scales(layer_idx) or (None, None)
+    return PagedKV(k_pages, v_pages, table, PageAddressing.plain(manager.tokens_per_block), *scales)
 
 
 def draft_subpage_kv(
@@ -132,4 +161,5 @@ def draft_subpage_kv(
             f"{slot_offsets.shape[-1]} blocks per row) does not own the slots of this draft view "
             f"({block_tokens}-token slots, {view.max_blocks_per_seq} sub-pages per row)"
         )
-    return PagedKV(pages, pages, slot_offsets[0], PageAddressing.draft_subpages(view))
+    scales = view.get_kv_scales(layer_idx) or (None, None)
+    return PagedKV(pages, pages, slot_offsets[0], PageAddressing.draft_subpages(view), *scales)

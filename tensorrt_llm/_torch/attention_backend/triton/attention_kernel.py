@@ -13,6 +13,9 @@ head fills one 16-row tile::
 Scores are kept in log2 units (``scale_log2 = scale * log2(e)``) with an online softmax in fp32.
 Without splits a program writes the normalised output in q's dtype; with splits it writes its
 partial output (fp32) and its log2-sum-exp, and ``split_reduce_kernel`` combines them.
+
+FP8 pages (``SCALED``): each K and V row is multiplied by its scale in registers as it is loaded
+(``fp8.py``), then goes to the MMA in q's dtype: the values are exact in bfloat16.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tensorrt_llm._torch.attention_backend.triton.fp8 import scale_offsets
 from tensorrt_llm._torch.attention_backend.triton.kv_write_kernel import page_row
 
 
@@ -64,10 +68,12 @@ def _attend(
     k_pages_ptr, stride_kp, stride_kr, stride_kh, stride_kd,  # [num_pages, page_tokens, Hkv, D]
     v_pages_ptr, stride_vp, stride_vr, stride_vh, stride_vd,  # [num_pages, page_tokens, Hkv, D]
     table_ptr, stride_ts, stride_tl, stride_tb,  # [num_seqs, 2, max_blocks]
+    ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,  # SCALED: K's, V's ScalePages
     page_units, v_page_offset, scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr, PAGE_TOKENS: tl.constexpr,
     DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, ONE_ENTRY: tl.constexpr,
+    SCALED: tl.constexpr,
 ):  # fmt: skip
     """Online softmax of the tile's rows over keys [lo, hi): (acc [BLOCK_M, BLOCK_D], m, l)."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, log2 units
@@ -85,6 +91,9 @@ def _attend(
         k_ptrs = k_pages_ptr + page[None, :] * stride_kp + row[None, :] * stride_kr
         k_ptrs += kv_head * stride_kh + dim[:, None] * stride_kd
         k_t = tl.load(k_ptrs, mask=dim_mask[:, None] & key_mask[None, :], other=0.0)  # [D, N]
+        if SCALED:
+            offsets = scale_offsets(page, row, kv_head, units, stride_ss, stride_sp, stride_sr)
+            k_t = k_t.to(tl.float32) * tl.load(ks_ptr + offsets, mask=key_mask, other=0.0)[None, :]
         scores = _mma(q, k_t.to(q.dtype), DOT_UPCAST, PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
         visible = (pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
         scores = tl.where(visible, scores, float("-inf"))
@@ -100,6 +109,9 @@ def _attend(
         v_ptrs = v_pages_ptr + page[:, None] * stride_vp + row[:, None] * stride_vr
         v_ptrs += kv_head * stride_vh + dim[None, :] * stride_vd
         v = tl.load(v_ptrs, mask=key_mask[:, None] & dim_mask[None, :], other=0.0)  # [N, D]
+        if SCALED:
+            offsets = scale_offsets(page, row, kv_head, units, stride_ss, stride_sp, stride_sr)
+            v = v.to(tl.float32) * tl.load(vs_ptr + offsets, mask=key_mask, other=0.0)[:, None]
         acc = acc * alpha[:, None] + _mma(p.to(q.dtype), v.to(q.dtype), DOT_UPCAST, PRECISION)
         m_i = m_new
     return acc, m_i, l_i
@@ -114,13 +126,14 @@ def paged_attention_kernel(
     k_pages_ptr, stride_kp, stride_kr, stride_kh, stride_kd,
     v_pages_ptr, stride_vp, stride_vr, stride_vh, stride_vd,
     table_ptr, stride_ts, stride_tl, stride_tb,
+    ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,
     cu_q_ptr, kv_lens_ptr, cached_ptr,  # [num_seqs + 1], [num_seqs], [num_seqs] int32
     page_units, v_page_offset, scale_log2, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr, PAGE_TOKENS: tl.constexpr,
     SPLIT: tl.constexpr, DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_ENTRY: tl.constexpr,
+    ONE_ENTRY: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(num_seqs, query tiles, num_kv_heads * num_splits)``; see the module docstring."""
     seq = tl.program_id(0)
@@ -150,9 +163,10 @@ def paged_attention_kernel(
             k_pages_ptr, stride_kp, stride_kr, stride_kh, stride_kd,
             v_pages_ptr, stride_vp, stride_vr, stride_vh, stride_vd,
             table_ptr, stride_ts, stride_tl, stride_tb,
+            ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,
             page_units, v_page_offset, scale_log2,
             HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_TOKENS, PAGE_TOKENS, DOT_UPCAST, PRECISION,
-            ONE_ENTRY,
+            ONE_ENTRY, SCALED,
         )  # fmt: skip
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # an empty split: output 0, weight 0
         out_ptrs = (

@@ -14,7 +14,10 @@ from tensorrt_llm._torch.attention_backend.triton.attention_kernel import (
     paged_attention_kernel,
     split_reduce_kernel,
 )
-from tensorrt_llm._torch.attention_backend.triton.kv_write_kernel import kv_write_kernel
+from tensorrt_llm._torch.attention_backend.triton.kv_write_kernel import (
+    kv_write_fp8_kernel,
+    kv_write_kernel,
+)
 from tensorrt_llm._torch.attention_backend.triton.step import StepBatch
 
 NUM_WARPS = 4
@@ -36,6 +39,9 @@ def launch_kv_write(
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
+    if kv.scaled:
+        launch_kv_write_fp8(k, v, kv, position_ids, token_seq_idx)
+        return
     num_hd = num_kv_heads * head_dim
     block_hd = triton.next_power_of_2(num_hd)
     block_t = max(1, min(64, 4096 // block_hd))
@@ -49,6 +55,30 @@ def launch_kv_write(
         *kv.v_pages.stride(),  # [num_pages, page_tokens, num_kv_heads, head_dim]
         *kv.block_table.stride(),  # [num_seqs, 2, max_blocks]
         HEAD_DIM=head_dim, NUM_HD=num_hd, BLOCK_T=block_t, BLOCK_HD=block_hd,
+        BLOCK_TOKENS=a.block_tokens, PAGE_TOKENS=a.page_tokens, num_warps=NUM_WARPS,
+    )  # fmt: skip
+
+
+def launch_kv_write_fp8(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv: PagedKV,
+    position_ids: torch.Tensor,
+    token_seq_idx: torch.Tensor,
+) -> None:
+    """FP8 pages: ``BLOCK_T`` tokens of one KV head per program, rows quantized with their scales."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    block_d = triton.next_power_of_2(head_dim)
+    block_t = max(1, min(64, 4096 // block_d))
+    a = kv.addressing
+    kv_write_fp8_kernel[(triton.cdiv(num_tokens, block_t), num_kv_heads)](
+        k, *k.stride(), v, *v.stride(),  # [num_tokens, num_kv_heads, head_dim]
+        kv.k_pages, *kv.k_pages.stride(),  # [num_pages, page_tokens, num_kv_heads, head_dim]
+        kv.v_pages, *kv.v_pages.stride(),
+        *kv.scale_args(),
+        kv.block_table, *kv.block_table.stride(),  # [num_seqs, 2, max_blocks]
+        position_ids, token_seq_idx, num_tokens, a.page_units, a.v_page_offset,
+        HEAD_DIM=head_dim, BLOCK_T=block_t, BLOCK_D=block_d,
         BLOCK_TOKENS=a.block_tokens, PAGE_TOKENS=a.page_tokens, num_warps=NUM_WARPS,
     )  # fmt: skip
 
@@ -116,6 +146,7 @@ def launch_paged_attention(
         kv.k_pages, *kv.k_pages.stride(),  # [num_pages, page_tokens, num_kv_heads, head_dim]
         kv.v_pages, *kv.v_pages.stride(),  # [num_pages, page_tokens, num_kv_heads, head_dim]
         kv.block_table, *kv.block_table.stride(),  # [num_seqs, 2, max_blocks]
+        *kv.scale_args(),
         batch.cu_seqlens_q, batch.kv_lens, batch.num_cached_tokens,
         a.page_units, a.v_page_offset, scale * math.log2(math.e), num_splits,
         GROUP=num_heads // kv.num_kv_heads, HEAD_DIM=head_dim,
@@ -123,7 +154,7 @@ def launch_paged_attention(
         BLOCK_TOKENS=a.block_tokens, PAGE_TOKENS=a.page_tokens, SPLIT=split,
         DOT_UPCAST=is_interpreted() and q.dtype == torch.bfloat16,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        ONE_ENTRY=a.block_tokens % tiles.block_n == 0,
+        ONE_ENTRY=a.block_tokens % tiles.block_n == 0, SCALED=kv.scaled,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if split:

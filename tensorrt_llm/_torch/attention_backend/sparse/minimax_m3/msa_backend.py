@@ -63,7 +63,7 @@ class TritonMsaBackend(MsaBackend):
     layers), index-K by the torch reference, then ``triton_msa_attend``."""
 
     def attend(self, layer_idx, q, k, v, msa, metadata, cfg, scale):
-        from tensorrt_llm._torch.attention_backend.reference import write_paged
+        from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import write_index_k
         from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.triton_msa import (
             triton_msa_attend,
         )
@@ -71,11 +71,9 @@ class TritonMsaBackend(MsaBackend):
 
         backend = self.attn_backend
         metadata = backend.paged_metadata(metadata)
-        manager = metadata.kv_cache_manager
         kv = backend.paged_kv(metadata, layer_idx)
         write_kv_pages(k, v, kv, metadata.position_ids, metadata.token_seq_idx)
-        pool = manager.layer_pool_index(layer_idx)
-        write_paged(manager.get_index_k_pages(layer_idx), metadata, pool, 0, msa.index_k)
+        write_index_k(layer_idx, msa.index_k, metadata)
         return triton_msa_attend(layer_idx, q, msa, metadata, cfg, scale)
 
 

@@ -6,7 +6,8 @@ and index-K first), with no host sync and no loop over the batch. The indexer se
 whose query heads ``g * GROUP .. g * GROUP + GROUP - 1`` attend group ``g``'s blocks). Its steps,
 each a launcher usable (and tested) on its own::
 
-    write K, V, index-K      torch index_put through the block table (``reference.write_paged``)
+    write K, V, index-K      K and V by the dense write kernel, index-K by the torch reference
+                             (``msa.write_index_k``; FP8 rows and scales in an FP8 cache)
     msa_block_scores         [num_tokens, G, num_key_blocks] fp32: raw index dot products, max
                              per key block (``index_block_scores``)
     msa_select_blocks        MsaSelection: [num_tokens, G, num_key_blocks] bool
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata
+from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata, ScalePages
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import (
     MsaConfig,
     MsaInputs,
@@ -93,6 +94,16 @@ class PagedBatch:
         return self.cu_seqlens_q.shape[0] - 1
 
 
+def _scale_args(*scales: ScalePages | None, pages: torch.Tensor) -> tuple:
+    """The scale arguments of a kernel: each tensor, ``page_units``, the slot, page and row
+    strides; for unscaled pages, ``pages`` as never-read dummies."""
+    if scales[0] is None:
+        return (*[pages] * len(scales), 1, 0, 0, 0)
+    if len({(s.tensor.stride()[:3], s.page_units) for s in scales}) != 1:
+        raise ValueError("the scale pages of one kernel must share strides and page units")
+    return (*(s.tensor for s in scales), scales[0].page_units, *scales[0].tensor.stride()[:3])
+
+
 def _check_pages(name: str, pages: torch.Tensor, batch: PagedBatch, heads: int, dim: int) -> None:
     want = (batch.tokens_per_page, heads, dim)
     if pages.dim() != 4 or tuple(pages.shape[1:]) != want:
@@ -114,14 +125,15 @@ def msa_block_scores(
     index_k_pages: torch.Tensor,
     batch: PagedBatch,
     block_size: int,
+    index_k_scales: ScalePages | None = None,
 ) -> torch.Tensor:
     """Indexer scores of every step token and KV group against every cached key of its sequence
     at a position ``<=`` its own (the raw fp32 dot product ``index_q[t, g] . index_k[j]``),
     max-pooled per key block of ``block_size``.
 
     index_q ``[num_tokens, G, Di]`` (one index head per KV group), index-K pages ``[num_pages,
-    tokens_per_block, 1, Di]`` -> fp32 ``[num_tokens, G, cdiv(max_kv_len, block_size)]``; -inf
-    for a block with no visible key.
+    tokens_per_block, 1, Di]`` (FP8 with ``index_k_scales``) -> fp32 ``[num_tokens, G,
+    cdiv(max_kv_len, block_size)]``; -inf for a block with no visible key.
     """
     num_tokens, num_groups, index_dim = index_q.shape
     _check_pages("index-K", index_k_pages, batch, 1, index_dim)
@@ -143,6 +155,7 @@ def msa_block_scores(
     _msa_block_scores_kernel[grid](
         index_q, *index_q.stride(),  # [num_tokens, G, Di]
         ik, *ik.stride(),  # [num_pages, tokens_per_block, Di]
+        *_scale_args(index_k_scales, pages=ik),
         batch.table_k, *batch.table_k.stride(),  # [num_seqs, max_pages]
         batch.cu_seqlens_q, batch.position_ids,
         out, *out.stride(),  # [num_tokens, G, num_key_blocks]
@@ -150,7 +163,8 @@ def msa_block_scores(
         INDEX_DIM=index_dim, INDEX_DIM_PAD=_pad(index_dim),
         BLOCK_SIZE=block_size, TOKENS_PER_PAGE=batch.tokens_per_page, TILE_TOKENS=tile_tokens,
         ROWS=max(16, tile_tokens * groups_pad), BLOCK_N=min(128, _pad(block_size)),
-        **_dot_options(index_q, ik),
+        **_dot_options(index_q, index_q if index_k_scales else ik),
+        SCALED=index_k_scales is not None,
     )  # fmt: skip
     return out
 
@@ -221,6 +235,7 @@ def msa_sparse_attention(
     block_size: int,
     scale: float,
     num_splits: int = 1,
+    kv_scales: tuple[ScalePages, ScalePages] | None = None,
 ) -> torch.Tensor:
     """Attention of each token's query heads over only the keys (positions ``<=`` its own) of the
     key blocks the token selected for their KV group, read through the block table (GQA: heads
@@ -229,7 +244,8 @@ def msa_sparse_attention(
     combines their partial outputs (flash decoding: a small decode batch then fills the GPU).
 
     q ``[num_tokens, H, D]``, K / V pages ``[num_pages, tokens_per_block, Hkv, D]``, a selection
-    of ``Hkv`` groups (``msa_select_blocks``) -> ``[num_tokens, H, D]`` in ``q``'s dtype.
+    of ``Hkv`` groups (``msa_select_blocks``) -> ``[num_tokens, H, D]`` in ``q``'s dtype. FP8
+    pages come with ``kv_scales`` (K's and V's).
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_pages.shape[2]
@@ -262,6 +278,7 @@ def msa_sparse_attention(
         out, *out.stride(),  # [num_tokens, H, D]
         k_pages, v_pages, *k_pages.stride(),  # [num_pages, tokens_per_block, Hkv, D]
         batch.table_k, batch.table_v, *batch.table_k.stride(),  # [num_seqs, max_pages]
+        *_scale_args(*(kv_scales or (None, None)), pages=k_pages),
         sel.mask.view(torch.int8), *sel.mask.stride(),  # [num_tokens, Hkv, num_key_blocks]
         sel.tile_blocks, *sel.tile_blocks.stride(),  # [num_tile_ids, Hkv, num_key_blocks]
         sel.tile_counts, *sel.tile_counts.stride(),  # [num_tile_ids, Hkv]
@@ -272,7 +289,7 @@ def msa_sparse_attention(
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, HEAD_DIM_PAD=_pad(head_dim),
         BLOCK_SIZE=block_size, TOKENS_PER_PAGE=batch.tokens_per_page, TILE_TOKENS=tile,
         ROWS=max(16, tile * group_pad), BLOCK_N=min(64, _pad(block_size)),
-        **_dot_options(q, k_pages), SPLIT=split,
+        **_dot_options(q, q if kv_scales else k_pages), SPLIT=split, SCALED=kv_scales is not None,
     )  # fmt: skip
     if split:
         launch_split_reduce(partial, lse, out)
@@ -318,7 +335,11 @@ def triton_msa_attend(
     _check_index_heads(msa.index_q, k_pages.shape[2])
     batch = PagedBatch.from_metadata(metadata, pool)
     block_scores = msa_block_scores(
-        msa.index_q, manager.get_index_k_pages(layer_idx), batch, cfg.block_size
+        msa.index_q,
+        manager.get_index_k_pages(layer_idx),
+        batch,
+        cfg.block_size,
+        manager.get_index_k_scales(layer_idx),
     )  # [num_tokens, Hkv, num_key_blocks]
     tile_tokens = attention_tile_tokens(batch.max_q_len, group)
     selection = msa_select_blocks(block_scores, batch, cfg, tile_tokens)
@@ -326,6 +347,7 @@ def triton_msa_attend(
     visited = cfg.topk_blocks * cfg.block_size
     num_programs = batch.num_seqs * triton.cdiv(batch.max_q_len, tile_tokens) * k_pages.shape[2]
     num_splits = choose_num_splits(num_programs, min(batch.max_kv_len, visited), num_sms(q.device))
+    kv_scales = manager.get_kv_scales(layer_idx)
     return msa_sparse_attention(
-        q, k_pages, v_pages, selection, batch, cfg.block_size, scale, num_splits
+        q, k_pages, v_pages, selection, batch, cfg.block_size, scale, num_splits, kv_scales
     )

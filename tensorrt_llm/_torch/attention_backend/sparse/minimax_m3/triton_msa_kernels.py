@@ -19,6 +19,9 @@ A **query tile** is ``TILE_TOKENS`` consecutive step tokens of one sequence; til
 sequence ``seq`` has the batch-wide id ``seq + cu_seqlens_q[seq] // TILE_TOKENS + tile`` (distinct
 for distinct tiles, and below ``num_seqs + num_tokens // TILE_TOKENS + 1``).
 
+In an FP8 cache (``SCALED``) every K, V and index-K row read is multiplied by its float32 scale as
+it is loaded (``attention_backend/triton/fp8.py``; exact, and exact again in q's 16-bit dtype).
+
 ``tl.dot`` needs every dimension >= 16: tiles are padded to powers of two >= 16 and masked. fp32
 operands are multiplied with ``DOT_PRECISION="ieee"`` (no TF32); accumulation is fp32 throughout.
 Address arithmetic is written out in each kernel rather than in nested ``@triton.jit`` helpers:
@@ -29,11 +32,14 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+from tensorrt_llm._torch.attention_backend.triton.fp8 import scale_offsets
+
 
 @triton.jit
 def _msa_block_scores_kernel(
     iq_ptr, stride_iqt, stride_iqg, stride_iqd,  # index_q [num_tokens, NUM_GROUPS, INDEX_DIM]
     ik_ptr, stride_ikp, stride_ikt, stride_ikd,  # index-K [num_pages, TOKENS_PER_PAGE, INDEX_DIM]
+    iks_ptr, units, stride_ss, stride_sp, stride_sr,  # SCALED: index-K's ScalePages
     table_ptr, stride_table_seq, stride_table_page,  # lane-0 block table [num_seqs, max_pages]
     cu_seqlens_q_ptr, pos_ptr,  # [num_seqs + 1], [num_tokens]
     out_ptr, stride_ot, stride_og, stride_ob,  # [num_tokens, NUM_GROUPS, num_key_blocks] fp32
@@ -41,7 +47,7 @@ def _msa_block_scores_kernel(
     INDEX_DIM: tl.constexpr, INDEX_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TOKENS_PER_PAGE: tl.constexpr, TILE_TOKENS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(num_seqs, cdiv(max_q_len, TILE_TOKENS), num_key_blocks)``: rows ``r = m *
     GROUPS_PAD + g`` are index head ``g`` of the tile's token ``t = m``; each gets the max over
@@ -92,6 +98,12 @@ def _msa_block_scores_kernel(
                 mask=d_ok[:, None] & key_ok[None, :],
                 other=0.0,
             )  # [INDEX_DIM_PAD, BLOCK_N]
+            if SCALED:
+                rows = scale_offsets(
+                    page, keys % TOKENS_PER_PAGE, 0, units, stride_ss, stride_sp, stride_sr
+                )
+                ik = ik.to(tl.float32) * tl.load(iks_ptr + rows, mask=key_ok, other=0.0)[None, :]
+                ik = ik.to(iq.dtype)
             if DOT_FP32:
                 ik = ik.to(tl.float32)
             score = tl.dot(iq, ik, input_precision=DOT_PRECISION)  # [ROWS, BLOCK_N]
@@ -174,6 +186,9 @@ def _online_softmax_step(
         q = q.to(tl.float32)
         k = k.to(tl.float32)
         v = v.to(tl.float32)
+    else:  # dequantized FP8 rows are fp32 here, and exact in q's dtype
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [ROWS, BLOCK_N]
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -189,10 +204,11 @@ def _online_softmax_step(
 def _load_kv(
     k_ptr, v_ptr, stride_kvp, stride_kvt, stride_kvh, stride_kvd,
     table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,
-    seq, kv_head, keys, key_ok, offs_d, d_ok, TOKENS_PER_PAGE: tl.constexpr,
+    ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,
+    seq, kv_head, keys, key_ok, offs_d, d_ok, TOKENS_PER_PAGE: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """K ``[HEAD_DIM_PAD, BLOCK_N]`` and V ``[BLOCK_N, HEAD_DIM_PAD]`` of key positions ``keys``
-    through the block table (0 where masked)."""
+    through the block table (0 where masked); ``SCALED``: dequantized, in fp32."""
     page_idx = seq * stride_table_seq + (keys // TOKENS_PER_PAGE) * stride_table_page
     in_page = (keys % TOKENS_PER_PAGE) * stride_kvt + kv_head * stride_kvh
     k_page = tl.load(table_k_ptr + page_idx, mask=key_ok, other=0).to(tl.int64)
@@ -201,6 +217,12 @@ def _load_kv(
     v_page = tl.load(table_v_ptr + page_idx, mask=key_ok, other=0).to(tl.int64)
     v_off = (v_page * stride_kvp + in_page)[:, None] + offs_d[None, :] * stride_kvd
     v = tl.load(v_ptr + v_off, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+    if SCALED:
+        row = keys % TOKENS_PER_PAGE
+        k_rows = scale_offsets(k_page, row, kv_head, units, stride_ss, stride_sp, stride_sr)
+        k = k.to(tl.float32) * tl.load(ks_ptr + k_rows, mask=key_ok, other=0.0)[None, :]
+        v_rows = scale_offsets(v_page, row, kv_head, units, stride_ss, stride_sp, stride_sr)
+        v = v.to(tl.float32) * tl.load(vs_ptr + v_rows, mask=key_ok, other=0.0)[:, None]
     return k, v
 
 
@@ -220,11 +242,22 @@ def _store_split(
 
 
 @triton.jit
+def _store_out(out_rows, stride_od, offs_d, qo_mask, acc, l_i):
+    """The normalised output rows at ``out_rows`` (a row pointer each), in their dtype (0 for a
+    row that saw no key)."""
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(
+        out_rows + offs_d[None, :] * stride_od, out.to(out_rows.dtype.element_ty), mask=qo_mask
+    )
+
+
+@triton.jit
 def _msa_sparse_attention_kernel(
     q_ptr, stride_qt, stride_qh, stride_qd,  # [num_tokens, num_heads, HEAD_DIM]
     out_ptr, stride_ot, stride_oh, stride_od,  # [num_tokens, num_heads, HEAD_DIM]
     k_ptr, v_ptr, stride_kvp, stride_kvt, stride_kvh, stride_kvd,  # K, V pages, one layout
     table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,  # lanes 0 and 1 of the table
+    ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,  # SCALED: K's and V's ScalePages
     sel_ptr, stride_selt, stride_selg, stride_selb,  # [num_tokens, Hkv, num_key_blocks] int8 0/1
     # the tiles' blocks per group [num_tile_ids, Hkv, num_key_blocks], counts [num_tile_ids, Hkv]
     union_ptr, stride_ut, stride_ug, stride_ub, count_ptr, stride_ct, stride_cg,
@@ -238,7 +271,7 @@ def _msa_sparse_attention_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TOKENS_PER_PAGE: tl.constexpr, TILE_TOKENS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(num_seqs, cdiv(max_q_len, TILE_TOKENS), num_kv_heads * num_splits)``: rows ``r = m *
     GROUP_PAD + g`` are query head ``kv_head * GROUP + g`` of the tile's token ``m``. The tile
@@ -282,7 +315,8 @@ def _msa_sparse_attention_kernel(
                 k, v = _load_kv(
                     k_ptr, v_ptr, stride_kvp, stride_kvt, stride_kvh, stride_kvd,
                     table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,
-                    seq, kv_head, keys, key_ok, offs_d, d_ok, TOKENS_PER_PAGE,
+                    ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,
+                    seq, kv_head, keys, key_ok, offs_d, d_ok, TOKENS_PER_PAGE, SCALED,
                 )  # fmt: skip
                 # keys of the blocks the row's token selected for the group, at positions <= its
                 visible = (sel != 0)[:, None] & key_ok[None, :] & (keys[None, :] <= pos[:, None])
@@ -296,10 +330,8 @@ def _msa_sparse_attention_kernel(
                 split, toks, heads, offs_d, row_ok, qo_mask, acc, m_i, l_i,
             )  # fmt: skip
         else:
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
             o_off = toks[:, None] * stride_ot + heads[:, None] * stride_oh
-            o_off += offs_d[None, :] * stride_od
-            tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=qo_mask)
+            _store_out(out_ptr + o_off, stride_od, offs_d, qo_mask, acc, l_i)
 
 
 # Under TRITON_INTERPRET=1 the kernels are not JITFunctions. Triton's interpreter gets tl.dot of

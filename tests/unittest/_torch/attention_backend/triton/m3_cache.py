@@ -41,6 +41,23 @@ def m3_manager(
     return MiniMaxM3KVCacheManagerV2(config)
 
 
+def fill_random(manager, generator: torch.Generator) -> None:
+    """Random rows in every buffer; in an FP8 cache, random FP8 rows with power-of-two scales."""
+    if manager.dtype != "fp8":
+        pool = manager.pools[0].view(torch_dtype(manager.dtype))
+        pool.copy_(torch.randn(pool.shape, generator=generator, device=DEVICE))
+        return
+    pool = manager.pools[0].view(torch.float8_e4m3fn)
+    pool.copy_(torch.randn(pool.shape, generator=generator, device=DEVICE).to(pool.dtype))
+    for layer in manager.pp_layers:
+        scales = list(manager.get_kv_scales(layer))
+        if layer in manager.sparse_layer_ids:
+            scales.append(manager.get_index_k_scales(layer))
+        for s in scales:
+            exponents = torch.randint(-3, 3, s.tensor.shape, generator=generator, device=DEVICE)
+            s.tensor.copy_(2.0**exponents)
+
+
 def step_on(
     manager, steps: list[tuple[int, int]], num_contexts: int, seed: int = 0
 ) -> AttentionMetadata:
@@ -53,9 +70,7 @@ def step_on(
         manager.add_sequence(rid, [rid] * (cached + new))
         assert manager.resize_sequence(rid, cached + new)
     manager.free_sequence(99)
-    generator = torch.Generator(device=DEVICE).manual_seed(seed)
-    pool = manager.pools[0].view(torch_dtype(manager.dtype))
-    pool.copy_(torch.randn(pool.shape, generator=generator, device=DEVICE))
+    fill_random(manager, torch.Generator(device=DEVICE).manual_seed(seed))
     return AttentionMetadata(
         manager,
         list(range(len(steps))),

@@ -100,12 +100,21 @@ def inputs(num_tokens, dtype, seed):
 
 @pytest.mark.parametrize(
     "layer, tokens_per_block, dtype",
-    [(0, 32, "float32"), (0, 64, "bfloat16"), (1, 16, "float32"), (1, 128, "bfloat16")],
+    [
+        (0, 32, "float32"),
+        (0, 64, "bfloat16"),
+        (1, 16, "float32"),
+        (1, 128, "bfloat16"),
+        (0, 32, "fp8"),
+        (1, 16, "fp8"),
+    ],
 )
 def test_two_steps_equal_vanilla(layer, tokens_per_block, dtype):
     """Layer 0 is dense, layer 1 MSA through ``msa_backend_for(backend)`` (16-token key blocks,
-    top-2 per KV group: a real selection past 32 tokens, so MSA is not dense attention)."""
+    top-2 per KV group: a real selection past 32 tokens, so MSA is not dense attention). FP8: a
+    bf16 model over an FP8 cache, whose rows and scales both backends write bit for bit alike."""
     tol = 2e-5 if dtype == "float32" else 2e-2
+    model_dtype = torch.bfloat16 if dtype == "fp8" else getattr(torch, dtype)
     managers = [m3_manager(tokens_per_block, dtype) for _ in range(2)]
     for seed, (steps, num_contexts) in enumerate(zip((STEP_1, STEP_2), NUM_CONTEXTS)):
         outs = []
@@ -113,7 +122,7 @@ def test_two_steps_equal_vanilla(layer, tokens_per_block, dtype):
             managers, (VanillaAttentionBackend(), TritonAttentionBackend())
         ):
             md = step(manager, steps, num_contexts)
-            q, k, v, iq, ik = inputs(md.num_tokens, getattr(torch, dtype), seed)
+            q, k, v, iq, ik = inputs(md.num_tokens, model_dtype, seed)
             if layer == 0:
                 outs.append(backend.attention(layer, q, k, v, md, SCALE))
             else:

@@ -50,10 +50,15 @@ def run(manager, md, backend, attach):
     return out, after
 
 
-@pytest.mark.parametrize("subpage_tokens", [32, 64, 128])
-def test_in_kernel_and_expanded_table_addressing_equal_the_reference(monkeypatch, subpage_tokens):
+@pytest.mark.parametrize(
+    "subpage_tokens, dtype", [(32, "float16"), (64, "float16"), (128, "float16"), (32, "fp8")]
+)
+def test_in_kernel_and_expanded_table_addressing_equal_the_reference(
+    monkeypatch, subpage_tokens, dtype
+):
+    """FP8: the rows and their scales written bit for bit as the reference writes them."""
     monkeypatch.setenv("TRTLLM_M3_DRAFT_KV_TOKENS_PER_BLOCK", str(subpage_tokens))
-    manager = m3_manager()
+    manager = m3_manager(dtype=dtype)
     view = manager.draft_subpage_view
     assert view.tokens_per_block == subpage_tokens and view.subdiv == 128 // subpage_tokens
     md = step_on(manager, STEPS, num_contexts=2)

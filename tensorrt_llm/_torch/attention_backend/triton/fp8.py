@@ -1,0 +1,62 @@
+"""FP8 KV rows in Triton: the quantization of ``kv_quant.py``, bit for bit, and the scale address.
+
+A row's scale is a power of two built from amax's exponent bits (never a logarithm); its rows are
+multiplied by the scale's inverse (exact), rounded to the e4m3 grid to nearest even *in fp32* and
+only then converted, so the conversion itself never rounds (the interpreter's fp32 -> e4m3
+conversion drops the carry when rounding crosses a power of two: 127.1 became 64). Reading a row
+back is ``fp8 -> fp32`` times its scale: exact, and exact again in bfloat16.
+
+A page's scales sit at ``scale_ptr + (page // units) * stride_slot + (page % units) * stride_page
++ row * stride_row + head`` (``ScalePages`` in ``interface.py``): ``units`` is 1 when a page is a
+slot, ``slot_units`` for the draft sub-page view.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _pow2(exponent):
+    """``2^exponent`` in fp32 from its bits (``exponent`` int32 in [-126, 127])."""
+    return ((exponent + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def row_scale_exponent(amax):
+    """The exponent of a row's power-of-two scale from its largest magnitude (``kv_quant.py``)."""
+    bits = amax.to(tl.int32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    return tl.minimum(tl.maximum(exponent, -126), 126)
+
+
+@triton.jit
+def round_to_e4m3(x):
+    """``x`` (fp32, ``|x| <= 448``) rounded to the nearest e4m3 value, ties to even, still fp32."""
+    bits = x.to(tl.int32, bitcast=True)
+    # the grid's spacing: 2^(e - 3) for normal e4m3 (e >= -6), 2^-9 below
+    exponent = tl.maximum(((bits >> 23) & 0xFF) - 127, -6) - 3
+    y = tl.abs(x) * _pow2(-exponent)  # exact: y < 16
+    low = tl.floor(y)
+    frac = y - low
+    odd = (low - 2.0 * tl.floor(low * 0.5)) != 0.0
+    up = (frac > 0.5) | ((frac == 0.5) & odd)
+    magnitude = (low + up.to(tl.float32)) * _pow2(exponent)
+    return tl.where(bits < 0, -magnitude, magnitude)  # the sign bit kept, -0.0 included
+
+
+@triton.jit
+def quantize_rows(x, AXIS: tl.constexpr):
+    """Rows of ``x`` along ``AXIS`` -> (values on the e4m3 grid in fp32, their fp32 scales with
+    ``AXIS`` reduced). Store the values with ``.to(<fp8 pointer>.dtype.element_ty)``."""
+    x = x.to(tl.float32)
+    exponent = row_scale_exponent(tl.max(tl.abs(x), AXIS))
+    rows = round_to_e4m3(x * tl.expand_dims(_pow2(-exponent), AXIS))
+    return rows, _pow2(exponent)
+
+
+@triton.jit
+def scale_offsets(page, row, head, units, stride_slot, stride_page, stride_row):
+    """Element offsets of the scales of rows ``row`` of pages ``page`` for KV head ``head``."""
+    return (page // units) * stride_slot + (page % units) * stride_page + row * stride_row + head
