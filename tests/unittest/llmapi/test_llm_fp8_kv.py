@@ -1,0 +1,108 @@
+"""The bundled model with an FP8 KV cache (``KvCacheConfig(dtype="fp8")``), on the CPU: every row of
+every slot (the target's K, V and index keys, the Eagle3 drafter's sub-pages, the MTP module's
+layer) in float8_e4m3fn with its scales; Eagle3 and MTP lossless against target only at the same KV
+dtype and still accepting; a reused prefix giving the cold reply, the drafter's FP8 rows and scales
+in the reused blocks byte for byte what a cold prefill writes."""
+
+import pytest
+import torch
+
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
+from tensorrt_llm.evaluate.tasks import evaluation_problems
+from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig, MTPDecodingConfig
+from tensorrt_llm.runtime.kv_cache_manager_v2 import DataRole
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
+SPECS = {
+    "eagle3": Eagle3DecodingConfig(
+        max_draft_len=3, speculative_model=str(BUNDLED_DRAFT), draft_kv_cache="unified"
+    ),
+    "mtp": MTPDecodingConfig(max_draft_len=3),
+}
+
+
+def make(spec=None, dtype="fp8") -> LLM:
+    kv = KvCacheConfig(dtype=dtype, max_tokens=8192)
+    return LLM(str(BUNDLED_TARGET), device="cpu", kv_cache_config=kv, speculative_config=spec)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[str]:
+    """Two held-out gsm8k-tiny problems as the bundled model's chat template renders them, and a
+    conversation of both (the first answered): a prompt of more than one 128-token block."""
+    llm = make()
+    try:
+        (first, answer), (second, _) = evaluation_problems("gsm8k-tiny", 2)
+        both = [first[0], {"role": "assistant", "content": f"{answer}."}, second[0]]
+        render = llm.tokenizer.apply_chat_template
+        return [render(first[:1]), render(second[:1]), render(both)]
+    finally:
+        llm.shutdown()
+
+
+def tokens(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def target_only(prompts) -> list[list[int]]:
+    llm = make()
+    try:
+        return tokens(llm.generate(prompts, GREEDY))
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "mtp"])
+def test_every_row_is_fp8_and_speculation_is_lossless_at_fp8(prompts, target_only, drafter):
+    llm = make(SPECS[drafter])
+    try:
+        layout = llm.kv_cache_manager.layout
+        data = [b for p in layout.pools for b in p.buffers if not b.role.is_scale]
+        scales = {(b.layer_id, b.role) for p in layout.pools for b in p.buffers if b.role.is_scale}
+        assert {b.dtype for b in data} == {"float8_e4m3fn"}
+        assert {(b.layer_id, b.role.scale) for b in data} == scales  # each row has its scale
+        draft_layer = max(b.layer_id for b in data)  # the drafter's, sub-pages or the MTP layer
+        assert (draft_layer, DataRole.VALUE_SCALE) in scales
+        out = llm.generate(prompts, GREEDY)
+        assert tokens(out) == target_only
+        assert min(o.outputs[0].avg_decoded_tokens_per_iter for o in out) > 1.5
+    finally:
+        llm.shutdown()
+
+
+def _draft_rows(llm, request_tokens: list[int], num_blocks: int) -> torch.Tensor:
+    """The bytes of the drafter's K/V rows and scales in the committed blocks of the request's
+    first ``num_blocks`` blocks."""
+    manager = llm.kv_cache_manager
+    draft_layer = llm.model_config.num_hidden_layers
+    pool, _ = manager.layout.placement(draft_layer, DataRole.KEY)
+    slots = [node.slot for node in manager.impl._match_prefix(request_tokens, None)][:num_blocks]
+    assert len(slots) == num_blocks
+    draft = [b for b in pool.buffers if b.layer_id == draft_layer]
+    rows = manager.pools[pool.pool_index][torch.tensor(slots)]
+    return torch.cat([rows[:, b.offset : b.end] for b in draft], dim=1)
+
+
+def test_a_reused_prefix_gives_the_cold_reply_with_the_drafters_fp8_kv(prompts):
+    llm = make(SPECS["eagle3"])
+    cold_llm = make(SPECS["eagle3"])
+    try:
+        second = llm.tokenizer.encode(prompts[2])
+        first = second[:140]  # its first 128-token block is committed, and reused by the second
+        assert len(second) > 140
+        cold = cold_llm.generate([second], GREEDY)[0]
+        llm.generate([first], GREEDY)
+        before = llm.get_stats()["num_reused_tokens"]
+        warm = llm.generate([second], GREEDY)[0]
+        assert llm.get_stats()["num_reused_tokens"] - before == 128
+        assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+        assert warm.outputs[0].avg_decoded_tokens_per_iter == pytest.approx(
+            cold.outputs[0].avg_decoded_tokens_per_iter
+        )
+        ids = warm.prompt_token_ids
+        assert torch.equal(_draft_rows(llm, ids, 1), _draft_rows(cold_llm, ids, 1))
+    finally:
+        llm.shutdown()
+        cold_llm.shutdown()
