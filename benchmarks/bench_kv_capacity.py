@@ -11,7 +11,12 @@ shown for reference. The ratio: tokens that fit with the unified cache / with th
 manager (and each mode's tokens / target-only's). Exact arithmetic on the layouts: the numbers do
 not depend on the machine (the table names the one that computed them).
 
-    python benchmarks/bench_kv_capacity.py [--budget-gib 16] [--request-tokens 8192] [--max-draft-len 3]
+``--kv-dtypes bfloat16,fp8`` computes each KV dtype's rows; the last column is then the tokens that
+fit at that dtype / at the first (an FP8 slot holds every row in one byte per element plus a float32
+scale per token and head, so the same budget, hence the same ``free_gpu_memory_fraction``, holds
+that many more slots).
+
+    python benchmarks/bench_kv_capacity.py [--budget-gib 16] [--request-tokens 8192] [--max-draft-len 3] [--kv-dtypes bfloat16,fp8]
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class Capacity:
 
     model: str
     mode: str
+    kv_dtype: str
     tokens_per_block: int
     slot_bytes: tuple[int, ...]
     used_bytes: tuple[int, ...]
@@ -76,9 +82,10 @@ def measure(
     budget_bytes: int,
     request_tokens: int = 8192,
     max_draft_len: int = 3,
+    kv_dtype: str = "bfloat16",
 ) -> Capacity:
     """Build ``mode``'s managers for the (target, drafter) ``configs`` with a one-slot pool and read
-    their slot layouts (bf16 KV)."""
+    their slot layouts (``kv_dtype`` KV)."""
     target, draft = configs
     spec = (
         None
@@ -89,7 +96,7 @@ def measure(
         max_batch_size=1,
         max_num_tokens=request_tokens,
         max_seq_len=request_tokens,
-        kv_cache=KvCacheOptions(tokens_per_block=128, dtype="bfloat16", max_tokens=128),
+        kv_cache=KvCacheOptions(tokens_per_block=128, dtype=kv_dtype, max_tokens=128),
         speculative=spec,
     )
     geometry = None if spec is None else (draft.num_key_value_heads, draft.head_dim)
@@ -98,6 +105,7 @@ def measure(
     return Capacity(
         model=model,
         mode=mode,
+        kv_dtype=kv_dtype,
         tokens_per_block=managers[0].tokens_per_block,
         slot_bytes=tuple(m.slot_bytes() for m in managers),
         used_bytes=tuple(m.layout.pools[0].used_bytes for m in managers),
@@ -114,37 +122,47 @@ def models() -> dict[str, tuple[MiniMaxM3Config, Eagle3Config]]:
     }
 
 
-def run(budget_gib: float, request_tokens: int, max_draft_len: int) -> list[Capacity]:
+def run(
+    budget_gib: float,
+    request_tokens: int,
+    max_draft_len: int,
+    kv_dtypes: tuple[str, ...] = ("bfloat16",),
+) -> list[Capacity]:
     budget = int(budget_gib * 2**30)
     return [
-        measure(name, configs, mode, budget, request_tokens, max_draft_len)
+        measure(name, configs, mode, budget, request_tokens, max_draft_len, dtype)
+        for dtype in kv_dtypes
         for name, configs in models().items()
         for mode in MODES
     ]
 
 
 def print_table(rows: list[Capacity], budget_gib: float, request_tokens: int) -> None:
+    first = rows[0].kv_dtype
     print(
-        f"KV capacity at a {budget_gib:g} GiB budget, bf16, 128-token blocks, requests of "
+        f"KV capacity at a {budget_gib:g} GiB budget, 128-token blocks, requests of "
         f"{request_tokens} tokens + the speculative extra positions"
     )
     print(f"exact arithmetic on the slot layouts (computed on {machine_name('cpu')})")
     print(
-        f"{'model':<18} {'mode':<16} {'bytes / block':>17} {'padding':>8} {'tokens':>10} "
-        f"{'blocks / req':>12} {'requests':>9} {'vs target only':>15} {'unified / separate':>19}"
+        f"{'model':<18} {'mode':<16} {'KV':<9} {'bytes / block':>17} {'padding':>8} "
+        f"{'tokens':>10} {'blocks / req':>12} {'requests':>9} {'vs target only':>15} "
+        f"{'unified / separate':>19} {'vs ' + first:>12}"
     )
-    by_mode = {(r.model, r.mode): r for r in rows}
+    by_mode = {(r.model, r.mode, r.kv_dtype): r for r in rows}
     for r in rows:
         parts = " + ".join(str(b) for b in r.slot_bytes)
-        vs_target = r.num_tokens / by_mode[r.model, "target only"].num_tokens
+        vs_target = r.num_tokens / by_mode[r.model, "target only", r.kv_dtype].num_tokens
         ratio = (
-            f"{r.num_tokens / by_mode[r.model, 'eagle3 separate'].num_tokens:.4f}"
+            f"{r.num_tokens / by_mode[r.model, 'eagle3 separate', r.kv_dtype].num_tokens:.4f}"
             if r.mode == "eagle3 unified"
             else ""
         )
+        vs_first = r.num_tokens / by_mode[r.model, r.mode, first].num_tokens
         line = (
-            f"{r.model:<18} {r.mode:<16} {parts:>17} {r.padding_bytes:>8} {r.num_tokens:>10} "
-            f"{r.blocks_per_request:>12} {r.num_requests:>9} {vs_target:>15.4f} {ratio:>19}"
+            f"{r.model:<18} {r.mode:<16} {r.kv_dtype:<9} {parts:>17} {r.padding_bytes:>8} "
+            f"{r.num_tokens:>10} {r.blocks_per_request:>12} {r.num_requests:>9} "
+            f"{vs_target:>15.4f} {ratio:>19} {vs_first:>12.4f}"
         )
         print(line.rstrip())
 
@@ -154,9 +172,11 @@ def main() -> None:
     parser.add_argument("--budget-gib", type=float, default=16.0)
     parser.add_argument("--request-tokens", type=int, default=8192)
     parser.add_argument("--max-draft-len", type=int, default=3)
+    parser.add_argument("--kv-dtypes", default="bfloat16", help="comma-separated KV dtypes")
     args = parser.parse_args()
     logger.set_level("warning")
-    rows = run(args.budget_gib, args.request_tokens, args.max_draft_len)
+    dtypes = tuple(args.kv_dtypes.split(","))
+    rows = run(args.budget_gib, args.request_tokens, args.max_draft_len, dtypes)
     print_table(rows, args.budget_gib, args.request_tokens)
 
 
