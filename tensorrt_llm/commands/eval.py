@@ -14,7 +14,9 @@ mode.
 ``--model`` / ``--speculative-model`` default to the bundled checkpoint; ``--draft-kv-cache``
 picks unified (default), separate or none (target only) for the single tasks; ``--quant fp8``
 quantizes the target at load (``QuantConfig(quant_algo="FP8_BLOCK_SCALES")``: FP8 kernels on
-CUDA, weights rounded to the FP8 grid on the CPU).
+CUDA, weights rounded to the FP8 grid on the CPU). ``--kv-cache-dtype fp8`` keeps the KV cache in
+FP8 (``KvCacheConfig(dtype="fp8")``); for ``al-table`` a list, ``auto,fp8``: the table at the first,
+plus rows at each other dtype (target only, the unified drafters, Eagle3 unified disaggregated).
 """
 
 from __future__ import annotations
@@ -76,13 +78,15 @@ def make_llm_factory(args):
 
     quant = QuantConfig(quant_algo="FP8_BLOCK_SCALES") if args.quant == "fp8" else None
 
-    def make(mode: str | None):
+    def make(mode: str | None, kv_dtype: str | None = None):
         return LLM(
             args.model,
             device=args.device,
             max_batch_size=args.max_batch_size,
             kv_cache_config=KvCacheConfig(
-                tokens_per_block=args.tokens_per_block, max_tokens=args.kv_max_tokens
+                tokens_per_block=args.tokens_per_block,
+                max_tokens=args.kv_max_tokens,
+                dtype=kv_dtype or args.kv_cache_dtypes[0],
             ),
             speculative_config=speculative_options(args, mode),
             quant_config=quant,
@@ -94,19 +98,35 @@ def make_llm_factory(args):
 def deployment_options_factory(args):
     """The LLM options of the context and generation servers for a draft KV mode."""
 
-    def options(mode: str | None) -> dict:
+    def options(mode: str | None, kv_dtype: str | None = None) -> dict:
         return {
             "model": args.model,
             "max_batch_size": args.max_batch_size,
             "kv_cache_config": {
                 "tokens_per_block": args.tokens_per_block,
                 "max_tokens": args.kv_max_tokens,
+                "dtype": kv_dtype or args.kv_cache_dtypes[0],
             },
             "speculative_config": speculative_options(args, mode),
             "quant_config": {"quant_algo": "FP8_BLOCK_SCALES"} if args.quant == "fp8" else None,
         }
 
     return options
+
+
+def kv_cache_dtypes(parser: argparse.ArgumentParser, args) -> list[str]:
+    """``--kv-cache-dtype`` as a list: one dtype, or (al-table) several, each a KV dtype."""
+    from tensorrt_llm.llmapi import KvCacheConfig
+
+    dtypes = [d.strip() for d in args.kv_cache_dtype.split(",")]
+    allowed = KvCacheConfig.model_fields["dtype"].annotation.__args__
+    bad = [d for d in dtypes if d not in allowed]
+    if bad or len(set(dtypes)) != len(dtypes) or (len(dtypes) > 1 and args.task != "al-table"):
+        parser.error(
+            f"--kv-cache-dtype {args.kv_cache_dtype!r}: one of {list(allowed)} (al-table: several, "
+            "comma-separated, each once)"
+        )
+    return dtypes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--quant", choices=["fp8"], help="quantize the target at load")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="the KV cache dtype (auto, bfloat16, fp8, ...); al-table: a list, auto,fp8: the "
+        "table at the first and rows at the others",
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("eval_out"))
     parser.add_argument(
         "--thinking-mode",
@@ -142,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         help="al-table: skip the disaggregated deployments",
     )
     args = parser.parse_args(argv)
+    args.kv_cache_dtypes = kv_cache_dtypes(parser, args)
     args.model = args.model or bundled_target()
     args.speculative_model = args.speculative_model or str(BUNDLED_DRAFT)
     make = make_llm_factory(args)
@@ -152,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.task == "al-table":
         settings = {
+            "kv_cache_dtype": args.kv_cache_dtypes[0],
             "tokens_per_block": args.tokens_per_block,
             "max_draft_len": args.max_draft_len,
             "device": args.device,
@@ -166,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             None if args.no_disaggregated else deployment_options_factory(args),
             mtp=has_mtp_module(args.model),
             tool_use=speaks_m3(args.model),
+            kv_dtypes=tuple(args.kv_cache_dtypes[1:]),
         )
         print(f"wrote {args.out_dir}/al_table.md, al_table.json, al_per_turn.png")
         return 0 if summary["outputs_identical_in_every_mode"] else 1

@@ -2,7 +2,9 @@
 
 Every mode runs the same held-out gsm8k-tiny problems and multiturn-copy conversations, greedily.
 Speculation is lossless, so the target's outputs must be identical in every cell; the table says
-whether they were. Writes ``al_table.md``, ``al_table.json`` and ``al_per_turn.png`` to ``out_dir``.
+whether they were. Each extra KV dtype (``kv_dtypes``, e.g. ``fp8``) adds rows of its own: target
+only, the unified drafters and (with deployments) Eagle3 unified disaggregated, whose outputs must
+equal that dtype's target-only outputs (speculation is lossless at the same KV dtype). Writes ``al_table.md``, ``al_table.json`` and ``al_per_turn.png`` to ``out_dir``.
 """
 
 from __future__ import annotations
@@ -24,51 +26,58 @@ MTP_MODES = (("MTP separate", "mtp-separate"), ("MTP unified", "mtp-unified"))
 
 
 def build_al_table(
-    make_llm: Callable[[str | None], object],
+    make_llm: Callable[..., object],
     num_gsm8k: int,
     num_conversations: int,
     out_dir: Path,
     progress: Callable[[str], None] = print,
     settings: dict | None = None,
-    deployment_options: Callable[[str | None], dict] | None = None,
+    deployment_options: Callable[..., dict] | None = None,
     mtp: bool = False,
     tool_use: bool = False,
+    kv_dtypes: tuple[str, ...] = (),
 ) -> dict:
-    """``make_llm(mode)`` builds an LLM for a draft KV mode (None: no speculation); ``settings``
-    (tokens per block, draft length, device) are recorded with the results. With
-    ``deployment_options(mode)`` (the servers' LLM options) every mode also runs disaggregated:
-    a router, a context and a generation server started on loopback, driven over HTTP. ``mtp``:
-    the target's MTP module drafts in rows of its own too. ``tool_use`` (a checkpoint that speaks
-    MiniMax-M3's protocol): each mode also runs the tool-use task (``m3_runner``, adaptive mode;
-    aggregated only), its accuracy and AL in the row."""
+    """``make_llm(mode, kv_dtype="auto")`` builds an LLM for a draft KV mode (None: no
+    speculation); ``settings`` (tokens per block, draft length, device) are recorded with the
+    results. With ``deployment_options(mode, kv_dtype="auto")`` (the servers' LLM options) every
+    mode also runs disaggregated: a router, a context and a generation server started on loopback,
+    driven over HTTP. ``mtp``: the target's MTP module drafts in rows of its own too.
+    ``tool_use`` (a checkpoint that speaks MiniMax-M3's protocol): each mode also runs the
+    tool-use task (``m3_runner``, adaptive mode; aggregated only), its accuracy and AL in the
+    row. ``kv_dtypes``: the extra rows' KV dtypes (module docstring)."""
     modes = MODES + (MTP_MODES if mtp else ())
     results, outputs, tool_outputs = {}, {}, {}
+    table = _Table(results, outputs, tool_outputs, num_gsm8k, num_conversations, progress)
+    device = (settings or {}).get("device", "cpu")
     for label, mode in modes:
-        progress(f"== {label}")
-        llm = make_llm(mode)
-        gsm8k = run_gsm8k(llm, num_gsm8k, progress)
-        turns = run_multiturn_copy(llm, num_conversations, progress)
-        results[label] = _row(gsm8k, turns)
-        outputs[label] = [gsm8k["texts"]] + [t.texts for t in turns]
-        if tool_use:
-            row, tool_outputs[label] = _tool_use(llm, num_gsm8k, progress)
-            results[label].update(row)
-        llm.shutdown()
+        table.run(label, make_llm(mode), tool_use)
         if deployment_options is not None:
-            key = f"{label}, disaggregated"
-            progress(f"== {key}")
-            device = (settings or {}).get("device", "cpu")
-            results[key], outputs[key] = _disaggregated(
-                deployment_options(mode), device, num_gsm8k, num_conversations, progress
-            )
-    reference = MODES[0][0]
-    identical = all(texts == outputs[reference] for texts in outputs.values()) and all(
-        texts == tool_outputs[reference] for texts in tool_outputs.values()
-    )
+            table.run_disaggregated(f"{label}, disaggregated", deployment_options(mode), device)
+    groups = {"auto": [label for label in results]}
+    for dtype in kv_dtypes:
+        groups[dtype] = []
+        for label, mode in modes:
+            if mode is None or "unified" in mode:
+                groups[dtype].append(f"{label}, {dtype} KV")
+                table.run(groups[dtype][-1], make_llm(mode, dtype), tool_use)
+        if deployment_options is not None:
+            groups[dtype].append(f"Eagle3 unified, {dtype} KV, disaggregated")
+            options = deployment_options("unified", dtype)
+            table.run_disaggregated(groups[dtype][-1], options, device)
+    identical = {
+        dtype: all(outputs[label] == outputs[labels[0]] for label in labels)
+        and all(
+            tool_outputs[label] == tool_outputs[labels[0]]
+            for label in labels[1:]
+            if label in tool_outputs
+        )
+        for dtype, labels in groups.items()
+    }
     unified, separate = results["Eagle3 unified"], results["Eagle3 separate"]
     summary = {
         "modes": results,
-        "outputs_identical_in_every_mode": identical,
+        "outputs_identical_in_every_mode": all(identical.values()),
+        "outputs_identical_per_kv_dtype": identical,
         "unified_reused_minus_cold": unified["reused_al"] - unified["cold_al"],
         "unified_minus_separate_reused": unified["reused_al"] - separate["reused_al"],
         "disaggregated_minus_aggregated_gsm8k_al": {
@@ -90,6 +99,35 @@ def build_al_table(
     plot(summary, out_dir / "al_per_turn.png")
     progress(markdown(summary))
     return summary
+
+
+class _Table:
+    """Runs rows into the results, the replies and the tool-use replies, by row label."""
+
+    def __init__(self, results, outputs, tool_outputs, num_gsm8k, num_conversations, progress):
+        self.results, self.outputs, self.tool_outputs = results, outputs, tool_outputs
+        self.num_gsm8k, self.num_conversations, self.progress = (
+            num_gsm8k,
+            num_conversations,
+            progress,
+        )
+
+    def run(self, label: str, llm, tool_use: bool) -> None:
+        self.progress(f"== {label}")
+        gsm8k = run_gsm8k(llm, self.num_gsm8k, self.progress)
+        turns = run_multiturn_copy(llm, self.num_conversations, self.progress)
+        self.results[label] = _row(gsm8k, turns)
+        self.outputs[label] = [gsm8k["texts"]] + [t.texts for t in turns]
+        if tool_use:
+            row, self.tool_outputs[label] = _tool_use(llm, self.num_gsm8k, self.progress)
+            self.results[label].update(row)
+        llm.shutdown()
+
+    def run_disaggregated(self, label: str, options: dict, device: str) -> None:
+        self.progress(f"== {label}")
+        self.results[label], self.outputs[label] = _disaggregated(
+            options, device, self.num_gsm8k, self.num_conversations, self.progress
+        )
 
 
 def _tool_use(llm, count: int, progress) -> tuple[dict, list[str]]:
@@ -145,7 +183,12 @@ def markdown(summary: dict) -> str:
         rows.append(row)
     rows += [
         "",
-        f"Target outputs identical in every mode: {'yes' if summary['outputs_identical_in_every_mode'] else 'NO'}.",
+        f"Target outputs identical in every mode: {'yes' if summary['outputs_identical_in_every_mode'] else 'NO'}"
+        + (
+            " (rows of one KV dtype against that dtype's target only)."
+            if len(summary.get("outputs_identical_per_kv_dtype", {})) > 1
+            else "."
+        ),
         f"Unified, reused minus cold: {summary['unified_reused_minus_cold']:+.2f}. "
         f"Unified minus separate on reused turns: {summary['unified_minus_separate_reused']:+.2f}.",
         *(
@@ -192,6 +235,7 @@ def plot(summary: dict, path: Path) -> None:
     for i, (label, r) in enumerate(summary["modes"].items()):
         style = "--" if "disaggregated" in label else "-"
         color = f"C{[name for name, _ in MODES + MTP_MODES].index(label.split(',')[0])}"
+        style = ":" if " KV" in label else style
         ax.plot(
             [1, 2, 3, 4],
             r["copy_al_per_turn"],

@@ -1,6 +1,8 @@
 """The AL gates on the bundled checkpoint (a fixed subset, CPU): accuracy, losslessness, the
 unified cache's AL on cold and reused turns, the separate manager's measurable drop, and the same
-through a real disaggregated deployment (router, context and generation server processes)."""
+through a real disaggregated deployment (router, context and generation server processes); and
+the rows with an FP8 KV cache (target only, the unified drafters, Eagle3 unified disaggregated
+between two FP8 servers)."""
 
 import json
 
@@ -23,6 +25,8 @@ def table(tmp_path_factory):
             "8",
             "--device",
             "cpu",
+            "--kv-cache-dtype",
+            "auto,fp8",
             "--out-dir",
             str(out),
         ]
@@ -95,3 +99,23 @@ def test_the_mtp_module_drafts_with_its_kv_kept_by_reuse_and_transfer(table):
     assert abs(unified_disagg["gsm8k_al"] - unified["gsm8k_al"]) <= 0.05
     assert separate_disagg["gsm8k_al"] <= unified_disagg["gsm8k_al"] - 0.2
     assert unified["tool_use_al"] >= 3.0
+
+
+def test_fp8_kv_keeps_accuracy_and_al_through_reuse_and_transfer(table):
+    """FP8 rows: lossless against FP8 target only (reused turns and the transfer between two FP8
+    servers included), accuracy within a point of the model's-dtype KV, the drafters' AL within
+    0.1, reuse and transfer costing the unified drafters' FP8 KV nothing."""
+    summary = table[1]
+    modes = summary["modes"]
+    assert summary["outputs_identical_per_kv_dtype"] == {"auto": True, "fp8": True}
+    for label in ("target only", "Eagle3 unified", "MTP unified"):
+        fp8, base = modes[f"{label}, fp8 KV"], modes[label]
+        assert fp8["gsm8k_accuracy"] >= base["gsm8k_accuracy"] - 0.01, label
+        assert fp8["tool_answers_right"] >= base["tool_answers_right"] - 0.01, label
+        if label != "target only":
+            assert abs(fp8["gsm8k_al"] - base["gsm8k_al"]) <= 0.1, label
+            assert abs(fp8["tool_use_al"] - base["tool_use_al"]) <= 0.1, label
+            assert fp8["reused_al"] >= fp8["cold_al"] - 0.05, label
+    assert sum(modes["Eagle3 unified, fp8 KV"]["copy_reused_tokens_per_turn"][1:]) > 0
+    disagg = modes["Eagle3 unified, fp8 KV, disaggregated"]
+    assert abs(disagg["gsm8k_al"] - modes["Eagle3 unified, fp8 KV"]["gsm8k_al"]) <= 0.05
