@@ -160,6 +160,42 @@ def test_decode_benchmark_builds_dummy_fp8_weights_and_counts_the_experts_hit(tm
         assert cell["step_bytes"] > 0 and cell["floor_ms"] > 0
 
 
+def test_long_context_benchmark_prefills_in_chunks_and_counts_the_reads_at_tiny_scale(tmp_path):
+    out = tmp_path / "long.json"
+    args = ["--scale", "tiny", "--device", "cpu", "--contexts", "256,512"]
+    done = run_benchmark(
+        "bench_long_context.py", [*args, "--kv-dtypes", "bfloat16", "--json", str(out)], 120
+    )
+    assert "bw (growth)" in done.stdout and "machine:" in done.stdout
+    record = json.loads(out.read_text())
+    cells = {c["context"]: c for c in record["cells"]}
+    assert sorted(cells) == [256, 512]  # 256 is the base: no 1K row added below it
+    for context, cell in cells.items():
+        assert cell["skipped"] is None and cell["decode_step_ms"] > 0
+        assert cell["num_prefill_steps"] == context // 128  # chunks of max_num_tokens=128
+        assert cell["num_decode_steps"] == 7  # 8 new tokens, the first from the prefill
+        # the tiny model's slot: 8 layers of K and V (2 heads x 16), index-K (1 x 16) on 5, bf16
+        assert cell["slot_bytes_per_token"] == 8 * 2 * 2 * 16 * 2 + 5 * 16 * 2
+    # a decode step's reads: K and V of the 3 full layers and index-K of the 5 sparse ones for
+    # every cached token, plus K and V of the 2 x 128 selected tokens on the sparse layers
+    selected = 256 * 5 * 2 * 2 * 16 * 2
+    assert cells[256]["read_bytes"] == 256 * (3 * 2 * 2 * 16 * 2 + 5 * 16 * 2) + selected
+    assert cells[512]["read_bytes"] == 512 * (3 * 2 * 2 * 16 * 2 + 5 * 16 * 2) + selected
+    assert cells[512]["growth_bytes"] == 256 * (3 * 2 * 2 * 16 * 2 + 5 * 16 * 2)
+    assert record["summary"][0].startswith("bfloat16 batch 1: decode step ")
+
+
+def test_the_published_kv_bytes_per_token_count_each_row_and_its_fp8_scale():
+    from bench_long_context import KV_FORMATS, cached_bytes_per_token, published_config
+
+    config = published_config()  # 3 full layers, 57 sparse (one index-K head of 128 each)
+    assert config.sparse_layer_ids == tuple(range(3, 60))
+    bf16 = 60 * 2 * 4 * 128 * 2 + 57 * 128 * 2
+    fp8 = 60 * 2 * 4 * (128 + 4) + 57 * (128 + 4)  # a float32 scale per token and head
+    assert cached_bytes_per_token(config, KV_FORMATS["bfloat16"]) == bf16 == 137472
+    assert cached_bytes_per_token(config, KV_FORMATS["fp8"]) == fp8 == 70884
+
+
 @pytest.mark.parametrize("budget_gib", [1, 16])
 def test_capacity_table_prints_every_model_and_mode(budget_gib, capsys):
     from bench_kv_capacity import print_table, run
