@@ -129,6 +129,30 @@ def kv_cache_dtypes(parser: argparse.ArgumentParser, args) -> list[str]:
     return dtypes
 
 
+def run_al_table(args, make, progress) -> int:
+    """``trtllm-eval al-table``: 0 when the target's outputs were identical in every mode."""
+    settings = {
+        "kv_cache_dtype": args.kv_cache_dtypes[0],
+        "tokens_per_block": args.tokens_per_block,
+        "max_draft_len": args.max_draft_len,
+        "device": args.device,
+    }
+    summary = build_al_table(
+        make,
+        args.num_samples or 200,
+        args.num_conversations,
+        args.out_dir,
+        progress,
+        settings,
+        None if args.no_disaggregated else deployment_options_factory(args),
+        mtp=has_mtp_module(args.model),
+        tool_use=speaks_m3(args.model),
+        kv_dtypes=tuple(args.kv_cache_dtypes[1:]),
+    )
+    print(f"wrote {args.out_dir}/al_table.md, al_table.json, al_per_turn.png")
+    return 0 if summary["outputs_identical_in_every_mode"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trtllm-eval", description=__doc__.splitlines()[0])
     parser.add_argument("task", choices=TASKS)
@@ -178,26 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
 
     if args.task == "al-table":
-        settings = {
-            "kv_cache_dtype": args.kv_cache_dtypes[0],
-            "tokens_per_block": args.tokens_per_block,
-            "max_draft_len": args.max_draft_len,
-            "device": args.device,
-        }
-        summary = build_al_table(
-            make,
-            args.num_samples or 200,
-            args.num_conversations,
-            args.out_dir,
-            progress,
-            settings,
-            None if args.no_disaggregated else deployment_options_factory(args),
-            mtp=has_mtp_module(args.model),
-            tool_use=speaks_m3(args.model),
-            kv_dtypes=tuple(args.kv_cache_dtypes[1:]),
-        )
-        print(f"wrote {args.out_dir}/al_table.md, al_table.json, al_per_turn.png")
-        return 0 if summary["outputs_identical_in_every_mode"] else 1
+        return run_al_table(args, make, progress)
     llm = make(None if args.draft_kv_cache == "none" else args.draft_kv_cache)
     if args.task in ("gsm8k-thinking", "tool-use"):
         run = run_gsm8k_thinking if args.task == "gsm8k-thinking" else run_tool_use

@@ -14,8 +14,10 @@ Scores are kept in log2 units (``scale_log2 = scale * log2(e)``) with an online 
 Without splits a program writes the normalised output in q's dtype; with splits it writes its
 partial output (fp32) and its log2-sum-exp, and ``split_reduce_kernel`` combines them.
 
-FP8 pages (``SCALED``): each K and V row is multiplied by its scale in registers as it is loaded
-(``fp8.py``), then goes to the MMA in q's dtype: the values are exact in bfloat16.
+FP8 pages (``SCALED``): the rows go to the MMA as they are, converted to q's dtype (exact), and
+their scales are applied in registers where they cost a vector, not a tile: key ``j``'s scale
+multiplies score column ``j`` (``q . (s k) = s (q . k)``) and value ``j``'s multiplies probability
+column ``j`` before the PV product (``p (s v) = (p s) v``); powers of two, so both are exact.
 """
 
 from __future__ import annotations
@@ -91,10 +93,10 @@ def _attend(
         k_ptrs = k_pages_ptr + page[None, :] * stride_kp + row[None, :] * stride_kr
         k_ptrs += kv_head * stride_kh + dim[:, None] * stride_kd
         k_t = tl.load(k_ptrs, mask=dim_mask[:, None] & key_mask[None, :], other=0.0)  # [D, N]
+        scores = _mma(q, k_t.to(q.dtype), DOT_UPCAST, PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
         if SCALED:
             offsets = scale_offsets(page, row, kv_head, units, stride_ss, stride_sp, stride_sr)
-            k_t = k_t.to(tl.float32) * tl.load(ks_ptr + offsets, mask=key_mask, other=0.0)[None, :]
-        scores = _mma(q, k_t.to(q.dtype), DOT_UPCAST, PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+            scores *= tl.load(ks_ptr + offsets, mask=key_mask, other=0.0)[None, :]
         visible = (pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -111,7 +113,7 @@ def _attend(
         v = tl.load(v_ptrs, mask=key_mask[:, None] & dim_mask[None, :], other=0.0)  # [N, D]
         if SCALED:
             offsets = scale_offsets(page, row, kv_head, units, stride_ss, stride_sp, stride_sr)
-            v = v.to(tl.float32) * tl.load(vs_ptr + offsets, mask=key_mask, other=0.0)[:, None]
+            p *= tl.load(vs_ptr + offsets, mask=key_mask, other=0.0)[None, :]
         acc = acc * alpha[:, None] + _mma(p.to(q.dtype), v.to(q.dtype), DOT_UPCAST, PRECISION)
         m_i = m_new
     return acc, m_i, l_i

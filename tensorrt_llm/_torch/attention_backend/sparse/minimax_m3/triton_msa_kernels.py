@@ -19,8 +19,9 @@ A **query tile** is ``TILE_TOKENS`` consecutive step tokens of one sequence; til
 sequence ``seq`` has the batch-wide id ``seq + cu_seqlens_q[seq] // TILE_TOKENS + tile`` (distinct
 for distinct tiles, and below ``num_seqs + num_tokens // TILE_TOKENS + 1``).
 
-In an FP8 cache (``SCALED``) every K, V and index-K row read is multiplied by its float32 scale as
-it is loaded (``attention_backend/triton/fp8.py``; exact, and exact again in q's 16-bit dtype).
+In an FP8 cache (``SCALED``) the rows go to the dot products as they are (converted to q's dtype:
+exact) and their power-of-two scales multiply score columns (K, index-K) and probability columns
+(V) instead (``attention_backend/triton/attention_kernel.py`` says why that is the same).
 
 ``tl.dot`` needs every dimension >= 16: tiles are padded to powers of two >= 16 and masked. fp32
 operands are multiplied with ``DOT_PRECISION="ieee"`` (no TF32); accumulation is fp32 throughout.
@@ -98,15 +99,13 @@ def _msa_block_scores_kernel(
                 mask=d_ok[:, None] & key_ok[None, :],
                 other=0.0,
             )  # [INDEX_DIM_PAD, BLOCK_N]
+            ik = ik.to(tl.float32) if DOT_FP32 else ik.to(iq.dtype)
+            score = tl.dot(iq, ik, input_precision=DOT_PRECISION)  # [ROWS, BLOCK_N]
             if SCALED:
                 rows = scale_offsets(
                     page, keys % TOKENS_PER_PAGE, 0, units, stride_ss, stride_sp, stride_sr
                 )
-                ik = ik.to(tl.float32) * tl.load(iks_ptr + rows, mask=key_ok, other=0.0)[None, :]
-                ik = ik.to(iq.dtype)
-            if DOT_FP32:
-                ik = ik.to(tl.float32)
-            score = tl.dot(iq, ik, input_precision=DOT_PRECISION)  # [ROWS, BLOCK_N]
+                score *= tl.load(iks_ptr + rows, mask=key_ok, other=0.0)[None, :]
             visible = key_ok[None, :] & (keys[None, :] <= pos[:, None])
             best = tl.maximum(best, tl.max(tl.where(visible, score, float("-inf")), axis=1))
         out_off = toks * stride_ot + g * stride_og + kblock * stride_ob
@@ -177,25 +176,28 @@ def _msa_select_kernel(
 
 @triton.jit
 def _online_softmax_step(
-    q, k, v, visible, m_i, l_i, acc, scale, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr
-):
+    q, k, v, k_scale, v_scale, visible, m_i, l_i, acc, scale,
+    DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """One key tile of online softmax: ``q [ROWS, D]``, ``k [D, BLOCK_N]``, ``v [BLOCK_N, D]``,
-    ``visible [ROWS, BLOCK_N]``; returns the running max ``m_i``, the running sum ``l_i`` of
-    ``exp(score - m_i)`` (both ``[ROWS]``) and the accumulator ``acc [ROWS, D]``, updated."""
+    ``visible [ROWS, BLOCK_N]``, the rows' scales ``[BLOCK_N]`` (1 but in an FP8 cache); returns
+    the running max ``m_i``, the running sum ``l_i`` of ``exp(score - m_i)`` (both ``[ROWS]``) and
+    the accumulator ``acc [ROWS, D]``, updated."""
     if DOT_FP32:
         q = q.to(tl.float32)
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    else:  # dequantized FP8 rows are fp32 here, and exact in q's dtype
+    else:
         k = k.to(q.dtype)
         v = v.to(q.dtype)
-    s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [ROWS, BLOCK_N]
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale * k_scale[None, :]  # [ROWS, BLOCK_N]
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no (-inf) - (-inf) in a masked row
     alpha = tl.exp(m_i - m_safe)
     p = tl.exp(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
+    p *= v_scale[None, :]
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
 
@@ -208,7 +210,8 @@ def _load_kv(
     seq, kv_head, keys, key_ok, offs_d, d_ok, TOKENS_PER_PAGE: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """K ``[HEAD_DIM_PAD, BLOCK_N]`` and V ``[BLOCK_N, HEAD_DIM_PAD]`` of key positions ``keys``
-    through the block table (0 where masked); ``SCALED``: dequantized, in fp32."""
+    through the block table (0 where masked), and their rows' scales ``[BLOCK_N]`` (1 unless
+    ``SCALED``)."""
     page_idx = seq * stride_table_seq + (keys // TOKENS_PER_PAGE) * stride_table_page
     in_page = (keys % TOKENS_PER_PAGE) * stride_kvt + kv_head * stride_kvh
     k_page = tl.load(table_k_ptr + page_idx, mask=key_ok, other=0).to(tl.int64)
@@ -220,10 +223,13 @@ def _load_kv(
     if SCALED:
         row = keys % TOKENS_PER_PAGE
         k_rows = scale_offsets(k_page, row, kv_head, units, stride_ss, stride_sp, stride_sr)
-        k = k.to(tl.float32) * tl.load(ks_ptr + k_rows, mask=key_ok, other=0.0)[None, :]
         v_rows = scale_offsets(v_page, row, kv_head, units, stride_ss, stride_sp, stride_sr)
-        v = v.to(tl.float32) * tl.load(vs_ptr + v_rows, mask=key_ok, other=0.0)[:, None]
-    return k, v
+        k_scale = tl.load(ks_ptr + k_rows, mask=key_ok, other=0.0)
+        v_scale = tl.load(vs_ptr + v_rows, mask=key_ok, other=0.0)
+    else:
+        k_scale = tl.full(keys.shape, 1.0, tl.float32)
+        v_scale = k_scale
+    return k, v, k_scale, v_scale
 
 
 @triton.jit
@@ -312,7 +318,7 @@ def _msa_sparse_attention_kernel(
                 offs_n = n0 + tl.arange(0, BLOCK_N)
                 keys = kblock * BLOCK_SIZE + offs_n  # [BLOCK_N] key positions
                 key_ok = (offs_n < BLOCK_SIZE) & (keys <= last_pos)
-                k, v = _load_kv(
+                k, v, k_scale, v_scale = _load_kv(
                     k_ptr, v_ptr, stride_kvp, stride_kvt, stride_kvh, stride_kvd,
                     table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,
                     ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,
@@ -321,8 +327,8 @@ def _msa_sparse_attention_kernel(
                 # keys of the blocks the row's token selected for the group, at positions <= its
                 visible = (sel != 0)[:, None] & key_ok[None, :] & (keys[None, :] <= pos[:, None])
                 m_i, l_i, acc = _online_softmax_step(
-                    q, k, v, visible, m_i, l_i, acc, scale, DOT_FP32, DOT_PRECISION
-                )
+                    q, k, v, k_scale, v_scale, visible, m_i, l_i, acc, scale, DOT_FP32, DOT_PRECISION
+                )  # fmt: skip
         if SPLIT:
             _store_split(
                 part_ptr, stride_ps, stride_pt, stride_ph, stride_pd,
