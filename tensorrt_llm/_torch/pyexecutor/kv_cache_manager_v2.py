@@ -3,16 +3,7 @@
 The engine (``runtime/kv_cache_manager_v2``) does the bookkeeping; this class owns the pool tensors,
 the host block table (``HostBlockTable``) and the per-step ``prepare``/``update``/``free`` protocol.
 
-Addressing, as published to attention ops::
-
-    pool p         kv_cache_pool_pointers[p, 0]: base address of a [num_slots, slot_bytes] byte tensor
-    layer l        kv_cache_pool_mapping[l] = (pool index, byte offset of l's K inside a slot)
-    block b of r   host_block_table.table[p, row(r), lane, b] = slot id (lane 0: K, lane 1: V;
-                   both hold the slot id here; views with sub-page addressing fill them differently)
-    K of (r,b,t)   base + slot * slot_bytes + k_offset(l) + t * bytes_per_token
-    V              the same, + K's bytes per block (V follows K in the slot)
-
-Entries past a row's last block hold slot 0: they are never read (kernels stop at the row's length).
+Addressing, as published to attention ops: ``kv_slot_views.py``.
 
 Request protocol (see ``update_resources``): after a step, a context request's KV is final up to
 ``context_current_position``; a generation request's up to ``get_num_tokens() - 1`` (every token but
@@ -233,13 +224,19 @@ class KVCacheManagerV2(BaseResourceManager):
         return result
 
     def commit_sequence(
-        self, request_id: int, num_final_tokens: int, tokens: Sequence[int], shrink: bool = True
+        self,
+        request_id: int,
+        num_final_tokens: int,
+        tokens: Sequence[int],
+        shrink: bool = True,
+        first: int = 0,
     ) -> None:
-        """Commit ``tokens[num_committed : num_final_tokens]`` and (``shrink``) give back the
-        blocks past ``num_final_tokens`` (the rejected drafts' and the draft chain's). Capacity
-        inside the last kept block stays reserved: the next step reuses it without a resize."""
+        """Commit tokens ``[num_committed, num_final_tokens)`` of the sequence, whose tokens from
+        position ``first`` on are ``tokens``, and (``shrink``) give back the blocks past
+        ``num_final_tokens`` (the rejected drafts' and the draft chain's). Capacity inside the
+        last kept block stays reserved: the next step reuses it without a resize."""
         cache = self._caches[request_id]
-        new = tokens[cache.num_committed_tokens : num_final_tokens]
+        new = tokens[cache.num_committed_tokens - first : num_final_tokens - first]
         if len(new):
             cache.commit(new)
         if shrink and -(-num_final_tokens // self.tokens_per_block) < cache.num_blocks:
@@ -329,11 +326,14 @@ class KVCacheManagerV2(BaseResourceManager):
                 shrink=req.request_id not in keep,
             )
         for req in scheduled_batch.generation_requests:
+            final = req.get_num_tokens() - 1
+            start = min(self._caches[req.request_id].num_committed_tokens, final)
             self.commit_sequence(
                 req.request_id,
-                req.get_num_tokens() - 1,
-                req.get_key_tokens(),
+                final,
+                req.key_tokens(start, final),  # not the whole context: a step's few tokens
                 shrink=req.request_id not in keep,
+                first=start,
             )
 
     def free_resources(self, request: LlmRequest) -> None:

@@ -3,6 +3,17 @@
 Every view is a zero-copy strided alias of a pool (``runtime/kv_cache_manager_v2/pool.py``): the
 slot stride is the slot size, so writing through a view writes the pool. In an FP8 cache the rows'
 float32 scales are views of the same slots (``ScalePages``: a page here is a slot).
+
+A manager's addressing, as published to attention ops::
+
+    pool p         kv_cache_pool_pointers[p, 0]: base address of a [num_slots, slot_bytes] byte tensor
+    layer l        kv_cache_pool_mapping[l] = (pool index, byte offset of l's K inside a slot)
+    block b of r   host_block_table.table[p, row(r), lane, b] = slot id (lane 0: K, lane 1: V;
+                   both hold the slot id here; views with sub-page addressing fill them differently)
+    K of (r,b,t)   base + slot * slot_bytes + k_offset(l) + t * bytes_per_token
+    V              the same, + K's bytes per block (V follows K in the slot)
+
+Entries past a row's last block hold slot 0: they are never read (kernels stop at the row's length).
 """
 
 from __future__ import annotations

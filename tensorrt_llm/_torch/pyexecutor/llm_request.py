@@ -214,6 +214,17 @@ class LlmRequest:
         """``get_tokens`` as block keys see them (``prompt_key_ids``)."""
         return self.prompt_key_ids + self.output_token_ids
 
+    @property
+    def last_token(self) -> int:
+        """``get_tokens()[-1]``, without copying a long context's tokens every step."""
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    def key_tokens(self, start: int, end: int) -> list[int]:
+        """``get_key_tokens()[start:end]``, copying only those tokens."""
+        num_prompt = len(self.prompt_key_ids)
+        head = self.prompt_key_ids[start:end] if start < num_prompt else []
+        return head + self.output_token_ids[max(start - num_prompt, 0) : max(end - num_prompt, 0)]
+
     def get_num_tokens(self) -> int:
         return self.prompt_len + len(self.output_token_ids)
 

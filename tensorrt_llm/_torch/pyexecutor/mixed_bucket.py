@@ -142,7 +142,7 @@ def write_mixed_bucket(
     for n in seq_lens:
         cu.append(cu[-1] + n)
     tokens = [t for c in chunks for t in c]
-    tokens += [t for r in requests for t in (r.get_tokens()[-1], *r.py_draft_tokens)]
+    tokens += [t for r in requests for t in (r.last_token, *r.py_draft_tokens)]
     tokens += [0] * (pad_rows * width + shape.prompt_tokens - used)
     first = [p.context_current_position for p in prompts] + [0] * pad_prompts
     first += [r.get_num_tokens() - 1 for r in requests] + [0] * (pad_rows + 1)

@@ -79,7 +79,7 @@ class PyTorchModelEngine:
             if pending:
                 fed.append(req.request_id)
                 fed_at.append(len(tokens))
-            step = [req.get_tokens()[-1], *req.py_draft_tokens]
+            step = [req.last_token, *req.py_draft_tokens]
             tokens += step
             seq_lens.append(len(step))
             cached.append(req.get_num_tokens() - 1 + pending)

@@ -353,7 +353,7 @@ def write_bucket(
     padding: token 0 at position 0, greedy, the scratch slots), one copy per dtype."""
     batch_size = bucket.step.num_rows
     pad = batch_size - len(requests)
-    tokens = [t for r in requests for t in (r.get_tokens()[-1], *r.py_draft_tokens)]
+    tokens = [t for r in requests for t in (r.last_token, *r.py_draft_tokens)]
     tokens += [0] * (pad * bucket.step.width)
     tokens += [r.get_num_tokens() - 1 for r in requests] + [0] * pad
     ints, floats = row_values(requests, pad, bucket.layout, logits_state, draft_probs)
