@@ -70,7 +70,7 @@ def _attend(
     k_pages_ptr, stride_kp, stride_kr, stride_kh, stride_kd,  # [num_pages, page_tokens, Hkv, D]
     v_pages_ptr, stride_vp, stride_vr, stride_vh, stride_vd,  # [num_pages, page_tokens, Hkv, D]
     table_ptr, stride_ts, stride_tl, stride_tb,  # [num_seqs, 2, max_blocks]
-    ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,  # SCALED: K's, V's ScalePages
+    ks_ptr, vs_ptr, SCALE_UNITS: tl.constexpr, stride_ss, stride_sp, stride_sr,  # SCALED: K's, V's ScalePages
     page_units, v_page_offset, scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr, PAGE_TOKENS: tl.constexpr,
@@ -95,7 +95,9 @@ def _attend(
         k_t = tl.load(k_ptrs, mask=dim_mask[:, None] & key_mask[None, :], other=0.0)  # [D, N]
         scores = _mma(q, k_t.to(q.dtype), DOT_UPCAST, PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
         if SCALED:
-            offsets = scale_offsets(page, row, kv_head, units, stride_ss, stride_sp, stride_sr)
+            offsets = scale_offsets(
+                page, row, kv_head, SCALE_UNITS, stride_ss, stride_sp, stride_sr
+            )
             scores *= tl.load(ks_ptr + offsets, mask=key_mask, other=0.0)[None, :]
         visible = (pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
         scores = tl.where(visible, scores, float("-inf"))
@@ -112,7 +114,9 @@ def _attend(
         v_ptrs += kv_head * stride_vh + dim[None, :] * stride_vd
         v = tl.load(v_ptrs, mask=key_mask[:, None] & dim_mask[None, :], other=0.0)  # [N, D]
         if SCALED:
-            offsets = scale_offsets(page, row, kv_head, units, stride_ss, stride_sp, stride_sr)
+            offsets = scale_offsets(
+                page, row, kv_head, SCALE_UNITS, stride_ss, stride_sp, stride_sr
+            )
             p *= tl.load(vs_ptr + offsets, mask=key_mask, other=0.0)[None, :]
         acc = acc * alpha[:, None] + _mma(p.to(q.dtype), v.to(q.dtype), DOT_UPCAST, PRECISION)
         m_i = m_new
@@ -128,7 +132,7 @@ def paged_attention_kernel(
     k_pages_ptr, stride_kp, stride_kr, stride_kh, stride_kd,
     v_pages_ptr, stride_vp, stride_vr, stride_vh, stride_vd,
     table_ptr, stride_ts, stride_tl, stride_tb,
-    ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,
+    ks_ptr, vs_ptr, SCALE_UNITS: tl.constexpr, stride_ss, stride_sp, stride_sr,
     cu_q_ptr, kv_lens_ptr, cached_ptr,  # [num_seqs + 1], [num_seqs], [num_seqs] int32
     page_units, v_page_offset, scale_log2, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -165,7 +169,7 @@ def paged_attention_kernel(
             k_pages_ptr, stride_kp, stride_kr, stride_kh, stride_kd,
             v_pages_ptr, stride_vp, stride_vr, stride_vh, stride_vd,
             table_ptr, stride_ts, stride_tl, stride_tb,
-            ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,
+            ks_ptr, vs_ptr, SCALE_UNITS, stride_ss, stride_sp, stride_sr,
             page_units, v_page_offset, scale_log2,
             HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_TOKENS, PAGE_TOKENS, DOT_UPCAST, PRECISION,
             ONE_ENTRY, SCALED,

@@ -57,6 +57,12 @@ def quantize_rows(x, AXIS: tl.constexpr):
 
 
 @triton.jit
-def scale_offsets(page, row, head, units, stride_slot, stride_page, stride_row):
-    """Element offsets of the scales of rows ``row`` of pages ``page`` for KV head ``head``."""
-    return (page // units) * stride_slot + (page % units) * stride_page + row * stride_row + head
+def scale_offsets(page, row, head, UNITS: tl.constexpr, stride_slot, stride_page, stride_row):
+    """Element offsets of the scales of rows ``row`` of pages ``page`` for KV head ``head``
+    (``UNITS`` a compile-time constant: a page that is a slot costs no integer division)."""
+    if UNITS == 1:
+        offsets = page * stride_slot + row * stride_row + head
+    else:
+        offsets = (page // UNITS) * stride_slot + (page % UNITS) * stride_page
+        offsets += row * stride_row + head
+    return offsets

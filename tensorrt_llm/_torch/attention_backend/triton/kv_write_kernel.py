@@ -136,7 +136,7 @@ def kv_write_kernel(
 def _quantize_tokens(
     src_ptr, stride_st, stride_sh, stride_sd,  # [num_tokens, num_kv_heads, head_dim]
     dst_ptr, stride_dp, stride_dr, stride_dh, stride_dd,  # FP8 [num_pages, page_tokens, H, D]
-    scale_ptr, units, stride_ss, stride_sp, stride_sr,  # float32 ScalePages
+    scale_ptr, SCALE_UNITS: tl.constexpr, stride_ss, stride_sp, stride_sr,  # float32 ScalePages
     tok, page, row, head, dim, tok_mask, dim_mask,
 ):  # fmt: skip
     mask = tok_mask[:, None] & dim_mask[None, :]
@@ -144,7 +144,7 @@ def _quantize_tokens(
     rows, scales = quantize_rows(tl.load(src, mask=mask, other=0.0), 1)
     dst = dst_ptr + page[:, None] * stride_dp + row[:, None] * stride_dr + head * stride_dh
     tl.store(dst + dim[None, :] * stride_dd, rows.to(dst_ptr.dtype.element_ty), mask=mask)
-    offsets = scale_offsets(page, row, head, units, stride_ss, stride_sp, stride_sr)
+    offsets = scale_offsets(page, row, head, SCALE_UNITS, stride_ss, stride_sp, stride_sr)
     tl.store(scale_ptr + offsets, scales, mask=tok_mask)
 
 
@@ -154,7 +154,7 @@ def kv_write_fp8_kernel(
     v_ptr, stride_vt, stride_vh, stride_vd,
     k_pages_ptr, stride_kpp, stride_kpr, stride_kph, stride_kpd,  # FP8 pages
     v_pages_ptr, stride_vpp, stride_vpr, stride_vph, stride_vpd,
-    ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,  # their ScalePages
+    ks_ptr, vs_ptr, SCALE_UNITS: tl.constexpr, stride_ss, stride_sp, stride_sr,  # their ScalePages
     table_ptr, stride_ts, stride_tl, stride_tb,  # [num_seqs, 2, max_blocks] int32
     pos_ptr, seq_ptr, num_tokens, page_units, v_page_offset,
     HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -176,7 +176,7 @@ def kv_write_fp8_kernel(
     _quantize_tokens(
         k_ptr, stride_kt, stride_kh, stride_kd,
         k_pages_ptr, stride_kpp, stride_kpr, stride_kph, stride_kpd,
-        ks_ptr, units, stride_ss, stride_sp, stride_sr,
+        ks_ptr, SCALE_UNITS, stride_ss, stride_sp, stride_sr,
         tok, k_page, row, head, dim, tok_mask, dim_mask,
     )  # fmt: skip
     v_page, row = page_row(
@@ -186,6 +186,6 @@ def kv_write_fp8_kernel(
     _quantize_tokens(
         v_ptr, stride_vt, stride_vh, stride_vd,
         v_pages_ptr, stride_vpp, stride_vpr, stride_vph, stride_vpd,
-        vs_ptr, units, stride_ss, stride_sp, stride_sr,
+        vs_ptr, SCALE_UNITS, stride_ss, stride_sp, stride_sr,
         tok, v_page, row, head, dim, tok_mask, dim_mask,
     )  # fmt: skip

@@ -93,7 +93,7 @@ def paged_attention(
     tiles = attention_tiles(batch.max_query_len, group, head_dim, q.element_size())
     if num_splits is None:
         num_programs = batch.num_seqs * tiles.num_query_tiles * kv.num_kv_heads
-        num_splits = decode_num_splits(num_programs, batch.max_kv_len, num_sms(q.device))
+        num_splits = decode_num_splits(num_programs, batch.max_kv_len, num_sms(q.device), kv.scaled)
     elif not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits={num_splits!r} must be a positive int")
     if num_splits > 1:
@@ -102,7 +102,11 @@ def paged_attention(
 
 
 def choose_num_splits(
-    num_programs: int, max_kv_len: int, num_sms: int, programs_per_sm: int = PROGRAMS_PER_SM
+    num_programs: int,
+    max_kv_len: int,
+    num_sms: int,
+    programs_per_sm: int = PROGRAMS_PER_SM,
+    max_splits: int = MAX_SPLITS,
 ) -> int:
     """KV partitions per sequence for a launch of ``num_programs`` (sequences x query tiles x KV
     heads) on ``num_sms`` multiprocessors.
@@ -117,13 +121,19 @@ def choose_num_splits(
     if num_programs >= num_sms:
         return 1
     wanted = triton.cdiv(programs_per_sm * num_sms, max(num_programs, 1))
-    return max(1, min(wanted, triton.cdiv(max_kv_len, MIN_KV_PER_SPLIT), MAX_SPLITS))
+    return max(1, min(wanted, triton.cdiv(max_kv_len, MIN_KV_PER_SPLIT), max_splits))
 
 
-def decode_num_splits(num_programs: int, max_kv_len: int, num_sms: int) -> int:
+def decode_num_splits(
+    num_programs: int, max_kv_len: int, num_sms: int, scaled: bool = False
+) -> int:
     """``choose_num_splits`` at ``DECODE_PROGRAMS_PER_SM``, rounded down to a power of two (a
-    long context then splits into equal runs of whole 128-key tiles)."""
-    wanted = choose_num_splits(num_programs, max_kv_len, num_sms, DECODE_PROGRAMS_PER_SM)
+    long context then splits into equal runs of whole 128-key tiles). FP8 pages (``scaled``):
+    twice the programs and splits, each of half the bytes, so as many bytes are in flight."""
+    more = 2 if scaled else 1
+    wanted = choose_num_splits(
+        num_programs, max_kv_len, num_sms, more * DECODE_PROGRAMS_PER_SM, more * MAX_SPLITS
+    )
     return 1 << (wanted.bit_length() - 1)
 
 

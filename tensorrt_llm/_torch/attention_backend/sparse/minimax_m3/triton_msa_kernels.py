@@ -40,7 +40,7 @@ from tensorrt_llm._torch.attention_backend.triton.fp8 import scale_offsets
 def _msa_block_scores_kernel(
     iq_ptr, stride_iqt, stride_iqg, stride_iqd,  # index_q [num_tokens, NUM_GROUPS, INDEX_DIM]
     ik_ptr, stride_ikp, stride_ikt, stride_ikd,  # index-K [num_pages, TOKENS_PER_PAGE, INDEX_DIM]
-    iks_ptr, units, stride_ss, stride_sp, stride_sr,  # SCALED: index-K's ScalePages
+    iks_ptr, SCALE_UNITS: tl.constexpr, stride_ss, stride_sp, stride_sr,  # SCALED: index-K's ScalePages
     table_ptr, stride_table_seq, stride_table_page,  # lane-0 block table [num_seqs, max_pages]
     cu_seqlens_q_ptr, pos_ptr,  # [num_seqs + 1], [num_tokens]
     out_ptr, stride_ot, stride_og, stride_ob,  # [num_tokens, NUM_GROUPS, num_key_blocks] fp32
@@ -103,7 +103,7 @@ def _msa_block_scores_kernel(
             score = tl.dot(iq, ik, input_precision=DOT_PRECISION)  # [ROWS, BLOCK_N]
             if SCALED:
                 rows = scale_offsets(
-                    page, keys % TOKENS_PER_PAGE, 0, units, stride_ss, stride_sp, stride_sr
+                    page, keys % TOKENS_PER_PAGE, 0, SCALE_UNITS, stride_ss, stride_sp, stride_sr
                 )
                 score *= tl.load(iks_ptr + rows, mask=key_ok, other=0.0)[None, :]
             visible = key_ok[None, :] & (keys[None, :] <= pos[:, None])
@@ -206,7 +206,7 @@ def _online_softmax_step(
 def _load_kv(
     k_ptr, v_ptr, stride_kvp, stride_kvt, stride_kvh, stride_kvd,
     table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,
-    ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,
+    ks_ptr, vs_ptr, SCALE_UNITS: tl.constexpr, stride_ss, stride_sp, stride_sr,
     seq, kv_head, keys, key_ok, offs_d, d_ok, TOKENS_PER_PAGE: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """K ``[HEAD_DIM_PAD, BLOCK_N]`` and V ``[BLOCK_N, HEAD_DIM_PAD]`` of key positions ``keys``
@@ -222,8 +222,8 @@ def _load_kv(
     v = tl.load(v_ptr + v_off, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
     if SCALED:
         row = keys % TOKENS_PER_PAGE
-        k_rows = scale_offsets(k_page, row, kv_head, units, stride_ss, stride_sp, stride_sr)
-        v_rows = scale_offsets(v_page, row, kv_head, units, stride_ss, stride_sp, stride_sr)
+        k_rows = scale_offsets(k_page, row, kv_head, SCALE_UNITS, stride_ss, stride_sp, stride_sr)
+        v_rows = scale_offsets(v_page, row, kv_head, SCALE_UNITS, stride_ss, stride_sp, stride_sr)
         k_scale = tl.load(ks_ptr + k_rows, mask=key_ok, other=0.0)
         v_scale = tl.load(vs_ptr + v_rows, mask=key_ok, other=0.0)
     else:
@@ -263,7 +263,7 @@ def _msa_sparse_attention_kernel(
     out_ptr, stride_ot, stride_oh, stride_od,  # [num_tokens, num_heads, HEAD_DIM]
     k_ptr, v_ptr, stride_kvp, stride_kvt, stride_kvh, stride_kvd,  # K, V pages, one layout
     table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,  # lanes 0 and 1 of the table
-    ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,  # SCALED: K's and V's ScalePages
+    ks_ptr, vs_ptr, SCALE_UNITS: tl.constexpr, stride_ss, stride_sp, stride_sr,  # SCALED: K's and V's ScalePages
     sel_ptr, stride_selt, stride_selg, stride_selb,  # [num_tokens, Hkv, num_key_blocks] int8 0/1
     # the tiles' blocks per group [num_tile_ids, Hkv, num_key_blocks], counts [num_tile_ids, Hkv]
     union_ptr, stride_ut, stride_ug, stride_ub, count_ptr, stride_ct, stride_cg,
@@ -321,7 +321,7 @@ def _msa_sparse_attention_kernel(
                 k, v, k_scale, v_scale = _load_kv(
                     k_ptr, v_ptr, stride_kvp, stride_kvt, stride_kvh, stride_kvd,
                     table_k_ptr, table_v_ptr, stride_table_seq, stride_table_page,
-                    ks_ptr, vs_ptr, units, stride_ss, stride_sp, stride_sr,
+                    ks_ptr, vs_ptr, SCALE_UNITS, stride_ss, stride_sp, stride_sr,
                     seq, kv_head, keys, key_ok, offs_d, d_ok, TOKENS_PER_PAGE, SCALED,
                 )  # fmt: skip
                 # keys of the blocks the row's token selected for the group, at positions <= its
