@@ -28,11 +28,11 @@ def spec(draft_kv_cache: str | None) -> Eagle3DecodingConfig | None:
     )
 
 
-def make_llm(draft_kv_cache: str | None = "unified", **parallel) -> LLM:
+def make_llm(draft_kv_cache: str | None = "unified", kv_dtype: str = "auto", **parallel) -> LLM:
     return LLM(
         device="cpu",
         speculative_config=spec(draft_kv_cache),
-        kv_cache_config=KvCacheConfig(max_tokens=128 * 32),
+        kv_cache_config=KvCacheConfig(max_tokens=128 * 32, dtype=kv_dtype),
         **parallel,
     )
 
@@ -78,6 +78,35 @@ def test_each_tp_rank_caches_its_own_kv_heads_beside_the_drafters_sub_pages():
             assert heads == [(1, 0), (1, 32), (1, 0), (1, 32), (4, 0)]  # sparse layers 1 and 3
     # half the K/V bytes, all the index-K bytes (2 sparse layers x 128 tokens x 32 x fp32), aligned
     assert (slot_bytes[1], slot_bytes[2]) == (819200, 425984)
+
+
+def decode_fp8(**parallel) -> list[tuple[list[int], float | None]]:
+    """Eagle3 on the unified cache at FP8 KV (``KvCacheConfig(dtype="fp8")``): rank 0's K/V
+    heads, replicated index keys and the drafter's sub-pages in float8_e4m3fn with their scales."""
+    from tensorrt_llm.runtime.kv_cache_manager_v2 import DataRole
+
+    with make_llm("unified", kv_dtype="fp8", **parallel) as llm:
+        buffers = llm.kv_cache_manager.layout.pools[0].buffers
+        rows = [b for b in buffers if not b.role.is_scale]
+        assert {b.dtype for b in rows} == {"float8_e4m3fn"} and any(b.is_subpage for b in rows)
+        scales = {b.role for b in buffers if b.role.is_scale}
+        assert scales == {DataRole.KEY_SCALE, DataRole.VALUE_SCALE, DataRole.INDEX_KEY_SCALE}
+        outputs = llm.generate(prompts(llm, 3), GREEDY)
+    return [(o.outputs[0].token_ids, o.outputs[0].avg_decoded_tokens_per_iter) for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def one_rank_fp8() -> list[tuple[list[int], float | None]]:
+    return decode_fp8()
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 2, "enable_attention_dp": True}],
+    ids=["tp2", "adp2"],
+)
+def test_an_fp8_kv_cache_decodes_as_one_rank(one_rank_fp8, parallel):
+    assert decode_fp8(**parallel) == one_rank_fp8
 
 
 def test_adp2_spreads_the_requests_and_decodes_as_one_rank(one_rank):
