@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,6 +195,32 @@ def test_the_published_kv_bytes_per_token_count_each_row_and_its_fp8_scale():
     fp8 = 60 * 2 * 4 * (128 + 4) + 57 * (128 + 4)  # a float32 scale per token and head
     assert cached_bytes_per_token(config, KV_FORMATS["bfloat16"]) == bf16 == 137472
     assert cached_bytes_per_token(config, KV_FORMATS["fp8"]) == fp8 == 70884
+
+
+def test_decode_kernels_benchmark_times_every_kernel_at_both_kv_dtypes_in_the_interpreter():
+    """Every kernel of a full and a sparse layer timed at bf16 and at FP8 KV (two splits, so the
+    reductions run too), and the FP8 attentions (the same K/V quantized) close to bf16's."""
+    args = ["--device", "cpu", "--shapes", "1x256", "--iters", "1", "--splits", "2"]
+    done = run_benchmark("bench_decode_kernels.py", args, timeout_s=120)
+    kernels = {
+        "full": ["kv write", "paged attention", "split reduce"],
+        "sparse": ["kv write", "index-K write (torch)", "block scores", "block selection"]
+        + ["sparse attention", "split reduce"],
+    }
+    for layer, names in kernels.items():
+        for name in names:
+            for dtype in ("bfloat16", "fp8"):
+                row = rf"^{layer} +{re.escape(name)} +(\d+|-) +{dtype} +\d+\.\d+ "
+                assert re.search(row, done.stdout, re.MULTILINE), (layer, name, dtype)
+    # the reads: 256 tokens x 4 KV heads x K and V, rows of 128 bf16 or 128 fp8 + a float32 scale
+    assert re.search(r"^full +paged attention +2 +bfloat16 +[\d.]+ +0\.524 ", done.stdout, re.M)
+    assert re.search(r"^full +paged attention +2 +fp8 +[\d.]+ +0\.270 ", done.stdout, re.M)
+    checks = re.findall(r"output: relative RMS ([\d.]+), within 0\.1", done.stdout)
+    assert len(checks) == 2 and all(float(c) > 0 for c in checks)  # quantized, yet close
+    steps = [
+        line for line in done.stdout.splitlines() if line.startswith("step (3 full + 5 sparse")
+    ]
+    assert len(steps) == 2  # the step's sum, per KV dtype
 
 
 @pytest.mark.parametrize("budget_gib", [1, 16])
