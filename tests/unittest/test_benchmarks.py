@@ -186,6 +186,22 @@ def test_long_context_benchmark_prefills_in_chunks_and_counts_the_reads_at_tiny_
     assert record["summary"][0].startswith("bfloat16 batch 1: decode step ")
 
 
+@pytest.mark.gpu
+def test_a_512k_prompt_prefills_and_decodes_on_one_gpu_with_an_fp8_kv_cache(tmp_path):
+    """Issue 58's long context: the published-width benchmark model (8 layers, dummy weights),
+    a 512K-token prompt in chunks of 8192 with CUDA graphs and the overlap scheduler (about two
+    minutes on an H100)."""
+    out = tmp_path / "long.json"
+    args = ["--device", "cuda", "--contexts", "512K", "--kv-dtypes", "fp8", "--new-tokens", "8"]
+    run_benchmark("bench_long_context.py", [*args, "--overlap", "on", "--json", str(out)], 540)
+    cells = {c["context"]: c for c in json.loads(out.read_text())["cells"]}
+    cell = cells[512 * 1024]
+    assert cell["skipped"] is None, cell["skipped"]
+    assert cell["num_prefill_steps"] == 64 and cell["num_decode_steps"] == 7
+    assert cell["graph_steps"] == 7 and cell["decode_step_ms"] > 0
+    assert cell["slot_bytes_per_token"] == 9216  # FP8 rows and their scales, aligned
+
+
 def test_the_published_kv_bytes_per_token_count_each_row_and_its_fp8_scale():
     from bench_long_context import KV_FORMATS, cached_bytes_per_token, published_config
 
