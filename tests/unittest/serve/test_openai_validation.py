@@ -64,8 +64,8 @@ def test_a_body_that_is_not_a_request_object_is_a_400(client, body):
 
 
 def test_an_unknown_kv_cache_dtype_is_refused_at_configuration():
-    with pytest.raises(ValueError, match="dtype"):
-        KvCacheConfig(dtype="fp8")
+    with pytest.raises(ValueError, match="dtype(.|\n)*'bfloat16' or 'fp8'"):
+        KvCacheConfig(dtype="nvfp4")
 
 
 def test_a_body_over_the_limit_is_a_413_before_it_is_read(client):
