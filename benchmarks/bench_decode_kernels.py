@@ -71,6 +71,7 @@ from bench_common import (  # noqa: E402
     machine_name,
     time_us,
 )
+from bench_long_context import KV_FORMATS  # noqa: E402
 
 from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata  # noqa: E402
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (  # noqa: E402
@@ -177,7 +178,7 @@ def step_inputs(config, batch: int, device: str) -> StepInputs:
 
 def row_bytes(width: int, kv_dtype: str) -> int:
     """Bytes of a cached (token, head) row of ``width`` elements (FP8: with its float32 scale)."""
-    return width + 4 if kv_dtype == "fp8" else 2 * width
+    return KV_FORMATS[kv_dtype].row_bytes(width)
 
 
 def reduce_kernel(layer: str, q: torch.Tensor, num_splits: int) -> Kernel:
