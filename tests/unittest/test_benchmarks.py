@@ -87,7 +87,8 @@ def run_benchmark(script: str, args: list[str], timeout_s: float) -> subprocess.
     """``benchmarks/<script> args`` in a subprocess; it must exit 0."""
     command = [sys.executable, str(ROOT / "benchmarks" / script), *args]
     # one intra-op thread: on a small shared CPU, more threads than free cores only spin
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
