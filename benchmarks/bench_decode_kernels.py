@@ -9,8 +9,8 @@ runs the calls below, each timed as the step makes it (its output's allocation i
 - full-attention layer: ``kv write`` (the step's K and V: ``kv_write_kernel.py``, quantized to FP8
   rows and scales in an FP8 cache), ``paged attention`` (``ops.paged_attention``: split-K over
   ``decode_num_splits`` splits, the split reduction included) and, alone, its ``split reduce``;
-- sparse layer: ``kv write``, ``index-K write (torch)`` (the step writes index-K with the torch
-  reference, ``msa.write_index_k``), ``block scores`` (the indexer over every cached index-K,
+- sparse layer: ``kv write``, ``index-K write`` (``triton_msa.write_index_k_pages``: the KV write
+  kernel, index-K as a K lane), ``block scores`` (the indexer over every cached index-K,
   ``msa_block_scores``), ``block selection`` (``msa_select_blocks``), ``sparse attention``
   (``msa_sparse_attention`` over the selected blocks, split as ``triton_msa_attend`` splits it,
   its reduction included) and, alone, its ``split reduce``.
@@ -61,7 +61,6 @@ import torch
 if not torch.cuda.is_available():  # Triton reads it when the kernels are decorated (on import)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton  # noqa: E402
 from bench_attention import warm_up_gpu  # noqa: E402
 from bench_common import (  # noqa: E402
     NUM_FULL_LAYERS,
@@ -77,26 +76,24 @@ from tensorrt_llm._torch.attention_backend.interface import AttentionMetadata  #
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.cache_manager import (  # noqa: E402
     MiniMaxM3KVCacheManagerV2,
 )
-from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import write_index_k  # noqa: E402
 from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.triton_msa import (  # noqa: E402
     PagedBatch,
     attention_tile_tokens,
     msa_block_scores,
+    msa_num_splits,
     msa_select_blocks,
     msa_sparse_attention,
+    write_index_k_pages,
 )
 from tensorrt_llm._torch.attention_backend.triton.addressing import plain_paged_kv  # noqa: E402
 from tensorrt_llm._torch.attention_backend.triton.launch import (  # noqa: E402
-    attention_tiles,
     is_interpreted,
     launch_split_reduce,
     split_partials,
 )
 from tensorrt_llm._torch.attention_backend.triton.ops import (  # noqa: E402
-    choose_num_splits,
-    decode_num_splits,
-    num_sms,
     paged_attention,
+    paged_attention_num_splits,
     write_kv_pages,
 )
 from tensorrt_llm._torch.attention_backend.triton.step import StepBatch  # noqa: E402
@@ -160,7 +157,7 @@ def filled_manager(config, kv_dtype: str, batch: int, context: int, device: str)
         kv = plain_paged_kv(manager, layer, prefill.kv_cache_block_offsets)
         pos, seq = prefill.position_ids, prefill.token_seq_idx
         write_kv_pages(rand(*kv_shape), rand(*kv_shape), kv, pos, seq)
-    write_index_k(SPARSE, rand(batch * context, 1, config.index_head_dim), prefill)
+    write_index_k_pages(SPARSE, rand(batch * context, 1, config.index_head_dim), prefill)
     return manager
 
 
@@ -203,11 +200,9 @@ def full_layer_kernels(manager, md: AttentionMetadata, x: StepInputs, splits: in
     """A full-attention layer's kernels; ``splits`` None: the op's own choice."""
     kv = plain_paged_kv(manager, FULL, md.kv_cache_block_offsets)
     step = StepBatch.from_metadata(md)
-    batch, num_heads, head_dim = x.q.shape
-    if splits is None:  # as ops.paged_attention chooses them
-        tiles = attention_tiles(1, num_heads // kv.num_kv_heads, head_dim, x.q.element_size())
-        num_programs = batch * tiles.num_query_tiles * kv.num_kv_heads
-        splits = decode_num_splits(num_programs, step.max_kv_len, num_sms(x.q.device), kv.scaled)
+    batch, _, head_dim = x.q.shape
+    if splits is None:
+        splits = paged_attention_num_splits(x.q, kv, step)
     context = md.num_cached_tokens_per_seq[0] + 1
     read = 2 * batch * context * kv.num_kv_heads * row_bytes(head_dim, manager.dtype)
     attend = partial(paged_attention, x.q, kv, step, head_dim**-0.5, splits)
@@ -228,9 +223,8 @@ def sparse_layer_kernels(manager, md: AttentionMetadata, x: StepInputs, cfg, spl
     num_kv_heads = k_pages.shape[2]
     tile = attention_tile_tokens(pb.max_q_len, num_heads // num_kv_heads)
     visited = cfg.topk_blocks * cfg.block_size
-    if splits is None:  # as triton_msa_attend chooses them
-        num_programs = batch * triton.cdiv(pb.max_q_len, tile) * num_kv_heads
-        splits = choose_num_splits(num_programs, min(pb.max_kv_len, visited), num_sms(x.q.device))
+    if splits is None:
+        splits = msa_num_splits(pb, cfg, num_kv_heads, tile, x.q.device)
     score = partial(msa_block_scores, x.index_q, ik_pages, pb, cfg.block_size, ik_scales)
     scores = score()  # [batch, Hkv, num_key_blocks]
     select = partial(msa_select_blocks, scores, pb, cfg, tile)
@@ -245,10 +239,7 @@ def sparse_layer_kernels(manager, md: AttentionMetadata, x: StepInputs, cfg, spl
     return [
         write_kernel("sparse", manager, md, x),
         Kernel(
-            "sparse",
-            "index-K write (torch)",
-            partial(write_index_k, SPARSE, x.index_k, md),
-            index_k,
+            "sparse", "index-K write", partial(write_index_k_pages, SPARSE, x.index_k, md), index_k
         ),
         Kernel("sparse", "block scores", score, index_keys, grows=True),
         Kernel("sparse", "block selection", select, scores.numel() * 4, grows=True),

@@ -221,7 +221,7 @@ def test_decode_kernels_benchmark_times_every_kernel_at_both_kv_dtypes_in_the_in
     done = run_benchmark("bench_decode_kernels.py", args, timeout_s=120)
     kernels = {
         "full": ["kv write", "paged attention", "split reduce"],
-        "sparse": ["kv write", "index-K write (torch)", "block scores", "block selection"]
+        "sparse": ["kv write", "index-K write", "block scores", "block selection"]
         + ["sparse attention", "split reduce"],
     }
     for layer, names in kernels.items():

@@ -139,6 +139,17 @@ def plain_paged_kv(manager: PagedKVCache, layer_idx: int, block_offsets: torch.T
     return PagedKV(k_pages, v_pages, table, PageAddressing.plain(manager.tokens_per_block), *scales)
 
 
+def index_k_paged_kv(manager, layer_idx: int, block_offsets: torch.Tensor) -> PagedKV:
+    """A sparse layer's index-K pages ``[num_pages, tokens_per_block, 1, Di]`` as the K lane of a
+    ``PagedKV`` (addressed like K, through lane 0 of the layer's table; with their scales in an
+    FP8 cache), for ``write_kv_pages`` with no V."""
+    pages = manager.get_index_k_pages(layer_idx)
+    table = block_offsets[manager.layer_pool_index(layer_idx)]
+    scales = manager.get_index_k_scales(layer_idx)
+    both = (scales, scales) if scales is not None else (None, None)
+    return PagedKV(pages, pages, table, PageAddressing.plain(manager.tokens_per_block), *both)
+
+
 def draft_subpage_kv(
     view: MiniMaxM3DraftSubpageView,
     layer_idx: int,

@@ -14,10 +14,11 @@ Scores are kept in log2 units (``scale_log2 = scale * log2(e)``) with an online 
 Without splits a program writes the normalised output in q's dtype; with splits it writes its
 partial output (fp32) and its log2-sum-exp, and ``split_reduce_kernel`` combines them.
 
-FP8 pages (``SCALED``): the rows go to the MMA as they are, converted to q's dtype (exact), and
-their scales are applied in registers where they cost a vector, not a tile: key ``j``'s scale
-multiplies score column ``j`` (``q . (s k) = s (q . k)``) and value ``j``'s multiplies probability
-column ``j`` before the PV product (``p (s v) = (p s) v``); powers of two, so both are exact.
+FP8 pages (``SCALED``): the rows go to the MMA as they are, converted to fp16 with the query
+(``FP16_MMA``; ``fp8.py`` says why: both exact), and their scales are applied in registers where
+they cost a vector, not a tile: key ``j``'s scale multiplies score column ``j`` (``q . (s k) = s
+(q . k)``) and value ``j``'s multiplies probability column ``j`` before the PV product (``p (s v) =
+(p s) v``, ``fp8.value_weights``); powers of two, so both are exact.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tensorrt_llm._torch.attention_backend.triton.fp8 import scale_offsets
+from tensorrt_llm._torch.attention_backend.triton.fp8 import scale_offsets, value_weights
 from tensorrt_llm._torch.attention_backend.triton.kv_write_kernel import page_row
 
 
 @triton.jit
 def _mma(a, b, DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    """``a @ b`` accumulated in fp32. ``DOT_UPCAST`` (interpreter, bf16 only): the interpreter's
-    ``tl.dot`` multiplies bf16 bit patterns, so operands go to fp32 first (exact for bf16)."""
+    """``a @ b`` accumulated in fp32. ``DOT_UPCAST`` (interpreter, 16-bit operands): the
+    interpreter's ``tl.dot`` multiplies bf16 bit patterns, so operands go to fp32 first (exact)."""
     if DOT_UPCAST:
         out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
@@ -75,7 +76,7 @@ def _attend(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr, PAGE_TOKENS: tl.constexpr,
     DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, ONE_ENTRY: tl.constexpr,
-    SCALED: tl.constexpr,
+    SCALED: tl.constexpr, FP16_MMA: tl.constexpr,
 ):  # fmt: skip
     """Online softmax of the tile's rows over keys [lo, hi): (acc [BLOCK_M, BLOCK_D], m, l)."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, log2 units
@@ -113,12 +114,15 @@ def _attend(
         v_ptrs = v_pages_ptr + page[:, None] * stride_vp + row[:, None] * stride_vr
         v_ptrs += kv_head * stride_vh + dim[None, :] * stride_vd
         v = tl.load(v_ptrs, mask=key_mask[:, None] & dim_mask[None, :], other=0.0)  # [N, D]
+        factor = 1.0
         if SCALED:
             offsets = scale_offsets(
                 page, row, kv_head, SCALE_UNITS, stride_ss, stride_sp, stride_sr
             )
-            p *= tl.load(vs_ptr + offsets, mask=key_mask, other=0.0)[None, :]
-        acc = acc * alpha[:, None] + _mma(p.to(q.dtype), v.to(q.dtype), DOT_UPCAST, PRECISION)
+            v_scale = tl.load(vs_ptr + offsets, mask=key_mask, other=0.0)
+            p, factor = value_weights(p, v_scale, FP16_MMA)
+        pv = _mma(p.to(q.dtype), v.to(q.dtype), DOT_UPCAST, PRECISION)
+        acc = acc * alpha[:, None] + pv * factor
         m_i = m_new
     return acc, m_i, l_i
 
@@ -139,7 +143,7 @@ def paged_attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr, PAGE_TOKENS: tl.constexpr,
     SPLIT: tl.constexpr, DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_ENTRY: tl.constexpr, SCALED: tl.constexpr,
+    ONE_ENTRY: tl.constexpr, SCALED: tl.constexpr, FP16_MMA: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(num_seqs, query tiles, num_kv_heads * num_splits)``; see the module docstring."""
     seq = tl.program_id(0)
@@ -164,6 +168,8 @@ def paged_attention_kernel(
         mask = row_mask[:, None] & (dim < HEAD_DIM)[None, :]
         q_ptrs = q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh
         q = tl.load(q_ptrs + dim[None, :] * stride_qd, mask=mask, other=0.0)
+        if FP16_MMA:
+            q = q.to(tl.float16)
         acc, m_i, l_i = _attend(
             q, q_pos, lo, hi, seq, kv_head,
             k_pages_ptr, stride_kp, stride_kr, stride_kh, stride_kd,
@@ -172,7 +178,7 @@ def paged_attention_kernel(
             ks_ptr, vs_ptr, SCALE_UNITS, stride_ss, stride_sp, stride_sr,
             page_units, v_page_offset, scale_log2,
             HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_TOKENS, PAGE_TOKENS, DOT_UPCAST, PRECISION,
-            ONE_ENTRY, SCALED,
+            ONE_ENTRY, SCALED, FP16_MMA,
         )  # fmt: skip
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # an empty split: output 0, weight 0
         out_ptrs = (

@@ -6,6 +6,12 @@ only then converted, so the conversion itself never rounds (the interpreter's fp
 conversion drops the carry when rounding crosses a power of two: 127.1 became 64). Reading a row
 back is ``fp8 -> fp32`` times its scale: exact, and exact again in bfloat16.
 
+The MMA of FP8 rows runs in fp16 (``FP16_MMA``): e4m3 converts to fp16 in one instruction, to bf16
+only through fp32 (on an H100 a 512K-token decode reads its FP8 K and V at 0.90 of the copy
+bandwidth with fp16 operands, at 0.72 with bf16). A bf16 query converts exactly to fp16 inside
+fp16's range. Value scales multiply the probabilities (``value_weights``), normalised so fp16
+keeps them in its normal range.
+
 A page's scales sit at ``scale_ptr + (page // units) * stride_slot + (page % units) * stride_page
 + row * stride_row + head`` (``ScalePages`` in ``interface.py``): ``units`` is 1 when a page is a
 slot, ``slot_units`` for the draft sub-page view.
@@ -66,3 +72,21 @@ def scale_offsets(page, row, head, UNITS: tl.constexpr, stride_slot, stride_page
         offsets = (page // UNITS) * stride_slot + (page % UNITS) * stride_page
         offsets += row * stride_row + head
     return offsets
+
+
+@triton.jit
+def value_weights(p, v_scale, FP16_MMA: tl.constexpr):
+    """The probabilities ``p [M, N]`` weighted by the value rows' scales ``v_scale [N]`` for the
+    PV product, and the factor its result takes: ``p v_scale`` and 1, or with ``FP16_MMA``
+    ``p v_scale / top * 2^15`` and ``top * 2^-15`` (``top`` the tile's largest scale: every weight
+    <= 2^15 fits fp16, and only a key below 2^-29 of ``top`` leaves fp16's normal range). Scales are
+    powers of two: both ways are exact."""
+    if FP16_MMA:
+        top = tl.max(v_scale, 0)
+        top = tl.where(top > 0.0, top, 1.0)  # a tile of masked keys (scale 0)
+        weighted = p * ((v_scale / top) * 32768.0)[None, :]
+        factor = top * (1.0 / 32768.0)
+    else:
+        weighted = p * v_scale[None, :]
+        factor = 1.0
+    return weighted, factor

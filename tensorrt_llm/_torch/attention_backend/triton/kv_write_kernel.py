@@ -100,9 +100,11 @@ def kv_write_kernel(
     BLOCK_HD: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr,
     PAGE_TOKENS: tl.constexpr,
+    WRITE_V: tl.constexpr,
 ):
-    """Program i stores tokens [i * BLOCK_T, (i + 1) * BLOCK_T) of K and of V, all heads: a tile
-    ``[BLOCK_T, num_kv_heads * head_dim]`` (column c is head c // HEAD_DIM, dim c % HEAD_DIM)."""
+    """Program i stores tokens [i * BLOCK_T, (i + 1) * BLOCK_T) of K and (``WRITE_V``) of V, all
+    heads: a tile ``[BLOCK_T, num_kv_heads * head_dim]`` (column c is head c // HEAD_DIM, dim
+    c % HEAD_DIM)."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < num_tokens
     col = tl.arange(0, BLOCK_HD)
@@ -121,15 +123,16 @@ def kv_write_kernel(
         k_pages_ptr, stride_kpp, stride_kpr, stride_kph, stride_kpd,
         tok, k_page, row, head, dim, mask,
     )  # fmt: skip
-    v_page, row = page_row(
-        table_ptr, stride_ts, stride_tl, stride_tb, seq, 1, pos, tok_mask,
-        page_units, v_page_offset, BLOCK_TOKENS, PAGE_TOKENS,
-    )  # fmt: skip
-    _copy_tokens(
-        v_ptr, stride_vt, stride_vh, stride_vd,
-        v_pages_ptr, stride_vpp, stride_vpr, stride_vph, stride_vpd,
-        tok, v_page, row, head, dim, mask,
-    )  # fmt: skip
+    if WRITE_V:
+        v_page, row = page_row(
+            table_ptr, stride_ts, stride_tl, stride_tb, seq, 1, pos, tok_mask,
+            page_units, v_page_offset, BLOCK_TOKENS, PAGE_TOKENS,
+        )  # fmt: skip
+        _copy_tokens(
+            v_ptr, stride_vt, stride_vh, stride_vd,
+            v_pages_ptr, stride_vpp, stride_vpr, stride_vph, stride_vpd,
+            tok, v_page, row, head, dim, mask,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -158,10 +161,10 @@ def kv_write_fp8_kernel(
     table_ptr, stride_ts, stride_tl, stride_tb,  # [num_seqs, 2, max_blocks] int32
     pos_ptr, seq_ptr, num_tokens, page_units, v_page_offset,
     HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_TOKENS: tl.constexpr, PAGE_TOKENS: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr, PAGE_TOKENS: tl.constexpr, WRITE_V: tl.constexpr,
 ):  # fmt: skip
-    """Program (i, h) stores tokens [i * BLOCK_T, (i + 1) * BLOCK_T) of KV head h, K and V, each
-    ``head_dim`` row as FP8 with its scale (``fp8.py``)."""
+    """Program (i, h) stores tokens [i * BLOCK_T, (i + 1) * BLOCK_T) of KV head h, K and
+    (``WRITE_V``) V, each ``head_dim`` row as FP8 with its scale (``fp8.py``)."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     head = tl.program_id(1)
     tok_mask = tok < num_tokens
@@ -179,13 +182,14 @@ def kv_write_fp8_kernel(
         ks_ptr, SCALE_UNITS, stride_ss, stride_sp, stride_sr,
         tok, k_page, row, head, dim, tok_mask, dim_mask,
     )  # fmt: skip
-    v_page, row = page_row(
-        table_ptr, stride_ts, stride_tl, stride_tb, seq, 1, pos, tok_mask,
-        page_units, v_page_offset, BLOCK_TOKENS, PAGE_TOKENS,
-    )  # fmt: skip
-    _quantize_tokens(
-        v_ptr, stride_vt, stride_vh, stride_vd,
-        v_pages_ptr, stride_vpp, stride_vpr, stride_vph, stride_vpd,
-        vs_ptr, SCALE_UNITS, stride_ss, stride_sp, stride_sr,
-        tok, v_page, row, head, dim, tok_mask, dim_mask,
-    )  # fmt: skip
+    if WRITE_V:
+        v_page, row = page_row(
+            table_ptr, stride_ts, stride_tl, stride_tb, seq, 1, pos, tok_mask,
+            page_units, v_page_offset, BLOCK_TOKENS, PAGE_TOKENS,
+        )  # fmt: skip
+        _quantize_tokens(
+            v_ptr, stride_vt, stride_vh, stride_vd,
+            v_pages_ptr, stride_vpp, stride_vpr, stride_vph, stride_vpd,
+            vs_ptr, SCALE_UNITS, stride_ss, stride_sp, stride_sr,
+            tok, v_page, row, head, dim, tok_mask, dim_mask,
+        )  # fmt: skip

@@ -30,17 +30,20 @@ def is_interpreted() -> bool:
 
 def launch_kv_write(
     k: torch.Tensor,
-    v: torch.Tensor,
+    v: torch.Tensor | None,
     kv: PagedKV,
     position_ids: torch.Tensor,
     token_seq_idx: torch.Tensor,
 ) -> None:
-    """One launch storing every token's K and V: ``BLOCK_T`` tokens x all heads per program."""
+    """One launch storing every token's K and V (K alone when ``v`` is None): ``BLOCK_T`` tokens x
+    all heads per program."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
+    write_v = v is not None
+    v = k if v is None else v  # never read without WRITE_V
     if kv.scaled:
-        launch_kv_write_fp8(k, v, kv, position_ids, token_seq_idx)
+        launch_kv_write_fp8(k, v, kv, position_ids, token_seq_idx, write_v)
         return
     num_hd = num_kv_heads * head_dim
     block_hd = triton.next_power_of_2(num_hd)
@@ -55,7 +58,8 @@ def launch_kv_write(
         *kv.v_pages.stride(),  # [num_pages, page_tokens, num_kv_heads, head_dim]
         *kv.block_table.stride(),  # [num_seqs, 2, max_blocks]
         HEAD_DIM=head_dim, NUM_HD=num_hd, BLOCK_T=block_t, BLOCK_HD=block_hd,
-        BLOCK_TOKENS=a.block_tokens, PAGE_TOKENS=a.page_tokens, num_warps=NUM_WARPS,
+        BLOCK_TOKENS=a.block_tokens, PAGE_TOKENS=a.page_tokens, WRITE_V=write_v,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
 
 
@@ -65,6 +69,7 @@ def launch_kv_write_fp8(
     kv: PagedKV,
     position_ids: torch.Tensor,
     token_seq_idx: torch.Tensor,
+    write_v: bool,
 ) -> None:
     """FP8 pages: ``BLOCK_T`` tokens of one KV head per program, rows quantized with their scales."""
     num_tokens, num_kv_heads, head_dim = k.shape
@@ -79,7 +84,8 @@ def launch_kv_write_fp8(
         kv.block_table, *kv.block_table.stride(),  # [num_seqs, 2, max_blocks]
         position_ids, token_seq_idx, num_tokens, a.page_units, a.v_page_offset,
         HEAD_DIM=head_dim, BLOCK_T=block_t, BLOCK_D=block_d,
-        BLOCK_TOKENS=a.block_tokens, PAGE_TOKENS=a.page_tokens, num_warps=NUM_WARPS,
+        BLOCK_TOKENS=a.block_tokens, PAGE_TOKENS=a.page_tokens, WRITE_V=write_v,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
 
 
@@ -152,9 +158,10 @@ def launch_paged_attention(
         GROUP=num_heads // kv.num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d,
         BLOCK_TOKENS=a.block_tokens, PAGE_TOKENS=a.page_tokens, SPLIT=split,
-        DOT_UPCAST=is_interpreted() and q.dtype == torch.bfloat16,
+        DOT_UPCAST=is_interpreted() and q.dtype != torch.float32,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         ONE_ENTRY=a.block_tokens % tiles.block_n == 0, SCALED=kv.scaled,
+        FP16_MMA=kv.scaled and q.dtype != torch.float32,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if split:

@@ -31,17 +31,17 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def write_kv_pages(
     k: torch.Tensor,
-    v: torch.Tensor,
+    v: torch.Tensor | None,
     kv: PagedKV,
     position_ids: torch.Tensor,
     token_seq_idx: torch.Tensor,
 ) -> None:
     """Store token ``t``'s ``k[t], v[t]`` (``[num_tokens, num_kv_heads, head_dim]``) at KV position
     ``position_ids[t]`` of sequence ``token_seq_idx[t]`` through ``kv``'s table and addressing, in
-    one launch for K and V (no host sync)."""
-    if k.dim() != 3 or k.shape != v.shape:
+    one launch for K and V (no host sync). ``v`` None: K alone (lane 0), as index-K is written."""
+    if k.dim() != 3 or k.shape != (k if v is None else v).shape:
         raise ValueError(
-            f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be "
+            f"k {tuple(k.shape)} and v {None if v is None else tuple(v.shape)} must both be "
             "[num_tokens, num_kv_heads, head_dim]"
         )
     if k.shape[1:] != kv.k_pages.shape[2:]:
@@ -52,7 +52,9 @@ def write_kv_pages(
     for name, t in (("position_ids", position_ids), ("token_seq_idx", token_seq_idx)):
         if t.shape != (k.shape[0],):
             raise ValueError(f"{name} has shape {tuple(t.shape)}; expected ({k.shape[0]},)")
-    _check_device(k, v, kv.k_pages, kv.v_pages, kv.block_table, position_ids, token_seq_idx)
+    _check_device(k, kv.k_pages, kv.v_pages, kv.block_table, position_ids, token_seq_idx)
+    if v is not None:
+        _check_device(k, v)
     launch_kv_write(k, v, kv, position_ids, token_seq_idx)
 
 
@@ -89,15 +91,13 @@ def paged_attention(
             f"{kv.block_table.shape[0]} rows"
         )
     _check_device(q, kv.k_pages, kv.v_pages, kv.block_table, batch.cu_seqlens_q, batch.kv_lens)
-    group = num_heads // kv.num_kv_heads
-    tiles = attention_tiles(batch.max_query_len, group, head_dim, q.element_size())
     if num_splits is None:
-        num_programs = batch.num_seqs * tiles.num_query_tiles * kv.num_kv_heads
-        num_splits = decode_num_splits(num_programs, batch.max_kv_len, num_sms(q.device), kv.scaled)
+        num_splits = paged_attention_num_splits(q, kv, batch)
     elif not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits={num_splits!r} must be a positive int")
-    if num_splits > 1:
-        tiles = attention_tiles(batch.max_query_len, group, head_dim, q.element_size(), split=True)
+    group = num_heads // kv.num_kv_heads
+    split = num_splits > 1
+    tiles = attention_tiles(batch.max_query_len, group, head_dim, q.element_size(), split)
     return launch_paged_attention(q, kv, batch, scale, num_splits, tiles)
 
 
@@ -124,17 +124,22 @@ def choose_num_splits(
     return max(1, min(wanted, triton.cdiv(max_kv_len, MIN_KV_PER_SPLIT), max_splits))
 
 
-def decode_num_splits(
-    num_programs: int, max_kv_len: int, num_sms: int, scaled: bool = False
-) -> int:
+def decode_num_splits(num_programs: int, max_kv_len: int, num_sms: int) -> int:
     """``choose_num_splits`` at ``DECODE_PROGRAMS_PER_SM``, rounded down to a power of two (a
-    long context then splits into equal runs of whole 128-key tiles). FP8 pages (``scaled``):
-    twice the programs and splits, each of half the bytes, so as many bytes are in flight."""
-    more = 2 if scaled else 1
-    wanted = choose_num_splits(
-        num_programs, max_kv_len, num_sms, more * DECODE_PROGRAMS_PER_SM, more * MAX_SPLITS
-    )
+    long context then splits into equal runs of whole 128-key tiles). FP8 pages take the same
+    count: on an H100 a 512K-token decode of 4 KV heads reads them fastest at 64 splits (0.90 of
+    the copy bandwidth, 0.86 at 128; ``benchmarks/bench_decode_kernels.py``)."""
+    wanted = choose_num_splits(num_programs, max_kv_len, num_sms, DECODE_PROGRAMS_PER_SM)
     return 1 << (wanted.bit_length() - 1)
+
+
+def paged_attention_num_splits(q: torch.Tensor, kv: PagedKV, batch: StepBatch) -> int:
+    """The KV splits ``paged_attention`` takes for ``q`` over ``kv`` when not told."""
+    num_heads, head_dim = q.shape[1:]
+    group = num_heads // kv.num_kv_heads
+    tiles = attention_tiles(batch.max_query_len, group, head_dim, q.element_size())
+    num_programs = batch.num_seqs * tiles.num_query_tiles * kv.num_kv_heads
+    return decode_num_splits(num_programs, batch.max_kv_len, num_sms(q.device))
 
 
 @functools.cache

@@ -59,13 +59,13 @@ class VanillaMsaBackend(MsaBackend):
 
 
 class TritonMsaBackend(MsaBackend):
-    """K and V written by the dense Triton write kernel (the same addressing as the backend's dense
-    layers), index-K by the torch reference, then ``triton_msa_attend``."""
+    """K, V and index-K written by the dense Triton write kernel (the same addressing as the
+    backend's dense layers; index-K as a K lane of its own pages), then ``triton_msa_attend``."""
 
     def attend(self, layer_idx, q, k, v, msa, metadata, cfg, scale):
-        from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.msa import write_index_k
         from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.triton_msa import (
             triton_msa_attend,
+            write_index_k_pages,
         )
         from tensorrt_llm._torch.attention_backend.triton.ops import write_kv_pages
 
@@ -73,7 +73,7 @@ class TritonMsaBackend(MsaBackend):
         metadata = backend.paged_metadata(metadata)
         kv = backend.paged_kv(metadata, layer_idx)
         write_kv_pages(k, v, kv, metadata.position_ids, metadata.token_seq_idx)
-        write_index_k(layer_idx, msa.index_k, metadata)
+        write_index_k_pages(layer_idx, msa.index_k, metadata)
         return triton_msa_attend(layer_idx, q, msa, metadata, cfg, scale)
 
 

@@ -6,8 +6,8 @@ and index-K first), with no host sync and no loop over the batch. The indexer se
 whose query heads ``g * GROUP .. g * GROUP + GROUP - 1`` attend group ``g``'s blocks). Its steps,
 each a launcher usable (and tested) on its own::
 
-    write K, V, index-K      K and V by the dense write kernel, index-K by the torch reference
-                             (``msa.write_index_k``; FP8 rows and scales in an FP8 cache)
+    write K, V, index-K      the dense write kernel (``write_index_k_pages``: index-K as a K
+                             lane of its own pages; FP8 rows and scales in an FP8 cache)
     msa_block_scores         [num_tokens, G, num_key_blocks] fp32: raw index dot products, max
                              per key block (``index_block_scores``)
     msa_select_blocks        MsaSelection: [num_tokens, G, num_key_blocks] bool
@@ -38,11 +38,16 @@ from tensorrt_llm._torch.attention_backend.sparse.minimax_m3.triton_msa_kernels 
     _msa_select_kernel,
     _msa_sparse_attention_kernel,
 )
+from tensorrt_llm._torch.attention_backend.triton.addressing import index_k_paged_kv
 from tensorrt_llm._torch.attention_backend.triton.launch import (
     launch_split_reduce,
     split_partials,
 )
-from tensorrt_llm._torch.attention_backend.triton.ops import choose_num_splits, num_sms
+from tensorrt_llm._torch.attention_backend.triton.ops import (
+    choose_num_splits,
+    num_sms,
+    write_kv_pages,
+)
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -118,6 +123,13 @@ def attention_tile_tokens(max_q_len: int, group: int) -> int:
     token's heads), and no more tokens than the longest sequence of the step has."""
     per_tile = max(1, 64 // triton.next_power_of_2(group))
     return min(triton.next_power_of_2(max(max_q_len, 1)), per_tile)
+
+
+def write_index_k_pages(layer_idx: int, index_k: torch.Tensor, metadata: AttentionMetadata) -> None:
+    """Store the step's index-K ``[num_tokens, 1, Di]`` in one launch: the Triton twin of
+    ``msa.write_index_k``."""
+    ik = index_k_paged_kv(metadata.kv_cache_manager, layer_idx, metadata.kv_cache_block_offsets)
+    write_kv_pages(index_k, None, ik, metadata.position_ids, metadata.token_seq_idx)
 
 
 def msa_block_scores(
@@ -312,6 +324,16 @@ def _check_index_heads(index_q: torch.Tensor, num_kv_heads: int) -> None:
         )
 
 
+def msa_num_splits(
+    batch: PagedBatch, cfg: MsaConfig, num_kv_heads: int, tile_tokens: int, device: torch.device
+) -> int:
+    """The splits ``triton_msa_attend`` gives the sparse attention: a (tile, KV head) reads at most
+    its tokens' selected blocks (one token's at decode)."""
+    visited = cfg.topk_blocks * cfg.block_size
+    num_programs = batch.num_seqs * triton.cdiv(batch.max_q_len, tile_tokens) * num_kv_heads
+    return choose_num_splits(num_programs, min(batch.max_kv_len, visited), num_sms(device))
+
+
 def triton_msa_attend(
     layer_idx: int,
     q: torch.Tensor,
@@ -343,10 +365,7 @@ def triton_msa_attend(
     )  # [num_tokens, Hkv, num_key_blocks]
     tile_tokens = attention_tile_tokens(batch.max_q_len, group)
     selection = msa_select_blocks(block_scores, batch, cfg, tile_tokens)
-    # a (tile, KV head) reads at most its tokens' selected blocks (one token's at decode)
-    visited = cfg.topk_blocks * cfg.block_size
-    num_programs = batch.num_seqs * triton.cdiv(batch.max_q_len, tile_tokens) * k_pages.shape[2]
-    num_splits = choose_num_splits(num_programs, min(batch.max_kv_len, visited), num_sms(q.device))
+    num_splits = msa_num_splits(batch, cfg, k_pages.shape[2], tile_tokens, q.device)
     kv_scales = manager.get_kv_scales(layer_idx)
     return msa_sparse_attention(
         q, k_pages, v_pages, selection, batch, cfg.block_size, scale, num_splits, kv_scales

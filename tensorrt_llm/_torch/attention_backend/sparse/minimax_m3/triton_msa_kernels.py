@@ -19,9 +19,10 @@ A **query tile** is ``TILE_TOKENS`` consecutive step tokens of one sequence; til
 sequence ``seq`` has the batch-wide id ``seq + cu_seqlens_q[seq] // TILE_TOKENS + tile`` (distinct
 for distinct tiles, and below ``num_seqs + num_tokens // TILE_TOKENS + 1``).
 
-In an FP8 cache (``SCALED``) the rows go to the dot products as they are (converted to q's dtype:
-exact) and their power-of-two scales multiply score columns (K, index-K) and probability columns
-(V) instead (``attention_backend/triton/attention_kernel.py`` says why that is the same).
+In an FP8 cache (``SCALED``) the rows go to the dot products as they are (converted to fp16 with
+the query, exact: ``attention_backend/triton/fp8.py`` says why fp16) and their power-of-two scales
+multiply score columns (K, index-K) and probability columns (V) instead
+(``attention_backend/triton/attention_kernel.py`` says why that is the same).
 
 ``tl.dot`` needs every dimension >= 16: tiles are padded to powers of two >= 16 and masked. fp32
 operands are multiplied with ``DOT_PRECISION="ieee"`` (no TF32); accumulation is fp32 throughout.
@@ -33,7 +34,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from tensorrt_llm._torch.attention_backend.triton.fp8 import scale_offsets
+from tensorrt_llm._torch.attention_backend.triton.fp8 import scale_offsets, value_weights
 
 
 @triton.jit
@@ -83,6 +84,8 @@ def _msa_block_scores_kernel(
         )  # [ROWS, INDEX_DIM_PAD]
         if DOT_FP32:
             iq = iq.to(tl.float32)
+        elif SCALED:
+            iq = iq.to(tl.float16)
         best = tl.full([ROWS], float("-inf"), tl.float32)
         for n0 in range(0, BLOCK_SIZE, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -177,7 +180,7 @@ def _msa_select_kernel(
 @triton.jit
 def _online_softmax_step(
     q, k, v, k_scale, v_scale, visible, m_i, l_i, acc, scale,
-    DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """One key tile of online softmax: ``q [ROWS, D]``, ``k [D, BLOCK_N]``, ``v [BLOCK_N, D]``,
     ``visible [ROWS, BLOCK_N]``, the rows' scales ``[BLOCK_N]`` (1 but in an FP8 cache); returns
@@ -197,8 +200,9 @@ def _online_softmax_step(
     alpha = tl.exp(m_i - m_safe)
     p = tl.exp(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    p *= v_scale[None, :]
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    p, factor = value_weights(p, v_scale, SCALED and not DOT_FP32)
+    pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + pv * factor
     return m_new, l_i, acc
 
 
@@ -303,6 +307,8 @@ def _msa_sparse_attention_kernel(
         qo_mask = row_ok[:, None] & d_ok[None, :]  # [ROWS, HEAD_DIM_PAD]
         q_off = toks[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
         q = tl.load(q_ptr + q_off, mask=qo_mask, other=0.0)  # [ROWS, HEAD_DIM_PAD]
+        if SCALED and not DOT_FP32:
+            q = q.to(tl.float16)
         m_i = tl.full([ROWS], float("-inf"), tl.float32)  # running max of the scores
         l_i = tl.zeros([ROWS], tl.float32)  # running sum of exp(score - m_i)
         acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
@@ -327,7 +333,8 @@ def _msa_sparse_attention_kernel(
                 # keys of the blocks the row's token selected for the group, at positions <= its
                 visible = (sel != 0)[:, None] & key_ok[None, :] & (keys[None, :] <= pos[:, None])
                 m_i, l_i, acc = _online_softmax_step(
-                    q, k, v, k_scale, v_scale, visible, m_i, l_i, acc, scale, DOT_FP32, DOT_PRECISION
+                    q, k, v, k_scale, v_scale, visible, m_i, l_i, acc, scale,
+                    DOT_FP32, DOT_PRECISION, SCALED,
                 )  # fmt: skip
         if SPLIT:
             _store_split(
