@@ -50,6 +50,9 @@ from tensorrt_llm._torch.attention_backend.triton.ops import (
 )
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+# the selection's key of a -inf score (``_msa_select_kernel``): -inf's order-preserving int32
+# (its bits, negative, with the magnitude bits flipped) above any block's rank (< 2^31)
+_NO_BLOCK = ((-(2**23) ^ 0x7FFFFFFF) << 32) | 0x7FFFFFFF
 
 
 def _pad(n: int) -> int:
@@ -224,6 +227,7 @@ def msa_select_blocks(
     if num_tokens == 0 or num_groups == 0 or num_key_blocks == 0:
         return selection
     block_b = _pad(num_key_blocks)
+    sub_tokens = max(2, min(tile_tokens, 4096 // block_b))
     grid = (batch.num_seqs, triton.cdiv(batch.max_q_len, tile_tokens), num_groups)
     _msa_select_kernel[grid](
         block_scores, *block_scores.stride(),  # [num_tokens, G, num_key_blocks]
@@ -232,8 +236,8 @@ def msa_select_blocks(
         tile_counts, *tile_counts.stride(),  # [num_tile_ids, G]
         batch.cu_seqlens_q, batch.position_ids, num_key_blocks,
         BLOCK_SIZE=cfg.block_size, TOPK=cfg.topk_blocks, NUM_LOCAL=cfg.local_blocks,
-        TILE_TOKENS=tile_tokens, SUB_TOKENS=max(2, min(tile_tokens, 4096 // block_b)),
-        BLOCK_B=block_b,
+        TILE_TOKENS=tile_tokens, SUB_TOKENS=sub_tokens, BLOCK_B=block_b, NO_BLOCK=_NO_BLOCK,
+        num_warps=8 if sub_tokens * block_b >= 2048 else 4,
     )  # fmt: skip
     return selection
 

@@ -124,6 +124,7 @@ def _msa_select_kernel(
     cu_seqlens_q_ptr, pos_ptr, num_key_blocks,  # [num_seqs + 1], [num_tokens]
     BLOCK_SIZE: tl.constexpr, TOPK: tl.constexpr, NUM_LOCAL: tl.constexpr,
     TILE_TOKENS: tl.constexpr, SUB_TOKENS: tl.constexpr, BLOCK_B: tl.constexpr,
+    NO_BLOCK: tl.constexpr,  # the key of a -inf score at the last block: below every real one
 ):  # fmt: skip
     """Grid ``(num_seqs, cdiv(max_q_len, TILE_TOKENS), G)``. Per token of the query tile, for KV
     group ``group``: its forced blocks ``q_block - i`` (``i < NUM_LOCAL``, clamped at 0), then the
@@ -156,13 +157,17 @@ def _msa_select_kernel(
                 mask=visible & ~forced,
                 other=float("-inf"),
             )  # [SUB_TOKENS, BLOCK_B]
+            # one max per pick: a score's order-preserving int32 above its block's rank (the
+            # earlier block ranks higher), so the max is the best score's earliest block
+            bits = score.to(tl.int32, bitcast=True)
+            ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+            key = (ordered << 32) | (BLOCK_B - 1 - blocks)[None, :]  # [SUB_TOKENS, BLOCK_B]
             chosen = forced.to(tl.int32)
             for _ in range(TOPK - NUM_LOCAL):
-                top = tl.max(score, axis=1)[:, None]  # [SUB_TOKENS, 1]
-                first = tl.min(tl.where(score == top, blocks[None, :], BLOCK_B), axis=1)
-                pick = blocks[None, :] == first[:, None]  # the earliest block of the best score
-                chosen = tl.where(pick & (top > float("-inf")), 1, chosen)
-                score = tl.where(pick, float("-inf"), score)
+                top = tl.max(key, axis=1)[:, None]  # [SUB_TOKENS, 1]
+                pick = key == top
+                chosen = tl.where(pick & (top > NO_BLOCK), 1, chosen)
+                key = tl.where(pick, NO_BLOCK, key)
             sel_rows = sel_ptr + toks * stride_selt + group * stride_selg  # [SUB_TOKENS]
             tl.store(
                 sel_rows[:, None] + blocks[None, :] * stride_selb,
