@@ -16,6 +16,11 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
+# The test command runs two pytest-xdist workers on a 2-core machine: one torch thread each, so
+# they do not fight over the cores (servers and ranks the tests start keep their own settings)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
