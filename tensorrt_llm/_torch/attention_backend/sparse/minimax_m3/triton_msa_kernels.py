@@ -196,6 +196,8 @@ def _online_softmax_step(
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     else:
+        if SCALED:  # FP8 rows: the MMAs in fp16 (loop-invariant for q: hoisted)
+            q = q.to(tl.float16)
         k = k.to(q.dtype)
         v = v.to(q.dtype)
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale * k_scale[None, :]  # [ROWS, BLOCK_N]
@@ -312,10 +314,7 @@ def _msa_sparse_attention_kernel(
         qo_mask = row_ok[:, None] & d_ok[None, :]  # [ROWS, HEAD_DIM_PAD]
         q_off = toks[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
         q = tl.load(q_ptr + q_off, mask=qo_mask, other=0.0)  # [ROWS, HEAD_DIM_PAD]
-        if SCALED and not DOT_FP32:
-            q = q.to(tl.float16)
-        m_i = tl.full([ROWS], float("-inf"), tl.float32)  # running max of the scores
-        l_i = tl.zeros([ROWS], tl.float32)  # running sum of exp(score - m_i)
+        m_i, l_i = tl.full([ROWS], float("-inf"), tl.float32), tl.zeros([ROWS], tl.float32)
         acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
         tile_id = seq + q_begin // TILE_TOKENS + tile
         count = tl.load(count_ptr + tile_id * stride_ct + kv_head * stride_cg)
