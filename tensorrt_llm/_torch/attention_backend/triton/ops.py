@@ -127,8 +127,8 @@ def choose_num_splits(
 def decode_num_splits(num_programs: int, max_kv_len: int, num_sms: int) -> int:
     """``choose_num_splits`` at ``DECODE_PROGRAMS_PER_SM``, rounded down to a power of two (a
     long context then splits into equal runs of whole 128-key tiles). FP8 pages take the same
-    count: on an H100 a 512K-token decode of 4 KV heads reads them fastest at 64 splits (0.90 of
-    the copy bandwidth, 0.86 at 128; ``benchmarks/bench_decode_kernels.py``)."""
+    count (twice as many splits of half the bytes each were slower on an H100;
+    ``bench_decode_kernels.py --splits`` compares counts)."""
     wanted = choose_num_splits(num_programs, max_kv_len, num_sms, DECODE_PROGRAMS_PER_SM)
     return 1 << (wanted.bit_length() - 1)
 
