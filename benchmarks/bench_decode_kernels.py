@@ -214,8 +214,10 @@ def full_layer_kernels(manager, md: AttentionMetadata, x: StepInputs, splits: in
 
 
 def sparse_layer_kernels(manager, md: AttentionMetadata, x: StepInputs, cfg, splits):
-    """A sparse layer's kernels, the selection timed over the block scores of the cache and the
-    attention over that selection; ``splits`` None: ``triton_msa_attend``'s choice."""
+    """A sparse layer's kernels; ``splits`` None: ``triton_msa_attend``'s choice. The selection
+    and the attention run over seeded random block scores, the same at every KV dtype (the
+    cache's own scores, near-equal for random index keys, pick other blocks at FP8 than at bf16,
+    and the fp8 / bf16 output check would compare attentions over different keys)."""
     pb = PagedBatch.from_metadata(md, manager.layer_pool_index(SPARSE))
     ik_pages, ik_scales = manager.get_index_k_pages(SPARSE), manager.get_index_k_scales(SPARSE)
     k_pages, v_pages = manager.get_kv_pages(SPARSE)
@@ -226,7 +228,9 @@ def sparse_layer_kernels(manager, md: AttentionMetadata, x: StepInputs, cfg, spl
     if splits is None:
         splits = msa_num_splits(pb, cfg, num_kv_heads, tile, x.q.device)
     score = partial(msa_block_scores, x.index_q, ik_pages, pb, cfg.block_size, ik_scales)
-    scores = score()  # [batch, Hkv, num_key_blocks]
+    shape = score().shape  # [batch, Hkv, num_key_blocks]
+    scores = torch.randn(shape, generator=torch.Generator(device=x.q.device).manual_seed(2),
+                         device=x.q.device)  # fmt: skip
     select = partial(msa_select_blocks, scores, pb, cfg, tile)
     attend = partial(
         msa_sparse_attention, x.q, k_pages, v_pages, select(), pb, cfg.block_size,

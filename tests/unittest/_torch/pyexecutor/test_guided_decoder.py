@@ -276,4 +276,3 @@ def test_a_schema_is_written_in_its_order_with_or_without_whitespace():
     assert not takes(False, '{"a"')
     assert takes(True, '{"b":1,"a":2}')
     assert not takes(True, '{"b": 1') and not takes(True, '{ "b"')
-
