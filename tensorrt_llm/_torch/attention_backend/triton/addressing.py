@@ -145,9 +145,10 @@ def index_k_paged_kv(manager, layer_idx: int, block_offsets: torch.Tensor) -> Pa
     FP8 cache), for ``write_kv_pages`` with no V."""
     pages = manager.get_index_k_pages(layer_idx)
     table = block_offsets[manager.layer_pool_index(layer_idx)]
-    scales = manager.get_index_k_scales(layer_idx)
-    both = (scales, scales) if scales is not None else (None, None)
-    return PagedKV(pages, pages, table, PageAddressing.plain(manager.tokens_per_block), *both)
+    scales = manager.get_index_k_scales(layer_idx)  # None but in an FP8 cache
+    return PagedKV(
+        pages, pages, table, PageAddressing.plain(manager.tokens_per_block), scales, scales
+    )
 
 
 def draft_subpage_kv(

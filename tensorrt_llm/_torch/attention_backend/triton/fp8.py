@@ -9,8 +9,8 @@ back is ``fp8 -> fp32`` times its scale: exact, and exact again in bfloat16.
 The MMA of FP8 rows runs in fp16 (``FP16_MMA``): on Hopper e4m3 converts to fp16 in one
 instruction per pair, to bf16 only through fp32, and a decode kernel that converts every K and V
 element is bound by those conversions, not by its reads (``bench_decode_kernels.py`` times it). A
-bf16 query converts exactly to fp16 inside fp16's range. Value scales multiply the probabilities (``value_weights``), normalised so fp16
-keeps them in its normal range.
+bf16 query converts exactly to fp16 inside fp16's range. Value scales multiply the probabilities
+(``value_weights``), normalised so fp16 keeps them in its normal range.
 
 A page's scales sit at ``scale_ptr + (page // units) * stride_slot + (page % units) * stride_page
 + row * stride_row + head`` (``ScalePages`` in ``interface.py``): ``units`` is 1 when a page is a

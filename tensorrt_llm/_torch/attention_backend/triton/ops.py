@@ -39,7 +39,7 @@ def write_kv_pages(
     """Store token ``t``'s ``k[t], v[t]`` (``[num_tokens, num_kv_heads, head_dim]``) at KV position
     ``position_ids[t]`` of sequence ``token_seq_idx[t]`` through ``kv``'s table and addressing, in
     one launch for K and V (no host sync). ``v`` None: K alone (lane 0), as index-K is written."""
-    if k.dim() != 3 or k.shape != (k if v is None else v).shape:
+    if k.dim() != 3 or (v is not None and k.shape != v.shape):
         raise ValueError(
             f"k {tuple(k.shape)} and v {None if v is None else tuple(v.shape)} must both be "
             "[num_tokens, num_kv_heads, head_dim]"
@@ -52,9 +52,8 @@ def write_kv_pages(
     for name, t in (("position_ids", position_ids), ("token_seq_idx", token_seq_idx)):
         if t.shape != (k.shape[0],):
             raise ValueError(f"{name} has shape {tuple(t.shape)}; expected ({k.shape[0]},)")
-    _check_device(k, kv.k_pages, kv.v_pages, kv.block_table, position_ids, token_seq_idx)
-    if v is not None:
-        _check_device(k, v)
+    values = (k,) if v is None else (k, v)
+    _check_device(*values, kv.k_pages, kv.v_pages, kv.block_table, position_ids, token_seq_idx)
     launch_kv_write(k, v, kv, position_ids, token_seq_idx)
 
 
