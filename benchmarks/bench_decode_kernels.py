@@ -17,7 +17,7 @@ runs the calls below, each timed as the step makes it (its output's allocation i
 
 The KV lives in a real ``MiniMaxM3KVCacheManagerV2`` of two layers, the model's layer 0 and its
 first sparse layer (``kv_cache_layers()`` of the benchmark config), ``KvCacheOptions(dtype=...)``
-``bfloat16`` or ``fp8`` (float8_e4m3fn rows, a float32 power-of-two scale per token and head).
+``bfloat16`` or ``fp8`` (float8_e4m3fn rows, a float32 scale per token and head).
 The same seeded random K, V and index-K of every cached token go into both through the step's
 write paths, so the FP8 cache holds the bf16 K/V quantized, with valid scales; the fp8 and bf16
 outputs of both attentions are compared (relative RMS of the difference: they agree loosely).

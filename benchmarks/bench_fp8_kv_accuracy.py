@@ -12,9 +12,10 @@ quantizer swapped for the scheme's. Against the replies with the KV in the model
 
 Schemes (each a way to store a ``head_dim`` row of a token and head as float8_e4m3fn):
 
-- ``pow2 / token-head``: the cache's (``kv_quant.py``): a power-of-two float32 scale per row,
-  the row's largest element in [224, 448];
-- ``amax / token-head``: the scale ``amax / 448`` per row (the row's largest element at 448);
+- ``amax / token-head``: the cache's (``kv_quant.py``): the float32 scale ``amax / 448`` per row
+  (the row's largest element stored as 448);
+- ``pow2 / token-head``: a power-of-two float32 scale per row, the row's largest element in
+  (224, 448] (scaling is exact both ways, but the rounding is that of no scale at all);
 - ``1 / tensor``: no scale at all (one per-tensor scale of 1, as an uncalibrated per-tensor
   cache stores it).
 
@@ -48,8 +49,10 @@ from tensorrt_llm.llmapi.llm_args import KvCacheConfig
 from tensorrt_llm.logger import logger
 
 
-def _amax_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scales = (x.float().abs().amax(dim=-1) / kv_quant.FP8_MAX).clamp(min=1e-30)
+def _pow2_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The power of two that puts the row's largest element in (224, 448]."""
+    amax = x.float().abs().amax(dim=-1).clamp(min=kv_quant.MIN_SCALE)
+    scales = torch.exp2(torch.ceil(torch.log2(amax / kv_quant.FP8_MAX)))
     return (x.float() / scales[..., None]).to(kv_quant.FP8_DTYPE), scales
 
 
@@ -59,8 +62,8 @@ def _no_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 SCHEMES = {
-    "pow2 / token-head": kv_quant.quantize_rows,
-    "amax / token-head": _amax_scale,
+    "amax / token-head": kv_quant.quantize_rows,
+    "pow2 / token-head": _pow2_scale,
     "1 / tensor": _no_scale,
 }
 

@@ -6,7 +6,7 @@ A **buffer** is ``(layer_id, role)``: one role of one layer, holding ``tokens_pe
 buffer of identical geometry, and optionally an ``index_key`` buffer (the MSA indexer's per-token key).
 
 A buffer of a **scaled dtype** (``float8_e4m3fn``) stores each ``head_dim`` row of a token and head
-divided by a power-of-two float32 scale, and has a companion **scale buffer** (``key_scale``,
+divided by its float32 scale (``amax / 448``), and has a companion **scale buffer** (``key_scale``,
 ``value_scale``, ``index_key_scale``): ``num_heads x 1`` float32 per token, in the same slot, so
 every move of a slot (reuse, eviction, transfer) moves the scales with their rows.
 

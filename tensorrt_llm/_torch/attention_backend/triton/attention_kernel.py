@@ -18,7 +18,7 @@ FP8 pages (``SCALED``): the rows go to the MMA as they are, converted to fp16 wi
 (``FP16_MMA``; ``fp8.py`` says why: both exact), and their scales are applied in registers where
 they cost a vector, not a tile: key ``j``'s scale multiplies score column ``j`` (``q . (s k) = s
 (q . k)``) and value ``j``'s multiplies probability column ``j`` before the PV product (``p (s v) =
-(p s) v``, ``fp8.value_weights``); powers of two, so both are exact.
+(p s) v``, ``fp8.value_weights``): the same products, rounded in another order.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """FP8 KV rows in Triton: the quantization of ``kv_quant.py``, bit for bit, and the scale address.
 
-A row's scale is a power of two built from amax's exponent bits (never a logarithm); its rows are
-multiplied by the scale's inverse (exact), rounded to the e4m3 grid to nearest even *in fp32* and
-only then converted, so the conversion itself never rounds (the interpreter's fp32 -> e4m3
-conversion drops the carry when rounding crosses a power of two: 127.1 became 64). Reading a row
-back is ``fp8 -> fp32`` times its scale: exact, and exact again in bfloat16.
+A row's scale is ``amax / 448`` (at least ``2^-126``); its rows are divided by it with IEEE
+division (``div_rn``: Triton's plain fp32 ``/`` is an approximation on CUDA), rounded to the e4m3
+grid to nearest even *in fp32* and only then converted, so the conversion itself never rounds (the
+interpreter's fp32 -> e4m3 conversion drops the carry when rounding crosses a power of two: 127.1
+became 64). Reading a row back is ``fp8 -> fp32`` times its scale.
 
 The MMA of FP8 rows runs in fp16 (``FP16_MMA``): on Hopper e4m3 converts to fp16 in one
 instruction per pair, to bf16 only through fp32, and a decode kernel that converts every K and V
@@ -22,6 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+MIN_SCALE: tl.constexpr = tl.constexpr(2.0**-126)  # kv_quant.MIN_SCALE
+
 
 @triton.jit
 def _pow2(exponent):
@@ -30,16 +32,8 @@ def _pow2(exponent):
 
 
 @triton.jit
-def row_scale_exponent(amax):
-    """The exponent of a row's power-of-two scale from its largest magnitude (``kv_quant.py``)."""
-    bits = amax.to(tl.int32, bitcast=True)
-    exponent = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    return tl.minimum(tl.maximum(exponent, -126), 126)
-
-
-@triton.jit
 def round_to_e4m3(x):
-    """``x`` (fp32, ``|x| <= 448``) rounded to the nearest e4m3 value, ties to even, still fp32."""
+    """``x`` (fp32, ``|x| < 464``) rounded to the nearest e4m3 value, ties to even, still fp32."""
     bits = x.to(tl.int32, bitcast=True)
     # the grid's spacing: 2^(e - 3) for normal e4m3 (e >= -6), 2^-9 below
     exponent = tl.maximum(((bits >> 23) & 0xFF) - 127, -6) - 3
@@ -57,9 +51,8 @@ def quantize_rows(x, AXIS: tl.constexpr):
     """Rows of ``x`` along ``AXIS`` -> (values on the e4m3 grid in fp32, their fp32 scales with
     ``AXIS`` reduced). Store the values with ``.to(<fp8 pointer>.dtype.element_ty)``."""
     x = x.to(tl.float32)
-    exponent = row_scale_exponent(tl.max(tl.abs(x), AXIS))
-    rows = round_to_e4m3(x * tl.expand_dims(_pow2(-exponent), AXIS))
-    return rows, _pow2(exponent)
+    scales = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), AXIS), 448.0), MIN_SCALE)
+    return round_to_e4m3(tl.math.div_rn(x, tl.expand_dims(scales, AXIS))), scales
 
 
 @triton.jit
@@ -79,8 +72,7 @@ def value_weights(p, v_scale, FP16_MMA: tl.constexpr):
     """The probabilities ``p [M, N]`` weighted by the value rows' scales ``v_scale [N]`` for the
     PV product, and the factor its result takes: ``p v_scale`` and 1, or with ``FP16_MMA``
     ``p v_scale / top * 2^15`` and ``top * 2^-15`` (``top`` the tile's largest scale: every weight
-    <= 2^15 fits fp16, and only a key below 2^-29 of ``top`` leaves fp16's normal range). Scales are
-    powers of two: both ways are exact."""
+    <= 2^15 fits fp16, and only a key below 2^-29 of ``top`` leaves fp16's normal range)."""
     if FP16_MMA:
         top = tl.max(v_scale, 0)
         top = tl.where(top > 0.0, top, 1.0)  # a tile of masked keys (scale 0)

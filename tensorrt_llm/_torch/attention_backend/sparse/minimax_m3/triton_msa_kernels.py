@@ -20,7 +20,7 @@ sequence ``seq`` has the batch-wide id ``seq + cu_seqlens_q[seq] // TILE_TOKENS 
 for distinct tiles, and below ``num_seqs + num_tokens // TILE_TOKENS + 1``).
 
 In an FP8 cache (``SCALED``) the rows go to the dot products as they are (converted to fp16 with
-the query, exact: ``attention_backend/triton/fp8.py`` says why fp16) and their power-of-two scales
+the query, exact: ``attention_backend/triton/fp8.py`` says why fp16) and their scales
 multiply score columns (K, index-K) and probability columns (V) instead
 (``attention_backend/triton/attention_kernel.py`` says why that is the same).
 
