@@ -1,6 +1,6 @@
 """FP8 KV rows in Triton: the quantization of ``kv_quant.py``, bit for bit, and the scale address.
 
-A row's scale is ``amax / 448`` (at least ``2^-126``); its rows are divided by it with IEEE
+A row's scale is ``amax * (1 / 448)`` (at least ``2^-126``); its rows are divided by it with IEEE
 division (``div_rn``: Triton's plain fp32 ``/`` is an approximation on CUDA), rounded to the e4m3
 grid to nearest even *in fp32* and only then converted, so the conversion itself never rounds (the
 interpreter's fp32 -> e4m3 conversion drops the carry when rounding crosses a power of two: 127.1
@@ -22,6 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+INV_FP8_MAX: tl.constexpr = tl.constexpr(1.0 / 448.0)  # kv_quant.INV_FP8_MAX
 MIN_SCALE: tl.constexpr = tl.constexpr(2.0**-126)  # kv_quant.MIN_SCALE
 
 
@@ -51,7 +52,7 @@ def quantize_rows(x, AXIS: tl.constexpr):
     """Rows of ``x`` along ``AXIS`` -> (values on the e4m3 grid in fp32, their fp32 scales with
     ``AXIS`` reduced). Store the values with ``.to(<fp8 pointer>.dtype.element_ty)``."""
     x = x.to(tl.float32)
-    scales = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), AXIS), 448.0), MIN_SCALE)
+    scales = tl.maximum(tl.max(tl.abs(x), AXIS) * INV_FP8_MAX, MIN_SCALE)
     return round_to_e4m3(tl.math.div_rn(x, tl.expand_dims(scales, AXIS))), scales
 
 
