@@ -4,11 +4,11 @@ float32 scale (``KvCacheConfig(dtype="fp8")``).
 A row's scale is ``amax / 448`` (``amax`` its largest magnitude, 448 e4m3's largest value),
 computed as ``amax * (1 / 448)`` in fp32 and at least ``2^-126`` (a row of zeros divides by a
 normal number), so its largest element is stored as 448 within fp32 rounding: the element that
-dominates the row's dot products keeps its value, and nothing saturates. Rows are divided by their
-scales (IEEE division, rounding to nearest) and converted to e4m3 rounding to nearest even; the
-Triton kernels (``triton/fp8.py``) do the same product, divisions and roundings, so the torch
-reference here and the kernels write the same bytes on any device (torch on CUDA divides by a
-Python scalar as a product with its reciprocal, hence the product).
+dominates the row's dot products keeps its value, and nothing saturates. Rows are multiplied by
+their scale's reciprocal (one IEEE division a row, rounding to nearest) and converted to e4m3
+rounding to nearest even; the Triton kernels (``triton/fp8.py``) do the same products, division
+and roundings, so the torch reference here and the kernels write the same bytes on any device
+(torch on CUDA divides by a Python scalar as a product with its reciprocal: hence products).
 ``benchmarks/bench_fp8_kv_accuracy.py`` compares this with a power-of-two scale (which changes
 nothing but the range: e4m3's relative precision is the same at every exponent) and with none.
 """
@@ -31,7 +31,7 @@ def row_scales(x: torch.Tensor) -> torch.Tensor:
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., D]`` -> (``[..., D]`` float8_e4m3fn, ``[...]`` float32 scales)."""
     scales = row_scales(x)
-    return (x.float() / scales[..., None]).to(FP8_DTYPE), scales
+    return (x.float() * torch.reciprocal(scales)[..., None]).to(FP8_DTYPE), scales
 
 
 def dequantize_rows(rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,10 @@
 """FP8 KV rows in Triton: the quantization of ``kv_quant.py``, bit for bit, and the scale address.
 
-A row's scale is ``amax * (1 / 448)`` (at least ``2^-126``); its rows are divided by it with IEEE
-division (``div_rn``: Triton's plain fp32 ``/`` is an approximation on CUDA), rounded to the e4m3
-grid to nearest even *in fp32* and only then converted, so the conversion itself never rounds (the
-interpreter's fp32 -> e4m3 conversion drops the carry when rounding crosses a power of two: 127.1
-became 64). Reading a row back is ``fp8 -> fp32`` times its scale.
+A row's scale is ``amax * (1 / 448)`` (at least ``2^-126``); its rows are multiplied by its
+reciprocal, an IEEE division (``div_rn``: Triton's plain fp32 ``/`` is an approximation on CUDA),
+rounded to the e4m3 grid to nearest even *in fp32* and only then converted, so the conversion
+itself never rounds (the interpreter's fp32 -> e4m3 conversion drops the carry when rounding
+crosses a power of two: 127.1 became 64). Reading a row back is ``fp8 -> fp32`` times its scale.
 
 The MMA of FP8 rows runs in fp16 (``FP16_MMA``): on Hopper e4m3 converts to fp16 in one
 instruction per pair, to bf16 only through fp32, and a decode kernel that converts every K and V
@@ -53,7 +53,8 @@ def quantize_rows(x, AXIS: tl.constexpr):
     ``AXIS`` reduced). Store the values with ``.to(<fp8 pointer>.dtype.element_ty)``."""
     x = x.to(tl.float32)
     scales = tl.maximum(tl.max(tl.abs(x), AXIS) * INV_FP8_MAX, MIN_SCALE)
-    return round_to_e4m3(tl.math.div_rn(x, tl.expand_dims(scales, AXIS))), scales
+    inverse = tl.math.div_rn(tl.full(scales.shape, 1.0, tl.float32), scales)
+    return round_to_e4m3(x * tl.expand_dims(inverse, AXIS)), scales
 
 
 @triton.jit
