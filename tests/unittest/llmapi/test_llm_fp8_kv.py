@@ -72,17 +72,25 @@ def test_every_row_is_fp8_and_speculation_is_lossless_at_fp8(prompts, target_onl
         llm.shutdown()
 
 
-def _draft_rows(llm, request_tokens: list[int], num_blocks: int) -> torch.Tensor:
-    """The bytes of the drafter's K/V rows and scales in the committed blocks of the request's
-    first ``num_blocks`` blocks."""
+def _draft_kv(llm, request_tokens: list[int], num_blocks: int) -> dict[str, torch.Tensor]:
+    """The drafter's K and V in the committed blocks of the request's first ``num_blocks`` blocks:
+    per role, the FP8 rows' bytes and the rows dequantized with their scales (float32)."""
     manager = llm.kv_cache_manager
     draft_layer = llm.model_config.num_hidden_layers
     pool, _ = manager.layout.placement(draft_layer, DataRole.KEY)
     slots = [node.slot for node in manager.impl._match_prefix(request_tokens, None)][:num_blocks]
     assert len(slots) == num_blocks
-    draft = [b for b in pool.buffers if b.layer_id == draft_layer]
-    rows = manager.pools[pool.pool_index][torch.tensor(slots)]
-    return torch.cat([rows[:, b.offset : b.end] for b in draft], dim=1)
+    data = manager.pools[pool.pool_index][torch.tensor(slots)]
+    buffers = {b.role: b for b in pool.buffers if b.layer_id == draft_layer}
+    kv = {}
+    for role in (DataRole.KEY, DataRole.VALUE):
+        rows, scales = buffers[role], buffers[role.scale]
+        raw = data[:, rows.offset : rows.offset + rows.size].contiguous()
+        fp8 = raw.view(torch.float8_e4m3fn).float().view(-1, rows.num_heads, rows.head_dim)
+        scale = data[:, scales.offset : scales.offset + scales.size].contiguous()
+        kv[f"{role} bytes"] = raw
+        kv[str(role)] = fp8 * scale.view(torch.float32).view(-1, rows.num_heads, 1)
+    return kv
 
 
 def test_a_reused_prefix_gives_the_cold_reply_with_the_drafters_fp8_kv(prompts):
@@ -102,7 +110,15 @@ def test_a_reused_prefix_gives_the_cold_reply_with_the_drafters_fp8_kv(prompts):
             cold.outputs[0].avg_decoded_tokens_per_iter
         )
         ids = warm.prompt_token_ids
-        assert torch.equal(_draft_rows(llm, ids, 1), _draft_rows(cold_llm, ids, 1))
+        # the reused block holds the drafter's FP8 K and V of those tokens as a cold prefill
+        # writes them: a prefill of another length rounds its fp32 GEMMs in another order, so an
+        # element near an e4m3 rounding boundary may land one step (at most 1/8) away
+        warm_kv, cold_kv = _draft_kv(llm, ids, 1), _draft_kv(cold_llm, ids, 1)
+        for role in (DataRole.KEY, DataRole.VALUE):
+            w, c = warm_kv[str(role)], cold_kv[str(role)]
+            assert ((w - c).abs() <= torch.maximum(w.abs(), c.abs()) / 8 + 1e-6).all(), role
+            same = (warm_kv[f"{role} bytes"] == cold_kv[f"{role} bytes"]).float().mean()
+            assert same >= 0.9, (role, same)
     finally:
         llm.shutdown()
         cold_llm.shutdown()
