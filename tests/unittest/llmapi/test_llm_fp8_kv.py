@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm._torch.attention_backend.kv_quant import dequantize_rows
 from tensorrt_llm.bundled import BUNDLED_DRAFT, BUNDLED_TARGET
 from tensorrt_llm.evaluate.tasks import evaluation_problems
 from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, KvCacheConfig, MTPDecodingConfig
@@ -86,10 +87,10 @@ def _draft_kv(llm, request_tokens: list[int], num_blocks: int) -> dict[str, torc
     for role in (DataRole.KEY, DataRole.VALUE):
         rows, scales = buffers[role], buffers[role.scale]
         raw = data[:, rows.offset : rows.offset + rows.size].contiguous()
-        fp8 = raw.view(torch.float8_e4m3fn).float().view(-1, rows.num_heads, rows.head_dim)
+        fp8 = raw.view(torch.float8_e4m3fn).view(-1, rows.num_heads, rows.head_dim)
         scale = data[:, scales.offset : scales.offset + scales.size].contiguous()
         kv[f"{role} bytes"] = raw
-        kv[str(role)] = fp8 * scale.view(torch.float32).view(-1, rows.num_heads, 1)
+        kv[str(role)] = dequantize_rows(fp8, scale.view(torch.float32).view(-1, rows.num_heads))
     return kv
 
 
